@@ -1,0 +1,10 @@
+// Subcommands of numoe-bench. Each prints human lines and, last, one JSON object.
+#pragma once
+
+namespace numoe::bench {
+
+int RunTokenizerBench(int argc, char** argv);  // bench/tokenizer_bench.cc
+int RunExpertsBench(int argc, char** argv);    // bench/experts_bench.cc
+int RunModelBench(int argc, char** argv);      // bench/model_bench.cc
+
+}  // namespace numoe::bench

@@ -1,0 +1,44 @@
+// numoe-bench: benchmarks with JSON output (the last line of each run is one JSON object).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "bench/commands.h"
+
+namespace {
+
+struct Bench {
+  const char* name;
+  const char* summary;
+  int (*run)(int, char**);
+};
+
+constexpr Bench kBenches[] = {
+    {"tokenizer", "tokenizer encode MB/s on a 1 MB text", numoe::bench::RunTokenizerBench},
+    {"experts", "routed-expert kernel GB/s vs the machine's read bandwidth", numoe::bench::RunExpertsBench},
+    {"model", "one-process prefill and decode tokens/s (CPU backend)", numoe::bench::RunModelBench},
+};
+
+void PrintUsage(FILE* out) {
+  std::fprintf(out, "usage: numoe-bench <benchmark> [flags]   (numoe-bench <benchmark> --help)\n\nbenchmarks:\n");
+  for (const auto& b : kBenches) std::fprintf(out, "  %-10s %s\n", b.name, b.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    PrintUsage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& b : kBenches) {
+    if (std::strcmp(argv[1], b.name) == 0) {
+      std::string prog = std::string("numoe-bench ") + b.name;
+      argv[1] = prog.data();
+      return b.run(argc - 1, argv + 1);
+    }
+  }
+  std::fprintf(stderr, "numoe-bench: unknown benchmark '%s'\n", argv[1]);
+  PrintUsage(stderr);
+  return 2;
+}

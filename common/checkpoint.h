@@ -1,0 +1,72 @@
+// The typed view of a DeepSeek-V4 checkpoint: config + tensors, validated against what the config
+// implies. Official tensor names (no "model." prefix), per layer:
+//   layers.{i}.attn.*  (sliding / CSA with compressor + indexer / HCA with compressor)
+//   layers.{i}.ffn.gate.{weight,bias|tid2eid}, ffn.shared_experts.w{1,2,3}, ffn.experts.{j}.w{1,2,3}
+//   mtp.{s}.*  (MTP / DSpark stages; counted from the tensor names, not from num_nextn_predict_layers)
+// Missing, extra or mis-shaped tensors are reported by name. tid2eid may be I32 or I64.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/quant.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+
+namespace numoe {
+
+// How a logical weight is stored.
+enum class WeightFormat {
+  kPlain,     // F32 / BF16 / F16 (or I32/I64 for tid2eid), no scale
+  kFp8Block,  // F8_E4M3 + `.scale` block grid
+  kMxfp4,     // I8/U8 packed two per byte + `.scale` E8M0 per 32 inputs
+};
+
+// One tensor the config implies, with its logical shape ([out, in] for weights).
+struct ExpectedTensor {
+  std::string name;             // e.g. "layers.3.attn.wq_a.weight" (the scale is name with .weight -> .scale)
+  std::vector<int64_t> shape;   // logical shape
+  WeightFormat format = WeightFormat::kPlain;
+  bool routed_expert = false;   // part of ffn.experts.* (what a CPU worker holds)
+  int64_t stored_bytes = 0;     // bytes on disk including the scale tensor
+};
+
+// Every tensor a checkpoint with this config (and `mtp_stages` MTP/DSpark stages) should hold.
+std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config, int64_t mtp_stages);
+
+// Shape-only arithmetic (no weights needed): what inspect and the deploy planner print.
+struct ModelFootprint {
+  int64_t routed_expert_bytes = 0;        // all main-layer routed experts (one CPU worker's copy)
+  int64_t mtp_routed_expert_bytes = 0;    // routed experts of the MTP/DSpark stages
+  int64_t other_bytes = 0;                // everything else (the GPU service's share)
+  int64_t routed_bytes_per_token = 0;     // routed expert bytes read per decoded token (top-k per layer)
+  int64_t total_params = 0;
+  int64_t active_params_per_token = 0;
+};
+ModelFootprint ComputeFootprint(const ModelConfig& config, int64_t mtp_stages);
+
+class Checkpoint {
+ public:
+  // Loads DIR/config.json and the tensors, and validates them against ExpectedTensors.
+  static StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+
+  const ModelConfig& config() const { return config_; }
+  const TensorStore& store() const { return *store_; }
+  int64_t mtp_stages() const { return mtp_stages_; }
+
+  // The fp32 value of a logical weight, dequantized from whatever format it is stored in; the returned
+  // shape is the logical one. NotFound / InvalidArgument name the tensor.
+  StatusOr<F32Tensor> LoadF32(const std::string& name) const;
+  // Raw views for kernels that consume the stored format (MXFP4 experts): weight and its scale.
+  StatusOr<const TensorView*> Raw(const std::string& name) const;
+
+ private:
+  ModelConfig config_;
+  std::unique_ptr<TensorStore> store_;
+  int64_t mtp_stages_ = 0;
+};
+
+}  // namespace numoe

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds numoe and runs the main job on the built-in default:
+# the CPU backend and the small trained model shipped in tests/data/demo-v4.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${NUMOE_MODEL:-tests/data/demo-v4}
+
+./deploy/install-deps.sh
+NUMOE_BUILD_DIR=build ./deploy/build.sh
+
+echo
+echo "== numoe inspect --model $MODEL =="
+./build/bin/numoe inspect --model "$MODEL"

@@ -32,7 +32,22 @@ struct ExpectedTensor {
   WeightFormat format = WeightFormat::kPlain;
   bool routed_expert = false;   // part of ffn.experts.* (what a CPU worker holds)
   int64_t stored_bytes = 0;     // bytes on disk including the scale tensor
+  // --- how the official layout stores it (what `format` implies for this config) ---
+  DType dtype = DType::kBF16;          // stored dtype of the tensor itself (I8 for MXFP4, F8_E4M3 for FP8)
+  std::vector<int64_t> stored_shape;   // [out, in/2] for MXFP4, else == shape
+  DType scale_dtype = DType::kF8_E8M0; // kFp8Block / kMxfp4 only
+  std::vector<int64_t> scale_shape;    // [ceil(out/bo), ceil(in/bi)] (FP8) or [out, ceil(in/32)] (MXFP4); else empty
+  // A 2-D matrix weight: a checkpoint may store it plain (F32/BF16/F16), FP8-block or MXFP4, whatever
+  // `format` says; the loader accepts all three. Other tensors (norms, mHC params, sinks, ape, biases) are
+  // plain floats, and tid2eid is I32/I64.
+  bool matrix = false;
+  int64_t layer = -1;      // main layer index, or -1
+  int64_t mtp_stage = -1;  // MTP/DSpark stage, or -1
+  int64_t params() const;  // logical element count
 };
+
+// "a.b.weight" -> "a.b.scale" (the name of a quantized weight's scale tensor).
+std::string ScaleNameOf(const std::string& weight_name);
 
 // Every tensor a checkpoint with this config (and `mtp_stages` MTP/DSpark stages) should hold.
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config, int64_t mtp_stages);
@@ -46,16 +61,21 @@ struct ModelFootprint {
   int64_t total_params = 0;
   int64_t active_params_per_token = 0;
 };
+// active_params_per_token: every non-routed parameter of the main model (embedding and head included; MTP
+// stages excluded) plus top-k of each layer's routed experts. Bytes are stored bytes incl. scales.
 ModelFootprint ComputeFootprint(const ModelConfig& config, int64_t mtp_stages);
 
 class Checkpoint {
  public:
-  // Loads DIR/config.json and the tensors, and validates them against ExpectedTensors.
+  // Loads DIR/config.json and the tensors, and validates them against ExpectedTensors: every missing,
+  // unexpected and mis-shaped/mis-typed tensor is named in one error (up to 20 names, then "and N more");
+  // tid2eid values must be expert ids. MTP/DSpark stages = highest N of the `mtp.N.` prefixes + 1.
   static StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
   const ModelConfig& config() const { return config_; }
   const TensorStore& store() const { return *store_; }
   int64_t mtp_stages() const { return mtp_stages_; }
+  const std::string& dir() const { return dir_; }
 
   // The fp32 value of a logical weight, dequantized from whatever format it is stored in; the returned
   // shape is the logical one. NotFound / InvalidArgument name the tensor.
@@ -64,6 +84,7 @@ class Checkpoint {
   StatusOr<const TensorView*> Raw(const std::string& name) const;
 
  private:
+  std::string dir_;
   ModelConfig config_;
   std::unique_ptr<TensorStore> store_;
   int64_t mtp_stages_ = 0;

@@ -7,6 +7,15 @@
 //   transformers: layer_types, compress_rates, mlp_layer_types, partial_rotary_factor, nested
 //                 rope_parameters {"main": {...}, "compress": {...}}.
 // Every validation error names the key, e.g. "config.json: num_key_value_heads must be 1 (got 2)".
+//
+// Required keys (they fix tensor shapes; no silent defaults): vocab_size, hidden_size, num_hidden_layers,
+// num_attention_heads, head_dim, q_lora_rank, o_groups, o_lora_rank, n_routed_experts (or
+// num_local_experts), num_experts_per_tok, moe_intermediate_size (or intermediate_size), index_n_heads,
+// index_head_dim, index_topk. Everything else defaults as transformers' DeepseekV4Config does
+// (sliding_window 128, rope_theta 1e4, compress_rope_theta 1.6e5, hc_mult 4, hc_sinkhorn_iters 20,
+// hc_eps 1e-6, rms_norm_eps 1e-6, scoring_func sqrtsoftplus, routed_scaling_factor 1.5, swiglu_limit 10,
+// compress_rates {CSA 4, HCA 128}, 3 hash layers, rope dim = head_dim/8, layer schedule = V4-Pro's
+// 2xHCA then HCA/CSA alternating), except that no quantization_config means unquantized BF16 weights.
 #pragma once
 
 #include <cstdint>
@@ -84,7 +93,11 @@ struct ModelConfig {
   bool fp8_dense = false;
   int64_t fp8_block_out = 128;
   int64_t fp8_block_in = 128;
-  std::string expert_dtype = "bf16";  // "fp4" (MXFP4), "fp8" or "bf16"
+  // "ue8m0" (E8M0 block scales, the official FP8+FP4 release) or "fp32" (F32 scales).
+  std::string fp8_scale_fmt = "ue8m0";
+  // "fp4" (MXFP4), "fp8" (FP8 blocks, F32 scales) or "bf16". When the key is absent: "fp8" if the dense
+  // weights are FP8 (quantization_config present), else "bf16".
+  std::string expert_dtype = "bf16";
 
   int64_t num_nextn_predict_layers = 0;
   int64_t dspark_block_size = 0;  // 0 = no DSpark config
@@ -94,12 +107,24 @@ struct ModelConfig {
 
   // Compress rate of a main layer: 0 (sliding), csa_rate or hca_rate.
   int64_t CompressRate(int64_t layer) const;
+  // MTP/DSpark stages implied by the config alone (when no tensors are at hand): DSpark configs
+  // (dspark_block_size > 0) have one stage per extra compress_ratios entry (3 for V4-Flash-0731; 1 when the
+  // list has no extras); otherwise num_nextn_predict_layers.
+  int64_t DefaultMtpStages() const;
+  int64_t NumLayersOf(AttnType t) const;
+  int64_t NumLayersOf(MoeType t) const;
 };
 
 // Parses and validates config JSON text; `source` names the file in messages.
 StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source = "config.json");
 // Reads DIR/config.json or a path to a .json file.
 StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+// Writes `config` as an official-layout config.json text (compress_ratios incl. the extra MTP/DSpark
+// entries, num_hash_layers or mlp_layer_types, qk_rope_head_dim, rope_scaling, quantization_config,
+// expert_dtype, dspark_*), which ParseModelConfig reads back to an equal config. Rates other than 4/128
+// also get a `compress_rates` dict.
+std::string ModelConfigToJson(const ModelConfig& config);
 
 // inv_freq of a rope table for `rope_dim` channels (rope_dim/2 values), computed as transformers does
 // (YaRN ramp with low/high from beta_fast/beta_slow, no mscale).

@@ -1,0 +1,65 @@
+// KV compression state of one layer of one sequence (docs/dsv4-architecture.md §2.7-2.8).
+//
+// Tokens are appended in position order with their projected kv and gate rows ([coff·dim] each). Every
+// `rate` tokens a window closes and exactly one entry [dim] is emitted: a per-channel softmax over the
+// window's slots (gate + ape) weights the kv rows; the pooled vector is RMS-normalised with `norm` and
+// roped at the window's first position. With `overlap` (CSA and the indexer, coff = 2) each entry pools
+// 2·rate slots: the first half (Ca) of the PREVIOUS window's tokens and the second half (Cb) of this
+// window's tokens; the first window's Ca slots are empty (weight 0).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace numoe::cpu {
+
+// Rows of fixed width stored in fixed-size blocks: appending never moves existing rows.
+class ChunkedRows {
+ public:
+  explicit ChunkedRows(int64_t width, int64_t rows_per_block = 64) : width_(width), per_block_(rows_per_block) {}
+  float* Append();  // returns the new row (uninitialised)
+  const float* Row(int64_t i) const { return blocks_[i / per_block_].get() + (i % per_block_) * width_; }
+  int64_t rows() const { return rows_; }
+  int64_t width() const { return width_; }
+  int64_t capacity_bytes() const {
+    return static_cast<int64_t>(blocks_.size()) * per_block_ * width_ * static_cast<int64_t>(sizeof(float));
+  }
+
+ private:
+  int64_t width_, per_block_, rows_ = 0;
+  std::vector<std::unique_ptr<float[]>> blocks_;
+};
+
+struct CompressorParams {
+  int64_t rate = 0;
+  int64_t dim = 0;    // output entry width
+  bool overlap = false;  // CSA scheme (coff = 2)
+  const float* ape = nullptr;   // [rate, coff·dim]
+  const float* norm = nullptr;  // [dim]
+  float eps = 1e-6f;
+  int64_t rope_dim = 0;
+  const float* inv_freq = nullptr;  // compress rope table
+  int64_t coff() const { return overlap ? 2 : 1; }
+};
+
+class CompressorState {
+ public:
+  explicit CompressorState(const CompressorParams& p);
+  // Appends the token at `position` (must be exactly the next position). kv and gate are [coff·dim].
+  void Append(int64_t position, const float* kv, const float* gate);
+  const ChunkedRows& entries() const { return entries_; }
+  int64_t fixed_bytes() const;
+
+ private:
+  void Emit(int64_t window);
+  CompressorParams p_;
+  std::vector<float> pend_kv_, pend_gate_;  // [rate, coff·dim]; gate already includes ape
+  std::vector<float> prev_kv_, prev_gate_;  // overlap: Ca half of the last closed window [rate, dim]
+  bool has_prev_ = false;
+  int64_t next_position_ = 0;
+  ChunkedRows entries_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace numoe::cpu

@@ -1,0 +1,594 @@
+#include "gpu_service/cpu/cpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "common/log.h"
+
+namespace numoe::cpu {
+namespace {
+
+StatusOr<std::vector<float>> LoadVec(const Checkpoint& ck, const std::string& name, int64_t numel) {
+  ASSIGN_OR_RETURN(F32Tensor t, ck.LoadF32(name));
+  if (t.numel() != numel) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": expected ", numel, " values, got ", t.numel()));
+  }
+  return std::move(t.data);
+}
+
+StatusOr<Linear> LoadLinear(const Checkpoint& ck, const std::string& name, int64_t out, int64_t in) {
+  ASSIGN_OR_RETURN(F32Tensor t, ck.LoadF32(name));
+  if (t.shape.size() != 2 || t.shape[0] != out || t.shape[1] != in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": expected logical shape [", out, ", ", in, "], got ", t.shape.size(), "-d tensor"));
+  }
+  Linear l;
+  l.out = out;
+  l.in = in;
+  l.w = std::move(t.data);
+  return l;
+}
+
+StatusOr<HyperConnW> LoadHyper(const Checkpoint& ck, const std::string& prefix, int64_t rows, int64_t cols,
+                               int64_t nscale) {
+  HyperConnW h;
+  ASSIGN_OR_RETURN(h.fn, LoadVec(ck, prefix + "fn", rows * cols));
+  ASSIGN_OR_RETURN(h.base, LoadVec(ck, prefix + "base", rows));
+  ASSIGN_OR_RETURN(h.scale, LoadVec(ck, prefix + "scale", nscale));
+  return h;
+}
+
+StatusOr<CompressorW> LoadCompressor(const Checkpoint& ck, const std::string& p, int64_t rate, int64_t dim,
+                                     int64_t coff, int64_t d) {
+  CompressorW c;
+  ASSIGN_OR_RETURN(c.wkv, LoadLinear(ck, p + "wkv.weight", coff * dim, d));
+  ASSIGN_OR_RETURN(c.wgate, LoadLinear(ck, p + "wgate.weight", coff * dim, d));
+  ASSIGN_OR_RETURN(c.ape, LoadVec(ck, p + "ape", rate * coff * dim));
+  ASSIGN_OR_RETURN(c.norm, LoadVec(ck, p + "norm.weight", dim));
+  return c;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, hc = c.hc_mult;
+  const int64_t I = c.moe_intermediate_size;
+  auto w = std::make_unique<ModelW>();
+  ASSIGN_OR_RETURN(w->embed, LoadLinear(ck, "embed.weight", c.vocab_size, D));
+  ASSIGN_OR_RETURN(w->head, LoadLinear(ck, c.tie_word_embeddings ? "embed.weight" : "head.weight", c.vocab_size, D));
+  ASSIGN_OR_RETURN(w->norm, LoadVec(ck, "norm.weight", D));
+  ASSIGN_OR_RETURN(w->hc_head, LoadHyper(ck, "hc_head_", hc, hc * D, 1));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("layers.", i, ".");
+    LayerW L;
+    ASSIGN_OR_RETURN(L.attn_norm, LoadVec(ck, p + "attn_norm.weight", D));
+    ASSIGN_OR_RETURN(L.ffn_norm, LoadVec(ck, p + "ffn_norm.weight", D));
+    ASSIGN_OR_RETURN(L.hc_attn, LoadHyper(ck, p + "hc_attn_", (2 + hc) * hc, hc * D, 3));
+    ASSIGN_OR_RETURN(L.hc_ffn, LoadHyper(ck, p + "hc_ffn_", (2 + hc) * hc, hc * D, 3));
+    AttentionW& a = L.attn;
+    a.type = c.layer_types[static_cast<size_t>(i)];
+    a.rate = c.CompressRate(i);
+    const std::string ap = p + "attn.";
+    ASSIGN_OR_RETURN(a.wq_a, LoadLinear(ck, ap + "wq_a.weight", c.q_lora_rank, D));
+    ASSIGN_OR_RETURN(a.q_norm, LoadVec(ck, ap + "q_norm.weight", c.q_lora_rank));
+    ASSIGN_OR_RETURN(a.wq_b, LoadLinear(ck, ap + "wq_b.weight", H * hd, c.q_lora_rank));
+    ASSIGN_OR_RETURN(a.wkv, LoadLinear(ck, ap + "wkv.weight", hd, D));
+    ASSIGN_OR_RETURN(a.kv_norm, LoadVec(ck, ap + "kv_norm.weight", hd));
+    ASSIGN_OR_RETURN(a.wo_a, LoadLinear(ck, ap + "wo_a.weight", c.o_groups * c.o_lora_rank, H * hd / c.o_groups));
+    ASSIGN_OR_RETURN(a.wo_b, LoadLinear(ck, ap + "wo_b.weight", D, c.o_groups * c.o_lora_rank));
+    ASSIGN_OR_RETURN(a.sink, LoadVec(ck, ap + "attn_sink", H));
+    if (a.type != AttnType::kSliding) {
+      const int64_t coff = a.type == AttnType::kCSA ? 2 : 1;
+      ASSIGN_OR_RETURN(a.comp, LoadCompressor(ck, ap + "compressor.", a.rate, hd, coff, D));
+    }
+    if (a.type == AttnType::kCSA) {
+      const int64_t ih = c.index_n_heads, id = c.index_head_dim;
+      ASSIGN_OR_RETURN(a.index_comp, LoadCompressor(ck, ap + "indexer.compressor.", a.rate, id, 2, D));
+      ASSIGN_OR_RETURN(a.index_wq_b, LoadLinear(ck, ap + "indexer.wq_b.weight", ih * id, c.q_lora_rank));
+      ASSIGN_OR_RETURN(a.index_weights, LoadLinear(ck, ap + "indexer.weights_proj.weight", ih, D));
+    }
+    FfnW& f = L.ffn;
+    f.type = c.mlp_layer_types[static_cast<size_t>(i)];
+    const std::string fp = p + "ffn.";
+    ASSIGN_OR_RETURN(f.gate, LoadLinear(ck, fp + "gate.weight", c.n_routed_experts, D));
+    if (f.type == MoeType::kHash) {
+      ASSIGN_OR_RETURN(F32Tensor t, ck.LoadF32(fp + "gate.tid2eid"));
+      if (t.numel() != c.vocab_size * c.num_experts_per_tok) {
+        return absl::InvalidArgumentError(absl::StrCat(fp, "gate.tid2eid: expected [", c.vocab_size, ", ",
+                                                       c.num_experts_per_tok, "]"));
+      }
+      f.tid2eid.resize(t.data.size());
+      for (size_t k = 0; k < t.data.size(); ++k) {
+        const float e = t.data[k];
+        if (!(e >= 0 && e < static_cast<float>(c.n_routed_experts))) {
+          return absl::InvalidArgumentError(absl::StrCat(fp, "gate.tid2eid: expert id ", e, " out of range"));
+        }
+        f.tid2eid[k] = static_cast<int32_t>(e);
+      }
+    } else if (ck.store().Find(fp + "gate.bias") != nullptr) {
+      ASSIGN_OR_RETURN(f.bias, LoadVec(ck, fp + "gate.bias", c.n_routed_experts));
+    } else {
+      f.bias.assign(static_cast<size_t>(c.n_routed_experts), 0.0f);
+    }
+    ASSIGN_OR_RETURN(f.shared_w1, LoadLinear(ck, fp + "shared_experts.w1.weight", I, D));
+    ASSIGN_OR_RETURN(f.shared_w3, LoadLinear(ck, fp + "shared_experts.w3.weight", I, D));
+    ASSIGN_OR_RETURN(f.shared_w2, LoadLinear(ck, fp + "shared_experts.w2.weight", D, I));
+    w->layers.push_back(std::move(L));
+  }
+  return w;
+}
+
+// ---- per-sequence state ----------------------------------------------------------------------------
+
+struct CpuModel::SeqState {
+  struct Layer {
+    std::vector<float> ring;  // [W, hd]: kv of position p at slot p % W
+    std::unique_ptr<CompressorState> comp, index_comp;
+  };
+  int64_t position = 0;
+  std::vector<Layer> layers;
+};
+
+// The rows of one step: all sequences' new tokens concatenated.
+struct CpuModel::Rows {
+  struct Seq {
+    SeqState* state;
+    int64_t begin, end;  // row range
+    int64_t start_pos;   // position of the first new token
+  };
+  std::vector<Seq> seqs;
+  std::vector<int64_t> pos;
+  std::vector<int32_t> token;
+  int64_t n = 0;
+};
+
+CpuModel::CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, ThreadPool* pool)
+    : cfg_(std::move(cfg)), w_(std::move(w)), pool_(pool) {
+  inv_freq_main_ = RopeInvFreq(cfg_.rope_main, cfg_.rope_dim);
+  inv_freq_compress_ = RopeInvFreq(cfg_.rope_compress, cfg_.rope_dim);
+}
+
+CpuModel::~CpuModel() = default;
+
+StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const Checkpoint& ckpt, ThreadPool* pool) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelW> w, LoadDenseWeights(ckpt));
+  return std::unique_ptr<CpuModel>(new CpuModel(ckpt.config(), std::move(w), pool));
+}
+
+std::unique_ptr<CpuModel::SeqState> CpuModel::NewState() const {
+  auto st = std::make_unique<SeqState>();
+  st->layers.resize(static_cast<size_t>(cfg_.num_hidden_layers));
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    auto& L = st->layers[static_cast<size_t>(l)];
+    const AttentionW& a = w_->layers[static_cast<size_t>(l)].attn;
+    L.ring.assign(static_cast<size_t>(cfg_.sliding_window * cfg_.head_dim), 0.0f);
+    if (a.type != AttnType::kSliding) {
+      CompressorParams p;
+      p.rate = a.rate;
+      p.dim = cfg_.head_dim;
+      p.overlap = a.type == AttnType::kCSA;
+      p.ape = a.comp.ape.data();
+      p.norm = a.comp.norm.data();
+      p.eps = static_cast<float>(cfg_.rms_norm_eps);
+      p.rope_dim = cfg_.rope_dim;
+      p.inv_freq = inv_freq_compress_.data();
+      L.comp = std::make_unique<CompressorState>(p);
+      if (a.type == AttnType::kCSA) {
+        p.dim = cfg_.index_head_dim;
+        p.ape = a.index_comp.ape.data();
+        p.norm = a.index_comp.norm.data();
+        L.index_comp = std::make_unique<CompressorState>(p);
+      }
+    }
+  }
+  return st;
+}
+
+StatusOr<SequenceId> CpuModel::CreateSequence() {
+  const SequenceId id = next_id_++;
+  seqs_[id] = NewState();
+  return id;
+}
+
+Status CpuModel::ReleaseSequence(SequenceId seq) {
+  if (seqs_.erase(seq) == 0) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  return absl::OkStatus();
+}
+
+StatusOr<SequenceMemory> CpuModel::Memory(SequenceId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  SequenceMemory m;
+  m.position = it->second->position;
+  for (const auto& L : it->second->layers) {
+    m.fixed_bytes += static_cast<int64_t>(L.ring.size() * sizeof(float));
+    for (const CompressorState* c : {L.comp.get(), L.index_comp.get()}) {
+      if (c == nullptr) continue;
+      m.fixed_bytes += c->fixed_bytes();
+      m.growing_bytes += c->entries().rows() * c->entries().width() * static_cast<int64_t>(sizeof(float));
+      m.capacity_bytes += c->entries().capacity_bytes();
+    }
+  }
+  m.capacity_bytes += m.fixed_bytes;
+  return m;
+}
+
+// ---- mHC ---------------------------------------------------------------------------------------------
+
+void CpuModel::HyperPre(const HyperConnW& hc, const float* x, int64_t n, float* u, float* post, float* comb) const {
+  const int64_t k = cfg_.hc_mult, D = cfg_.hidden_size, kd = k * D, m = (2 + k) * k;
+  const float eps = static_cast<float>(cfg_.hc_eps);
+  std::vector<float> flat(static_cast<size_t>(kd)), mix(static_cast<size_t>(m));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * kd;
+    RmsNorm(xr, nullptr, kd, static_cast<float>(cfg_.rms_norm_eps), flat.data());
+    for (int64_t j = 0; j < m; ++j) mix[j] = Dot(flat.data(), hc.fn.data() + j * kd, kd);
+    float pre[16];
+    for (int64_t j = 0; j < k; ++j) {
+      pre[j] = Sigmoid(mix[j] * hc.scale[0] + hc.base[j]) + eps;
+      post[r * k + j] = 2.0f * Sigmoid(mix[k + j] * hc.scale[1] + hc.base[k + j]);
+    }
+    float* C = comb + r * k * k;
+    for (int64_t j = 0; j < k; ++j) {
+      for (int64_t i = 0; i < k; ++i) C[j * k + i] = mix[2 * k + j * k + i] * hc.scale[2] + hc.base[2 * k + j * k + i];
+      SoftmaxInPlace(C + j * k, k);
+      for (int64_t i = 0; i < k; ++i) C[j * k + i] += eps;
+    }
+    auto col_norm = [&] {
+      for (int64_t i = 0; i < k; ++i) {
+        float s = 0;
+        for (int64_t j = 0; j < k; ++j) s += C[j * k + i];
+        for (int64_t j = 0; j < k; ++j) C[j * k + i] /= (s + eps);
+      }
+    };
+    auto row_norm = [&] {
+      for (int64_t j = 0; j < k; ++j) {
+        float s = 0;
+        for (int64_t i = 0; i < k; ++i) s += C[j * k + i];
+        for (int64_t i = 0; i < k; ++i) C[j * k + i] /= (s + eps);
+      }
+    };
+    col_norm();
+    for (int64_t it = 1; it < cfg_.hc_sinkhorn_iters; ++it) {
+      row_norm();
+      col_norm();
+    }
+    float* ur = u + r * D;
+    for (int64_t d = 0; d < D; ++d) {
+      float s = 0;
+      for (int64_t j = 0; j < k; ++j) s += pre[j] * xr[j * D + d];
+      ur[d] = s;
+    }
+  }
+}
+
+void CpuModel::HyperPost(const float* y, const float* post, const float* comb, int64_t n, float* x) const {
+  const int64_t k = cfg_.hc_mult, D = cfg_.hidden_size;
+  std::vector<float> old(static_cast<size_t>(k * D));
+  for (int64_t r = 0; r < n; ++r) {
+    float* xr = x + r * k * D;
+    std::memcpy(old.data(), xr, old.size() * sizeof(float));
+    const float* C = comb + r * k * k;
+    for (int64_t i = 0; i < k; ++i) {
+      const float p = post[r * k + i];
+      for (int64_t d = 0; d < D; ++d) {
+        float s = p * y[r * D + d];
+        for (int64_t j = 0; j < k; ++j) s += C[j * k + i] * old[j * D + d];
+        xr[i * D + d] = s;
+      }
+    }
+  }
+}
+
+// ---- attention ---------------------------------------------------------------------------------------
+
+Status CpuModel::Attention(int64_t layer, const Rows& rows, const float* x, float* out) {
+  const AttentionW& a = w_->layers[static_cast<size_t>(layer)].attn;
+  const int64_t n = rows.n, D = cfg_.hidden_size, H = cfg_.num_attention_heads, hd = cfg_.head_dim;
+  const int64_t rd = cfg_.rope_dim, W = cfg_.sliding_window, qr = cfg_.q_lora_rank;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const float* inv = a.type == AttnType::kSliding ? inv_freq_main_.data() : inv_freq_compress_.data();
+  const size_t L = static_cast<size_t>(layer);
+
+  std::vector<float> qa(static_cast<size_t>(n * qr)), q(static_cast<size_t>(n * H * hd)), kv(static_cast<size_t>(n * hd));
+  MatMul(x, n, a.wq_a, qa.data(), pool_);
+  for (int64_t r = 0; r < n; ++r) RmsNorm(&qa[r * qr], a.q_norm.data(), qr, eps, &qa[r * qr]);
+  MatMul(qa.data(), n, a.wq_b, q.data(), pool_);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = &q[(r * H + h) * hd];
+      RmsNorm(qh, nullptr, hd, eps, qh);
+      ApplyRope(qh, hd, rd, inv, rows.pos[r]);
+    }
+  }
+  MatMul(x, n, a.wkv, kv.data(), pool_);
+  for (int64_t r = 0; r < n; ++r) {
+    RmsNorm(&kv[r * hd], a.kv_norm.data(), hd, eps, &kv[r * hd]);
+    ApplyRope(&kv[r * hd], hd, rd, inv, rows.pos[r]);
+  }
+
+  // Compressor projections (CSA / HCA) and the indexer's (CSA).
+  const int64_t coff = a.type == AttnType::kCSA ? 2 : 1;
+  std::vector<float> ckv, cg, ikv, ig, iq, iw;
+  const int64_t ih = cfg_.index_n_heads, id = cfg_.index_head_dim;
+  if (a.type != AttnType::kSliding) {
+    ckv.resize(static_cast<size_t>(n * coff * hd));
+    cg.resize(ckv.size());
+    MatMul(x, n, a.comp.wkv, ckv.data(), pool_);
+    MatMul(x, n, a.comp.wgate, cg.data(), pool_);
+  }
+  if (a.type == AttnType::kCSA) {
+    ikv.resize(static_cast<size_t>(n * 2 * id));
+    ig.resize(ikv.size());
+    iq.resize(static_cast<size_t>(n * ih * id));
+    iw.resize(static_cast<size_t>(n * ih));
+    MatMul(x, n, a.index_comp.wkv, ikv.data(), pool_);
+    MatMul(x, n, a.index_comp.wgate, ig.data(), pool_);
+    MatMul(qa.data(), n, a.index_wq_b, iq.data(), pool_);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t h = 0; h < ih; ++h) ApplyRope(&iq[(r * ih + h) * id], id, rd, inv, rows.pos[r]);
+    }
+    MatMul(x, n, a.index_weights, iw.data(), pool_);
+    const float s = 1.0f / std::sqrt(static_cast<float>(ih));
+    for (float& v : iw) v *= s;
+  }
+
+  std::vector<float> o(static_cast<size_t>(n * H * hd));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float iscale = 1.0f / std::sqrt(static_cast<float>(id));
+  std::vector<const float*> keys;
+  std::vector<float> logits, scores;
+  std::vector<int64_t> order;
+  for (const Rows::Seq& s : rows.seqs) {
+    SeqState::Layer& st = s.state->layers[L];
+    for (int64_t r = s.begin; r < s.end; ++r) {
+      if (st.comp) st.comp->Append(rows.pos[r], &ckv[r * coff * hd], &cg[r * coff * hd]);
+      if (st.index_comp) st.index_comp->Append(rows.pos[r], &ikv[r * 2 * id], &ig[r * 2 * id]);
+    }
+    for (int64_t r = s.begin; r < s.end; ++r) {
+      const int64_t p = rows.pos[r];
+      keys.clear();
+      for (int64_t k = std::max<int64_t>(0, p - W + 1); k <= p; ++k) {
+        keys.push_back(k < s.start_pos ? &st.ring[(k % W) * hd] : &kv[(s.begin + k - s.start_pos) * hd]);
+      }
+      if (a.type == AttnType::kHCA) {
+        const int64_t vis = std::min((p + 1) / a.rate, st.comp->entries().rows());
+        for (int64_t e = 0; e < vis; ++e) keys.push_back(st.comp->entries().Row(e));
+      } else if (a.type == AttnType::kCSA) {
+        const ChunkedRows& ik = st.index_comp->entries();
+        const int64_t vis = std::min((p + 1) / a.rate, ik.rows());
+        scores.assign(static_cast<size_t>(vis), 0.0f);
+        for (int64_t e = 0; e < vis; ++e) {
+          float sc = 0.0f;
+          for (int64_t h = 0; h < ih; ++h) {
+            const float d = Dot(&iq[(r * ih + h) * id], ik.Row(e), id);
+            sc += iw[r * ih + h] * std::max(d, 0.0f);
+          }
+          scores[e] = sc * iscale;
+        }
+        order.resize(static_cast<size_t>(vis));
+        std::iota(order.begin(), order.end(), 0);
+        const int64_t top = std::min(cfg_.index_topk, vis);
+        std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int64_t i, int64_t j) {
+          return scores[i] > scores[j] || (scores[i] == scores[j] && i < j);
+        });
+        for (int64_t t = 0; t < top; ++t) keys.push_back(st.comp->entries().Row(order[t]));
+      }
+      const int64_t nk = static_cast<int64_t>(keys.size());
+      logits.resize(static_cast<size_t>(nk));
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = &q[(r * H + h) * hd];
+        float m = a.sink[h];
+        for (int64_t j = 0; j < nk; ++j) {
+          logits[j] = Dot(qh, keys[j], hd) * scale;
+          m = std::max(m, logits[j]);
+        }
+        float denom = std::exp(a.sink[h] - m);
+        for (int64_t j = 0; j < nk; ++j) {
+          logits[j] = std::exp(logits[j] - m);
+          denom += logits[j];
+        }
+        float* oh = &o[(r * H + h) * hd];
+        std::fill(oh, oh + hd, 0.0f);
+        for (int64_t j = 0; j < nk; ++j) {
+          const float pj = logits[j] / denom;
+          const float* kj = keys[j];
+          for (int64_t d = 0; d < hd; ++d) oh[d] += pj * kj[d];
+        }
+        ApplyRope(oh, hd, rd, inv, p, /*inverse=*/true);
+      }
+    }
+    for (int64_t r = std::max(s.begin, s.end - W); r < s.end; ++r) {
+      std::memcpy(&st.ring[(rows.pos[r] % W) * hd], &kv[r * hd], static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
+
+  // Grouped output projection: group g = heads [g·H/G, (g+1)·H/G) through rows [g·R, (g+1)·R) of wo_a.
+  const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, gw = H * hd / G;
+  std::vector<float> z(static_cast<size_t>(n * G * R));
+  for (int64_t g = 0; g < G; ++g) {
+    MatMulRaw(o.data() + g * gw, n, a.wo_a.w.data() + g * R * gw, R, gw, z.data() + g * R, pool_, H * hd, G * R);
+  }
+  MatMul(z.data(), n, a.wo_b, out, pool_);
+  (void)D;
+  return absl::OkStatus();
+}
+
+// ---- MoE ---------------------------------------------------------------------------------------------
+
+Status CpuModel::Moe(int64_t layer, const Rows& rows, const float* y, float* out, ExpertBackend* experts) {
+  const FfnW& f = w_->layers[static_cast<size_t>(layer)].ffn;
+  const int64_t n = rows.n, D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
+  const int64_t I = cfg_.moe_intermediate_size;
+  std::vector<float> logits(static_cast<size_t>(n * E));
+  MatMul(y, n, f.gate, logits.data(), pool_);
+  std::vector<int32_t> ids(static_cast<size_t>(n * K));
+  std::vector<float> wts(static_cast<size_t>(n * K));
+  std::vector<float> sel(static_cast<size_t>(E));
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t r = 0; r < n; ++r) {
+    float* s = &logits[r * E];
+    switch (cfg_.scoring_func) {
+      case ScoringFunc::kSqrtSoftplus:
+        for (int64_t e = 0; e < E; ++e) s[e] = std::sqrt(Softplus(s[e]));
+        break;
+      case ScoringFunc::kSigmoid:
+        for (int64_t e = 0; e < E; ++e) s[e] = Sigmoid(s[e]);
+        break;
+      case ScoringFunc::kSoftmax:
+        SoftmaxInPlace(s, E);
+        break;
+    }
+    int32_t* idr = &ids[r * K];
+    if (f.type == MoeType::kHash) {
+      std::memcpy(idr, &f.tid2eid[static_cast<size_t>(rows.token[r]) * K], static_cast<size_t>(K) * sizeof(int32_t));
+    } else {
+      for (int64_t e = 0; e < E; ++e) sel[e] = s[e] + f.bias[e];
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                        [&](int32_t i, int32_t j) { return sel[i] > sel[j] || (sel[i] == sel[j] && i < j); });
+      std::copy(order.begin(), order.begin() + K, idr);
+    }
+    float sum = 0.0f;
+    for (int64_t k = 0; k < K; ++k) sum += s[idr[k]];
+    const float mul = static_cast<float>(cfg_.routed_scaling_factor) / (sum + 1e-20f);
+    for (int64_t k = 0; k < K; ++k) wts[r * K + k] = s[idr[k]] * mul;
+  }
+  MoeRequest req;
+  req.layer = layer;
+  req.rows = n;
+  req.top_k = K;
+  req.x = y;
+  req.expert_ids = ids.data();
+  req.expert_weights = wts.data();
+  req.out = out;
+  RETURN_IF_ERROR(experts->RunRouted(req));
+
+  // Shared expert: SwiGLU with the same clamps as the routed experts.
+  std::vector<float> g(static_cast<size_t>(n * I)), u(static_cast<size_t>(n * I));
+  std::vector<float> sh(static_cast<size_t>(n * D));
+  MatMul(y, n, f.shared_w1, g.data(), pool_);
+  MatMul(y, n, f.shared_w3, u.data(), pool_);
+  const float lim = static_cast<float>(cfg_.swiglu_limit);
+  for (size_t i = 0; i < g.size(); ++i) {
+    float gv = g[i], uv = u[i];
+    if (lim > 0) {
+      gv = std::min(gv, lim);
+      uv = std::clamp(uv, -lim, lim);
+    }
+    g[i] = Silu(gv) * uv;
+  }
+  MatMul(g.data(), n, f.shared_w2, sh.data(), pool_);
+  for (size_t i = 0; i < sh.size(); ++i) out[i] += sh[i];
+  return absl::OkStatus();
+}
+
+// ---- the step ----------------------------------------------------------------------------------------
+
+Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
+                         std::vector<SequenceLogits>* out) {
+  if (experts == nullptr) return absl::InvalidArgumentError("Forward: no expert backend");
+  if (steps.empty()) return absl::InvalidArgumentError("Forward: empty step");
+  Rows rows;
+  std::set<SequenceId> seen;
+  for (const SequenceStep& st : steps) {
+    auto it = seqs_.find(st.seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", st.seq, " does not exist"));
+    if (!seen.insert(st.seq).second) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, " appears twice in one step"));
+    }
+    if (st.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, ": no tokens"));
+    SeqState* state = it->second.get();
+    if (cfg_.max_position_embeddings > 0 &&
+        state->position + static_cast<int64_t>(st.tokens.size()) > cfg_.max_position_embeddings) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", st.seq, ": ", state->position + st.tokens.size(),
+                                                " tokens exceed the context limit of ", cfg_.max_position_embeddings));
+    }
+    for (int32_t t : st.tokens) {
+      if (t < 0 || t >= cfg_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", t, " is out of range [0, ", cfg_.vocab_size, ")"));
+      }
+    }
+    Rows::Seq s{state, rows.n, rows.n + static_cast<int64_t>(st.tokens.size()), state->position};
+    for (size_t i = 0; i < st.tokens.size(); ++i) {
+      rows.pos.push_back(state->position + static_cast<int64_t>(i));
+      rows.token.push_back(st.tokens[i]);
+    }
+    rows.n = s.end;
+    rows.seqs.push_back(s);
+  }
+
+  const int64_t n = rows.n, D = cfg_.hidden_size, k = cfg_.hc_mult;
+  std::vector<float> X(static_cast<size_t>(n * k * D));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* e = &w_->embed.w[static_cast<size_t>(rows.token[r]) * D];
+    for (int64_t j = 0; j < k; ++j) std::memcpy(&X[(r * k + j) * D], e, static_cast<size_t>(D) * sizeof(float));
+  }
+  if (hidden_hook_) hidden_hook_(-1, X);
+
+  std::vector<float> u(static_cast<size_t>(n * D)), xn(u.size()), y(u.size());
+  std::vector<float> post(static_cast<size_t>(n * k)), comb(static_cast<size_t>(n * k * k));
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const LayerW& L = w_->layers[static_cast<size_t>(l)];
+    HyperPre(L.hc_attn, X.data(), n, u.data(), post.data(), comb.data());
+    for (int64_t r = 0; r < n; ++r) RmsNorm(&u[r * D], L.attn_norm.data(), D, eps, &xn[r * D]);
+    RETURN_IF_ERROR(Attention(l, rows, xn.data(), y.data()));
+    HyperPost(y.data(), post.data(), comb.data(), n, X.data());
+
+    HyperPre(L.hc_ffn, X.data(), n, u.data(), post.data(), comb.data());
+    for (int64_t r = 0; r < n; ++r) RmsNorm(&u[r * D], L.ffn_norm.data(), D, eps, &xn[r * D]);
+    RETURN_IF_ERROR(Moe(l, rows, xn.data(), y.data(), experts));
+    HyperPost(y.data(), post.data(), comb.data(), n, X.data());
+    if (hidden_hook_) hidden_hook_(l, X);
+  }
+  for (const Rows::Seq& s : rows.seqs) s.state->position += s.end - s.begin;
+
+  // Head: collapse the streams with hc_head, final norm, logits for the rows asked for.
+  std::vector<char> need(static_cast<size_t>(n), hidden_hook_ ? 1 : 0);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Rows::Seq& s = rows.seqs[i];
+    for (int64_t r = steps[i].all_logits ? s.begin : s.end - 1; r < s.end; ++r) need[r] = 1;
+  }
+  const HyperConnW& hh = w_->hc_head;
+  std::vector<float> flat(static_cast<size_t>(k * D)), h(static_cast<size_t>(n * D), 0.0f);
+  for (int64_t r = 0; r < n; ++r) {
+    if (!need[r]) continue;
+    const float* xr = &X[r * k * D];
+    RmsNorm(xr, nullptr, k * D, eps, flat.data());
+    float pre[16];
+    for (int64_t j = 0; j < k; ++j) {
+      pre[j] = Sigmoid(Dot(flat.data(), &hh.fn[j * k * D], k * D) * hh.scale[0] + hh.base[j]) +
+               static_cast<float>(cfg_.hc_eps);
+    }
+    float* hr = &h[r * D];
+    for (int64_t d = 0; d < D; ++d) {
+      float s = 0;
+      for (int64_t j = 0; j < k; ++j) s += pre[j] * xr[j * D + d];
+      hr[d] = s;
+    }
+    RmsNorm(hr, w_->norm.data(), D, eps, hr);
+  }
+  if (hidden_hook_) hidden_hook_(cfg_.num_hidden_layers, h);
+
+  out->clear();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Rows::Seq& s = rows.seqs[i];
+    const int64_t r0 = steps[i].all_logits ? s.begin : s.end - 1;
+    SequenceLogits sl;
+    sl.seq = steps[i].seq;
+    sl.rows = s.end - r0;
+    sl.logits.resize(static_cast<size_t>(sl.rows * cfg_.vocab_size));
+    MatMul(&h[r0 * D], sl.rows, w_->head, sl.logits.data(), pool_);
+    out->push_back(std::move(sl));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace numoe::cpu

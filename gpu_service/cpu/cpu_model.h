@@ -1,0 +1,111 @@
+// The CPU backend of numoe-gpu: the non-expert DeepSeek-V4 model in fp32 on dequantized weights
+// (the numerics of transformers' DeepseekV4ForCausalLM). Routed experts go through an ExpertBackend.
+//
+// Thread-safety: one Forward at a time (the caller serialises steps); sequences are owned by the model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "common/config.h"
+#include "gpu_service/cpu/compressor.h"
+#include "gpu_service/cpu/ops.h"
+#include "gpu_service/model/backend.h"
+
+namespace numoe {
+class ThreadPool;
+}
+
+namespace numoe::cpu {
+
+struct HyperConnW {
+  std::vector<float> fn;     // [(2 + hc)·hc, hc·D]  (24 x 4D for hc = 4)
+  std::vector<float> base;   // [(2 + hc)·hc]
+  std::vector<float> scale;  // [3]
+};
+
+struct CompressorW {
+  Linear wkv, wgate;        // [coff·dim, D]
+  std::vector<float> ape;   // [rate, coff·dim]
+  std::vector<float> norm;  // [dim]
+};
+
+struct AttentionW {
+  AttnType type = AttnType::kSliding;
+  int64_t rate = 0;
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  std::vector<float> q_norm, kv_norm, sink;
+  CompressorW comp;                 // CSA / HCA
+  CompressorW index_comp;           // CSA
+  Linear index_wq_b, index_weights;  // CSA
+};
+
+struct FfnW {
+  MoeType type = MoeType::kScored;
+  Linear gate;
+  std::vector<float> bias;        // scored layers (may be empty: zeros)
+  std::vector<int32_t> tid2eid;   // hash layers [vocab, top_k]
+  Linear shared_w1, shared_w3, shared_w2;
+};
+
+struct LayerW {
+  std::vector<float> attn_norm, ffn_norm;
+  HyperConnW hc_attn, hc_ffn;
+  AttentionW attn;
+  FfnW ffn;
+};
+
+struct ModelW {
+  Linear embed, head;  // [vocab, D]
+  std::vector<float> norm;
+  HyperConnW hc_head;  // fn [hc, hc·D], base [hc], scale [1]
+  std::vector<LayerW> layers;
+};
+
+// Loads the dense (non-routed-expert) weights of the main layers as fp32.
+StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ckpt);
+
+class CpuModel final : public ModelBackend {
+ public:
+  // `pool` may be null (single-threaded); it must outlive the model.
+  static StatusOr<std::unique_ptr<CpuModel>> Create(const Checkpoint& ckpt, ThreadPool* pool);
+  ~CpuModel() override;
+
+  StatusOr<SequenceId> CreateSequence() override;
+  Status ReleaseSequence(SequenceId seq) override;
+  Status Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
+                 std::vector<SequenceLogits>* out) override;
+  StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+
+  const ModelConfig& config() const { return cfg_; }
+  // Debug/test hook: called with the residual streams [rows, hc, D] after the embedding (layer -1) and
+  // after each layer, and the final normed hidden [rows, D] (layer == num_hidden_layers).
+  using HiddenHook = std::function<void(int64_t layer, const std::vector<float>& x)>;
+  void set_hidden_hook(HiddenHook hook) { hidden_hook_ = std::move(hook); }
+
+ private:
+  struct SeqState;
+  struct Rows;
+  CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, ThreadPool* pool);
+  std::unique_ptr<SeqState> NewState() const;
+  void HyperPre(const HyperConnW& hc, const float* x, int64_t n, float* u, float* post, float* comb) const;
+  void HyperPost(const float* y, const float* post, const float* comb, int64_t n, float* x) const;
+  Status Attention(int64_t layer, const Rows& rows, const float* x, float* out);
+  Status Moe(int64_t layer, const Rows& rows, const float* y, float* out, ExpertBackend* experts);
+
+  ModelConfig cfg_;
+  std::unique_ptr<ModelW> w_;
+  ThreadPool* pool_;
+  std::vector<float> inv_freq_main_, inv_freq_compress_;
+  std::map<SequenceId, std::unique_ptr<SeqState>> seqs_;
+  SequenceId next_id_ = 1;
+  HiddenHook hidden_hook_;
+};
+
+}  // namespace numoe::cpu

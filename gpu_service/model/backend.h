@@ -1,0 +1,72 @@
+// The backend contracts of the V4 forward pass.
+//
+// A decode/prefill step runs the non-expert model (ModelBackend: CPU or CUDA) and, at every layer, hands
+// the routed-expert part to an ExpertBackend (the worker: linked in-process, or across processes over the
+// shared-memory channel). Both interfaces are deliberately small so implementations are interchangeable.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+
+namespace numoe {
+
+// The routed-expert work of one layer for one step: `rows` MoE inputs (post-norm hidden, fp32, [rows, D]),
+// each routed to `top_k` experts (ids may repeat: duplicates are summed) with weights; the backend
+// writes out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r]) (no shared expert), [rows, D].
+struct MoeRequest {
+  int64_t layer = 0;  // main layer index (MTP/DSpark stages use num_hidden_layers + stage)
+  int64_t rows = 0;
+  int64_t top_k = 0;
+  const float* x = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const float* expert_weights = nullptr;
+  float* out = nullptr;
+};
+
+class ExpertBackend {
+ public:
+  virtual ~ExpertBackend() = default;
+  // Computes one layer's routed experts. Must not retain the pointers after returning.
+  virtual Status RunRouted(const MoeRequest& request) = 0;
+};
+
+using SequenceId = int64_t;
+
+// One sequence's part of a step: the new tokens at positions [position(seq), position(seq)+tokens).
+struct SequenceStep {
+  SequenceId seq = 0;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  // logits for every new token (prefill tests, --logits-out) or only the last
+};
+
+// Logits of one sequence's step: [n, vocab] with n = tokens.size() when all_logits, else 1.
+struct SequenceLogits {
+  SequenceId seq = 0;
+  int64_t rows = 0;
+  std::vector<float> logits;
+};
+
+// Per-sequence state accounting (bytes actually held).
+struct SequenceMemory {
+  int64_t position = 0;           // tokens consumed so far
+  int64_t fixed_bytes = 0;        // windows, pending buffers, overlap state
+  int64_t growing_bytes = 0;      // compressed entries (grow with context)
+  int64_t capacity_bytes = 0;     // allocated (>= used; chunked storage)
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+  virtual StatusOr<SequenceId> CreateSequence() = 0;
+  virtual Status ReleaseSequence(SequenceId seq) = 0;
+  // Runs one step over several sequences at different positions; each sequence appears at most once.
+  virtual Status Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
+                         std::vector<SequenceLogits>* out) = 0;
+  virtual StatusOr<SequenceMemory> Memory(SequenceId seq) const = 0;
+  virtual int64_t vocab_size() const = 0;
+};
+
+}  // namespace numoe

@@ -21,9 +21,11 @@ TEST(StateSize, V4FlashGrowsBy3440ValuesPerToken) {
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   StateSize s = ComputeStateSize(*cfg);
   EXPECT_DOUBLE_EQ(s.growing_values_per_token, 3440.0);
-  // 43 windows of 128 x 512 dominate the fixed part (~2.8M values).
-  EXPECT_GE(s.fixed_values, 43 * 128 * 512);
-  EXPECT_LT(s.fixed_values, 43 * 128 * 512 * 2);
+  // Fixed: 43 windows of 128 x 512; 20 HCA pending windows of 128 tokens x (kv + gate) 512;
+  // 21 CSA layers with pending 4 x (kv + gate) 1024 + overlap 4 x (kv + gate) 512, and the indexer's
+  // (256 / 128 wide).
+  EXPECT_EQ(s.fixed_values, 43 * 128 * 512 + 20 * 2 * 128 * 512 + 21 * (2 * 4 * 1024 + 2 * 4 * 512) +
+                                21 * (2 * 4 * 256 + 2 * 4 * 128));
   EXPECT_EQ(s.GrowingValuesAt(*cfg, 1024), 3440 * 1024);
 }
 

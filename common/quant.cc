@@ -133,6 +133,42 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
+uint8_t FloatToFp8E4M3(float f) {
+  if (std::isnan(f)) return 0x7F;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7E;
+  // Subnormals (and the step to the first normal) are multiples of 2^-9: code = round(a / 2^-9).
+  if (a < std::ldexp(1.0f, -6)) return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
+  int k = 0;
+  const float frac = std::frexp(a, &k);  // a = frac * 2^k, frac in [0.5, 1)
+  int e = k - 1;
+  int m = static_cast<int>(std::nearbyint((frac * 2.0f - 1.0f) * 8.0f));
+  if (m == 8) {
+    m = 0;
+    ++e;
+  }
+  const int code = ((e + 7) << 3) | m;
+  return sign | static_cast<uint8_t>(std::min(code, 0x7E));
+}
+
+uint8_t FloatToFp4E2M1(float f) {
+  if (std::isnan(f)) return 0;
+  const uint8_t sign = std::signbit(f) ? 0x8 : 0x0;
+  const float a = std::fabs(f);
+  // Midpoints between neighbours; a tie goes to the even code.
+  constexpr float kMid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  uint8_t code = 0;
+  while (code < 7 && (a > kMid[code] || (a == kMid[code] && (code & 1)))) ++code;
+  return sign | code;
+}
+
+uint8_t E8M0ScaleFor(float amax, float max_code) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 127;
+  const int e = static_cast<int>(std::ceil(std::log2(static_cast<double>(amax) / max_code)));
+  return static_cast<uint8_t>(std::clamp(e + 127, 0, 254));
+}
+
 int64_t F32Tensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

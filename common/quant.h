@@ -25,6 +25,13 @@ float Bf16ToFloat(uint16_t v);
 float F16ToFloat(uint16_t v);
 uint16_t FloatToBf16(float f);  // round to nearest even; NaN stays NaN
 
+// Encoders (used to write checkpoints: tests, `numoe mkmodel`). Round to nearest, ties to even.
+uint8_t FloatToFp8E4M3(float f);   // saturates to +-448; NaN -> 0x7F
+uint8_t FloatToFp4E2M1(float f);   // a nibble; saturates to +-6; NaN -> 0
+// The smallest power-of-two scale 2^(e-127) with amax / scale <= max_code (E8M0 byte e), clamped to
+// [0, 254]; amax <= 0 gives 127 (scale 1).
+uint8_t E8M0ScaleFor(float amax, float max_code);
+
 // A dense fp32 tensor owned by value (row-major).
 struct F32Tensor {
   std::vector<int64_t> shape;

@@ -1,6 +1,7 @@
 #include "common/checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -290,6 +291,32 @@ ModelFootprint ComputeFootprint(const ModelConfig& config, int64_t mtp_stages) {
   return fp;
 }
 
+ModelFootprint StoredFootprint(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  ModelFootprint fp = ComputeFootprint(c, ck.mtp_stages());
+  fp.routed_expert_bytes = fp.mtp_routed_expert_bytes = fp.other_bytes = fp.routed_bytes_per_token = 0;
+  std::vector<int64_t> layer_routed(static_cast<size_t>(c.num_hidden_layers), 0);
+  for (const auto& file : ck.store().files()) {
+    for (const TensorView& t : file->tensors()) {
+      if (ck.store().Find(t.name) != &t) continue;  // not part of the store
+      const int64_t bytes = static_cast<int64_t>(t.nbytes);
+      int64_t layer = -1;
+      const bool main_expert = std::sscanf(t.name.c_str(), "layers.%ld.ffn.experts.", &layer) == 1 &&
+                               t.name.find(".ffn.experts.") != std::string::npos;
+      if (main_expert && layer >= 0 && layer < c.num_hidden_layers) {
+        fp.routed_expert_bytes += bytes;
+        layer_routed[layer] += bytes;
+      } else if (t.name.rfind("mtp.", 0) == 0 && t.name.find(".ffn.experts.") != std::string::npos) {
+        fp.mtp_routed_expert_bytes += bytes;
+      } else {
+        fp.other_bytes += bytes;
+      }
+    }
+  }
+  for (int64_t b : layer_routed) fp.routed_bytes_per_token += b / c.n_routed_experts * c.num_experts_per_tok;
+  return fp;
+}
+
 // ---- Checkpoint -----------------------------------------------------------
 
 namespace {
@@ -365,15 +392,27 @@ std::string CheckTensor(const ExpectedTensor& e, const TensorView& t, const Tens
   return absl::StrCat(e.name, ": expected ", expect, ", got unsupported ", got(t));
 }
 
-std::string JoinCapped(const std::string& what, const std::vector<std::string>& items, size_t* budget) {
+std::string JoinCapped(const std::string& what, const std::vector<std::string>& items, size_t shown) {
   if (items.empty()) return "";
   std::string s = absl::StrCat(items.size(), " ", what, ": ");
-  size_t shown = std::min(items.size(), *budget);
   std::vector<std::string> head(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(shown));
   s += absl::StrJoin(head, ", ");
   if (shown < items.size()) absl::StrAppend(&s, shown ? ", " : "", "and ", items.size() - shown, " more");
-  *budget -= shown;
   return s;
+}
+
+// How many names of each category to print: at least 3 of each (so no kind of problem hides behind
+// another), then the rest of the kMaxListed budget in order.
+std::vector<size_t> ShareBudget(const std::vector<size_t>& sizes) {
+  std::vector<size_t> shown(sizes.size());
+  size_t used = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) used += shown[i] = std::min<size_t>(sizes[i], 3);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t extra = std::min(sizes[i] - shown[i], kMaxListed > used ? kMaxListed - used : 0);
+    shown[i] += extra;
+    used += extra;
+  }
+  return shown;
 }
 
 }  // namespace
@@ -409,11 +448,11 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
 
   if (pr.total() > 0) {
     const ModelConfig& c = ck->config_;
-    size_t budget = kMaxListed;
+    const std::vector<size_t> shown = ShareBudget({pr.missing.size(), pr.unexpected.size(), pr.bad.size()});
     std::vector<std::string> parts;
-    for (std::string part : {JoinCapped("missing tensor(s)", pr.missing, &budget),
-                             JoinCapped("unexpected tensor(s)", pr.unexpected, &budget),
-                             JoinCapped("mis-shaped or mis-typed tensor(s)", pr.bad, &budget)})
+    for (std::string part : {JoinCapped("missing tensor(s)", pr.missing, shown[0]),
+                             JoinCapped("unexpected tensor(s)", pr.unexpected, shown[1]),
+                             JoinCapped("mis-shaped or mis-typed tensor(s)", pr.bad, shown[2])})
       if (!part.empty()) parts.push_back(std::move(part));
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", dir, " does not match its config.json (", c.num_hidden_layers, " layers, ", c.n_routed_experts,

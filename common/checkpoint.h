@@ -65,6 +65,11 @@ struct ModelFootprint {
 // stages excluded) plus top-k of each layer's routed experts. Bytes are stored bytes incl. scales.
 ModelFootprint ComputeFootprint(const ModelConfig& config, int64_t mtp_stages);
 
+class Checkpoint;
+// The same numbers for a loaded checkpoint, with the byte fields measured from the tensors actually stored
+// (their dtypes may differ from the official layout, e.g. I64 tid2eid or BF16 dense weights).
+ModelFootprint StoredFootprint(const Checkpoint& checkpoint);
+
 class Checkpoint {
  public:
   // Loads DIR/config.json and the tensors, and validates them against ExpectedTensors: every missing,

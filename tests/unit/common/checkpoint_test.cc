@@ -5,12 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
 #include <string>
+
+#include "common/testing/synthetic.h"
+#include "tests/unit/common/test_util.h"
 
 namespace numoe {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
+using test::ScratchDir;
 
 const std::string kData = NUMOE_TEST_DATA;
 
@@ -85,6 +94,369 @@ TEST(Footprint, FlashConfig) {
   EXPECT_EQ(static_cast<double>(fp.routed_bytes_per_token), 43.0 * 6 * 3 * 4096 * 2048 * 4.25 / 8);
   EXPECT_GT(fp.mtp_routed_expert_bytes, 0);
   EXPECT_GT(fp.other_bytes, 0);
+}
+
+
+// ---- mutations of a real checkpoint ----------------------------------------
+
+struct Owned {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+using Tensors = std::vector<Owned>;
+
+Tensors LoadAll(const std::string& dir) {
+  Tensors out;
+  auto store = TensorStore::Open(dir);
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return out;
+  for (const auto& name : (*store)->Names()) {
+    const TensorView* t = (*store)->Find(name);
+    out.push_back({name, t->dtype, t->shape, std::vector<uint8_t>(t->data, t->data + t->nbytes)});
+  }
+  return out;
+}
+
+// Writes `ts` as two shards + index into `dir` next to `config_from`'s config.json.
+void WriteAll(const std::string& config_from, const std::string& dir, const Tensors& ts) {
+  std::filesystem::copy_file(config_from + "/config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::vector<TensorToWrite> a, b;
+  std::string map;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    (i % 2 ? b : a).push_back({ts[i].name, ts[i].dtype, ts[i].shape, ts[i].bytes.data()});
+    map += (map.empty() ? "" : ", ") + ("\"" + ts[i].name + "\": \"") + (i % 2 ? "b" : "a") + ".safetensors\"";
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", a).ok());
+  ASSERT_TRUE(WriteSafetensors(dir + "/b.safetensors", b).ok());
+  test::WriteBytes(dir + "/model.safetensors.index.json", "{\"weight_map\": {" + map + "}}");
+}
+
+// Copies `fixture`'s tensors, applies `edit`, and returns what Checkpoint::Open says.
+Status OpenEdited(const std::string& fixture, const std::function<void(Tensors&)>& edit) {
+  ScratchDir d;
+  Tensors ts = LoadAll(fixture);
+  edit(ts);
+  WriteAll(fixture, d.path(), ts);
+  return Checkpoint::Open(d.path()).status();
+}
+
+void Erase(Tensors& ts, const std::string& prefix) {
+  std::erase_if(ts, [&](const Owned& t) { return t.name.rfind(prefix, 0) == 0; });
+}
+Owned* FindT(Tensors& ts, const std::string& name) {
+  for (auto& t : ts)
+    if (t.name == name) return &t;
+  ADD_FAILURE() << "no tensor " << name;
+  static Owned dummy;
+  return &dummy;
+}
+
+const std::string kTiny = kData + "/tiny-v4";
+
+TEST(CheckpointValidation, UnchangedCopyOpens) { EXPECT_TRUE(OpenEdited(kTiny, [](Tensors&) {}).ok()); }
+
+TEST(CheckpointValidation, MissingTensorNamed) {
+  Status s = OpenEdited(kTiny, [](Tensors& ts) { Erase(ts, "layers.2.attn.wq_b."); });
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("1 missing tensor(s): layers.2.attn.wq_b.weight"), Not(HasSubstr("unexpected"))));
+  // Only the scale gone: the weight is reported with what is missing.
+  s = OpenEdited(kTiny, [](Tensors& ts) { Erase(ts, "layers.2.attn.wq_b.scale"); });
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("layers.2.attn.wq_b.weight"), HasSubstr("'layers.2.attn.wq_b.scale' is missing")));
+}
+
+TEST(CheckpointValidation, ExtraTensorNamed) {
+  Status s = OpenEdited(kTiny, [](Tensors& ts) {
+    ts.push_back({"layers.0.attn.bogus.weight", DType::kF32, {2}, std::vector<uint8_t>(8)});
+    // A scored-MoE bias on a hash layer is unexpected too.
+    ts.push_back({"layers.0.ffn.gate.bias", DType::kF32, {8}, std::vector<uint8_t>(32)});
+  });
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("2 unexpected tensor(s)"), HasSubstr("layers.0.attn.bogus.weight"),
+                                              HasSubstr("layers.0.ffn.gate.bias")));
+}
+
+TEST(CheckpointValidation, MisShapedAndMisTypedNamed) {
+  Status s = OpenEdited(kTiny, [](Tensors& ts) {
+    Owned* w = FindT(ts, "layers.1.attn.wkv.weight");
+    w->shape = {64, 64};
+    w->bytes.resize(64 * 64);
+    Owned* n = FindT(ts, "layers.3.attn_norm.weight");  // BF16 [128] -> I32 [64]
+    n->dtype = DType::kI32;
+    n->shape = {64};
+    Owned* e = FindT(ts, "layers.4.ffn.experts.3.w2.scale");  // [128, 2] -> [128, 1]
+    e->shape = {128, 1};
+    e->bytes.resize(128);
+  });
+  const std::string m(s.message());
+  EXPECT_THAT(m, AllOf(HasSubstr("3 mis-shaped or mis-typed"), HasSubstr("layers.1.attn.wkv.weight: expected [64, 128]"),
+                       HasSubstr("got F8_E4M3 [64, 64]"), HasSubstr("layers.3.attn_norm.weight"), HasSubstr("I32 [64]"),
+                       HasSubstr("layers.4.ffn.experts.3.w2.scale"), HasSubstr("[128, 2]")));
+  EXPECT_THAT(m, HasSubstr(".safetensors"));  // says which file holds it
+}
+
+TEST(CheckpointValidation, Tid2eidValues) {
+  Status s = OpenEdited(kTiny, [](Tensors& ts) {
+    Owned* t = FindT(ts, "layers.1.ffn.gate.tid2eid");
+    const int64_t bad = 8;  // 8 experts: ids are 0..7
+    std::memcpy(t->bytes.data() + 8 * 5, &bad, 8);
+  });
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("layers.1.ffn.gate.tid2eid"), HasSubstr("value 8 at [2, 1]"), HasSubstr("[0, 8)")));
+  s = OpenEdited(kTiny, [](Tensors& ts) {
+    Owned* t = FindT(ts, "layers.0.ffn.gate.tid2eid");
+    t->dtype = DType::kF32;
+    t->shape = {1024, 4};
+  });
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("layers.0.ffn.gate.tid2eid"), HasSubstr("I32/I64")));
+}
+
+TEST(CheckpointValidation, ManyProblemsAreCapped) {
+  Status s = OpenEdited(kTiny, [](Tensors& ts) { Erase(ts, "layers.4.ffn.experts."); });
+  const std::string m(s.message());
+  // 8 experts x 3 weights missing (their scales simply go with them): 20 named, then "and 4 more".
+  EXPECT_THAT(m, AllOf(HasSubstr("24 missing tensor(s)"), HasSubstr("layers.4.ffn.experts.0.w1.weight"),
+                       HasSubstr("and 4 more")));
+}
+
+TEST(CheckpointValidation, MissingMtpStageNamed) {
+  Status s = OpenEdited(kTiny, [](Tensors& ts) { Erase(ts, "mtp.1."); });
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("3 MTP stages"), HasSubstr("mtp.1.attn_norm.weight")));
+}
+
+TEST(CheckpointValidation, DenseMayBeBf16OrF32) {
+  ScratchDir d;
+  Tensors ts = LoadAll(kTiny);
+  auto orig = Checkpoint::Open(kTiny);
+  ASSERT_TRUE(orig.ok());
+  auto wq = (*orig)->LoadF32("layers.2.attn.wq_a.weight");
+  ASSERT_TRUE(wq.ok());
+  Erase(ts, "layers.2.attn.wq_a.");
+  Owned w{"layers.2.attn.wq_a.weight", DType::kF32, {64, 128}, std::vector<uint8_t>(64 * 128 * 4)};
+  std::memcpy(w.bytes.data(), wq->data.data(), w.bytes.size());
+  ts.push_back(std::move(w));
+  // A norm stored F32 instead of BF16.
+  Owned* n = FindT(ts, "norm.weight");
+  std::vector<uint8_t> f32(128 * 4);
+  for (int i = 0; i < 128; ++i) {
+    uint16_t b;
+    std::memcpy(&b, n->bytes.data() + 2 * i, 2);
+    const float v = Bf16ToFloat(b);
+    std::memcpy(f32.data() + 4 * i, &v, 4);
+  }
+  n->dtype = DType::kF32;
+  n->bytes = f32;
+  WriteAll(kTiny, d.path(), ts);
+  auto ck = Checkpoint::Open(d.path());
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  auto back = (*ck)->LoadF32("layers.2.attn.wq_a.weight");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->data, wq->data);
+  auto norm = (*ck)->LoadF32("norm.weight");
+  auto norm0 = (*orig)->LoadF32("norm.weight");
+  ASSERT_TRUE(norm.ok() && norm0.ok());
+  EXPECT_EQ(norm->data, norm0->data);
+}
+
+TEST(CheckpointValidation, BadConfigIsReported) {
+  ScratchDir d;
+  test::CopyFiles(kTiny, d.path());
+  test::WriteBytes(d / "config.json", "{\"hidden_size\": 128}");
+  EXPECT_THAT(std::string(Checkpoint::Open(d.path()).status().message()),
+              AllOf(HasSubstr("config.json"), HasSubstr("missing required key")));
+}
+
+// ---- ExpectedTensors -------------------------------------------------------
+
+TEST(ExpectedTensors, TinyMatchesFixtureExactly) {
+  auto ck = Checkpoint::Open(kTiny);
+  ASSERT_TRUE(ck.ok());
+  const auto expected = ExpectedTensors((*ck)->config(), 3);
+  size_t stored = 0;
+  int64_t bytes = 0;
+  for (const auto& e : expected) {
+    const TensorView* t = (*ck)->store().Find(e.name);
+    ASSERT_NE(t, nullptr) << e.name;
+    // The official layout: dtype and stored shape as ExpectedTensors predicts (tid2eid: I64 here).
+    if (e.dtype != DType::kI32) {
+      EXPECT_EQ(t->dtype, e.dtype) << e.name;
+    }
+    EXPECT_EQ(t->shape, e.stored_shape) << e.name;
+    ++stored;
+    bytes += static_cast<int64_t>(t->nbytes);
+    if (e.format != WeightFormat::kPlain) {
+      const TensorView* s = (*ck)->store().Find(ScaleNameOf(e.name));
+      ASSERT_NE(s, nullptr) << e.name;
+      EXPECT_EQ(s->dtype, e.scale_dtype) << e.name;
+      EXPECT_EQ(s->shape, e.scale_shape) << e.name;
+      ++stored;
+      bytes += static_cast<int64_t>(s->nbytes);
+    }
+  }
+  EXPECT_EQ(stored, (*ck)->store().num_tensors());
+  EXPECT_EQ(bytes, 3297047);  // the index's total_size
+}
+
+TEST(ExpectedTensors, ShapesOfOneCsaLayer) {
+  auto c = LoadModelConfig(kData + "/v4-flash-0731.config.json");
+  ASSERT_TRUE(c.ok());
+  std::map<std::string, ExpectedTensor> by;
+  for (auto& e : ExpectedTensors(*c, 3)) by[e.name] = e;
+  // docs/dsv4-architecture.md §5 (V4-Flash).
+  EXPECT_EQ(by["layers.2.attn.wq_b.weight"].scale_shape, (std::vector<int64_t>{256, 8}));
+  EXPECT_EQ(by["layers.2.attn.wo_a.weight"].shape, (std::vector<int64_t>{8192, 4096}));
+  EXPECT_EQ(by["layers.2.attn.wo_b.weight"].scale_shape, (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(by["layers.2.attn.compressor.wkv.weight"].shape, (std::vector<int64_t>{1024, 4096}));
+  EXPECT_EQ(by["layers.3.attn.compressor.ape"].shape, (std::vector<int64_t>{128, 512}));
+  EXPECT_EQ(by["layers.2.attn.indexer.wq_b.weight"].scale_shape, (std::vector<int64_t>{64, 8}));
+  EXPECT_EQ(by["layers.2.attn.indexer.compressor.ape"].shape, (std::vector<int64_t>{4, 256}));
+  EXPECT_EQ(by["layers.0.ffn.gate.tid2eid"].shape, (std::vector<int64_t>{129280, 6}));
+  EXPECT_EQ(by.count("layers.3.ffn.gate.tid2eid"), 0u);
+  EXPECT_EQ(by["layers.3.ffn.gate.bias"].shape, (std::vector<int64_t>{256}));
+  EXPECT_EQ(by["layers.5.ffn.experts.255.w1.weight"].stored_shape, (std::vector<int64_t>{2048, 2048}));
+  EXPECT_EQ(by["layers.5.ffn.experts.255.w1.weight"].scale_shape, (std::vector<int64_t>{2048, 128}));
+  EXPECT_EQ(by["layers.5.ffn.experts.0.w2.weight"].stored_shape, (std::vector<int64_t>{4096, 1024}));
+  EXPECT_EQ(by["layers.5.ffn.experts.0.w2.weight"].scale_shape, (std::vector<int64_t>{4096, 64}));
+  EXPECT_EQ(by["layers.5.ffn.shared_experts.w2.weight"].scale_shape, (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(by["mtp.0.main_proj.weight"].shape, (std::vector<int64_t>{4096, 3 * 4096}));
+  EXPECT_EQ(by["mtp.2.markov_head.markov_w1.weight"].shape, (std::vector<int64_t>{129280, 256}));
+  EXPECT_EQ(by["mtp.2.confidence_head.proj.weight"].shape, (std::vector<int64_t>{1, 4096 + 256}));
+  EXPECT_EQ(by.count("mtp.1.norm.weight"), 0u);
+  EXPECT_EQ(by.count("mtp.1.attn.compressor.ape"), 0u);
+  EXPECT_EQ(by["hc_head_fn"].shape, (std::vector<int64_t>{4, 16384}));
+  EXPECT_EQ(by["layers.0.hc_attn_fn"].shape, (std::vector<int64_t>{24, 16384}));
+}
+
+// ---- synthetic family members ------------------------------------------------
+
+void ExpectOpens(const ModelConfig& cfg, const testing::SyntheticOptions& opt, int64_t stages) {
+  ScratchDir d;
+  Status made = testing::MakeSyntheticCheckpoint(cfg, d.path(), opt);
+  ASSERT_TRUE(made.ok()) << made;
+  auto ck = Checkpoint::Open(d.path());
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_EQ((*ck)->mtp_stages(), stages);
+  EXPECT_EQ((*ck)->config().layer_types, cfg.layer_types);
+  EXPECT_EQ((*ck)->config().mlp_layer_types, cfg.mlp_layer_types);
+  EXPECT_EQ((*ck)->config().n_routed_experts, cfg.n_routed_experts);
+  EXPECT_EQ((*ck)->store().files().size(), static_cast<size_t>(std::min<int64_t>(opt.num_shards, 1000)));
+  for (const auto& e : ExpectedTensors((*ck)->config(), stages)) {
+    if (e.routed_expert && e.name.find("experts.0.") == std::string::npos) continue;  // keep it quick
+    auto t = (*ck)->LoadF32(e.name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_EQ(t->shape, e.shape) << e.name;
+    for (float v : t->data) ASSERT_TRUE(std::isfinite(v)) << e.name;
+  }
+}
+
+TEST(Synthetic, TinyDefault) {
+  ExpectOpens(testing::TinyConfig(), {}, 3);
+}
+
+TEST(Synthetic, OtherScheduleExpertsShardsAndI32) {
+  ModelConfig c = testing::TinyConfig();
+  testing::SetSchedule(&c, {AttnType::kCSA, AttnType::kCSA, AttnType::kHCA, AttnType::kSliding, AttnType::kHCA,
+                            AttnType::kCSA, AttnType::kSliding},
+                       1);
+  c.n_routed_experts = 16;
+  c.num_experts_per_tok = 4;
+  c.hca_rate = 8;
+  testing::SyntheticOptions o;
+  o.num_shards = 3;
+  o.tid2eid_dtype = DType::kI32;
+  o.seed = 99;
+  ExpectOpens(c, o, 3);
+}
+
+TEST(Synthetic, SingleFileNoMtpUnquantized) {
+  ModelConfig c = testing::TinyConfig();
+  c.dspark_block_size = 0;
+  c.extra_compress_ratios.clear();
+  c.num_nextn_predict_layers = 0;
+  c.fp8_dense = false;
+  c.expert_dtype = "bf16";
+  testing::SyntheticOptions o;
+  o.num_shards = 1;
+  o.write_index = false;
+  ExpectOpens(c, o, 0);
+}
+
+TEST(Synthetic, Fp8ExpertsWiderModelPreviewMtp) {
+  ModelConfig c = testing::TinyConfig();
+  c.hidden_size = 256;
+  c.moe_intermediate_size = 160;  // not a multiple of 128: ceil scale grids
+  c.expert_dtype = "fp8";
+  c.fp8_scale_fmt = "fp32";
+  c.dspark_block_size = 0;
+  c.extra_compress_ratios = {0};
+  c.num_nextn_predict_layers = 1;  // preview-Flash MTP: e_proj/h_proj/enorm/hnorm
+  c.tie_word_embeddings = true;
+  testing::SyntheticOptions o;
+  o.num_shards = 4;
+  ExpectOpens(c, o, 1);
+}
+
+TEST(Synthetic, DeterministicAcrossShardCounts) {
+  ScratchDir a, b, c;
+  testing::SyntheticOptions o;
+  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), a.path(), o).ok());
+  o.num_shards = 3;
+  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), b.path(), o).ok());
+  o.seed = 2;
+  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), c.path(), o).ok());
+  auto ca = Checkpoint::Open(a.path());
+  auto cb = Checkpoint::Open(b.path());
+  auto cc = Checkpoint::Open(c.path());
+  ASSERT_TRUE(ca.ok() && cb.ok() && cc.ok());
+  for (const char* n : {"layers.3.attn.wq_b.weight", "layers.1.ffn.experts.5.w2.weight", "mtp.2.hc_head_fn"}) {
+    auto x = (*ca)->LoadF32(n), y = (*cb)->LoadF32(n), z = (*cc)->LoadF32(n);
+    ASSERT_TRUE(x.ok() && y.ok() && z.ok());
+    EXPECT_EQ(x->data, y->data) << n;
+    EXPECT_NE(x->data, z->data) << n;
+  }
+}
+
+TEST(Synthetic, ValueScales) {
+  ScratchDir d;
+  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), d.path()).ok());
+  auto ck = Checkpoint::Open(d.path());
+  ASSERT_TRUE(ck.ok());
+  auto stats = [&](const std::string& name, double* mean, double* std) {
+    auto t = (*ck)->LoadF32(name);
+    ASSERT_TRUE(t.ok());
+    double s = 0, s2 = 0;
+    for (float v : t->data) {
+      s += v;
+      s2 += double{v} * v;
+    }
+    const double n = static_cast<double>(t->data.size());
+    *mean = s / n;
+    *std = std::sqrt(s2 / n - *mean * *mean);
+  };
+  double m, s;
+  stats("layers.0.attn.wq_a.weight", &m, &s);  // 0.05 through FP8
+  EXPECT_NEAR(s, 0.05, 0.01);
+  stats("layers.2.ffn.experts.1.w1.weight", &m, &s);  // 0.05 through MXFP4 (coarse)
+  EXPECT_NEAR(s, 0.05, 0.015);
+  stats("layers.1.attn_norm.weight", &m, &s);
+  EXPECT_NEAR(m, 1.0, 0.03);
+  stats("embed.weight", &m, &s);
+  EXPECT_NEAR(s, 1.0, 0.05);
+  stats("layers.1.hc_ffn_scale", &m, &s);
+  EXPECT_GT(m, 0.3);
+}
+
+TEST(Synthetic, RejectsBadOptionsAndConfigs) {
+  ScratchDir d;
+  testing::SyntheticOptions o;
+  o.num_shards = 0;
+  EXPECT_FALSE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), d.path(), o).ok());
+  ModelConfig c = testing::TinyConfig();
+  c.num_experts_per_tok = 100;
+  Status s = testing::MakeSyntheticCheckpoint(c, d.path());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("num_experts_per_tok"));
 }
 
 }  // namespace

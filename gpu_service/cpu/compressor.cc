@@ -1,5 +1,6 @@
 #include "gpu_service/cpu/compressor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -15,6 +16,10 @@ float* ChunkedRows::Append() {
   float* row = blocks_[rows_ / per_block_].get() + (rows_ % per_block_) * width_;
   ++rows_;
   return row;
+}
+
+void ChunkedRows::Truncate(int64_t rows) {
+  if (rows < rows_) rows_ = rows < 0 ? 0 : rows;
 }
 
 CompressorState::CompressorState(const CompressorParams& p)
@@ -37,6 +42,19 @@ void CompressorState::Append(int64_t position, const float* kv, const float* gat
   ++next_position_;
   const int64_t w = p_.coff() * p_.dim;
   const int64_t s = position % p_.rate;
+  if (recording_) {
+    UndoRecord u;
+    u.position = position;
+    u.slot_kv.assign(pend_kv_.begin() + s * w, pend_kv_.begin() + (s + 1) * w);
+    u.slot_gate.assign(pend_gate_.begin() + s * w, pend_gate_.begin() + (s + 1) * w);
+    if (s == p_.rate - 1) {
+      u.emitted = true;
+      u.had_prev = has_prev_;
+      u.prev_kv = prev_kv_;
+      u.prev_gate = prev_gate_;
+    }
+    undo_.push_back(std::move(u));
+  }
   std::memcpy(pend_kv_.data() + s * w, kv, static_cast<size_t>(w) * sizeof(float));
   for (int64_t c = 0; c < w; ++c) pend_gate_[s * w + c] = gate[c] + p_.ape[s * w + c];
   if (s == p_.rate - 1) Emit(position / p_.rate);
@@ -78,6 +96,38 @@ void CompressorState::Emit(int64_t window) {
   float* entry = entries_.Append();
   RmsNorm(out, p_.norm, d, p_.eps, entry);
   ApplyRope(entry, d, p_.rope_dim, p_.inv_freq, window * rate);
+}
+
+}  // namespace numoe::cpu
+
+namespace numoe::cpu {
+
+void CompressorState::BeginUndo() {
+  undo_.clear();
+  recording_ = true;
+}
+
+void CompressorState::EndUndo() {
+  undo_.clear();
+  recording_ = false;
+}
+
+void CompressorState::RewindTo(int64_t position) {
+  const int64_t w = p_.coff() * p_.dim;
+  while (!undo_.empty() && undo_.back().position >= position) {
+    UndoRecord& u = undo_.back();
+    const int64_t s = u.position % p_.rate;
+    std::copy(u.slot_kv.begin(), u.slot_kv.end(), pend_kv_.begin() + s * w);
+    std::copy(u.slot_gate.begin(), u.slot_gate.end(), pend_gate_.begin() + s * w);
+    if (u.emitted) {
+      entries_.Truncate(entries_.rows() - 1);
+      has_prev_ = u.had_prev;
+      prev_kv_ = std::move(u.prev_kv);
+      prev_gate_ = std::move(u.prev_gate);
+    }
+    next_position_ = u.position;
+    undo_.pop_back();
+  }
 }
 
 }  // namespace numoe::cpu

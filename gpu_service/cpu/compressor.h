@@ -19,6 +19,7 @@ class ChunkedRows {
  public:
   explicit ChunkedRows(int64_t width, int64_t rows_per_block = 64) : width_(width), per_block_(rows_per_block) {}
   float* Append();  // returns the new row (uninitialised)
+  void Truncate(int64_t rows);  // drops rows past `rows` (blocks are kept for reuse)
   const float* Row(int64_t i) const { return blocks_[i / per_block_].get() + (i % per_block_) * width_; }
   int64_t rows() const { return rows_; }
   int64_t width() const { return width_; }
@@ -48,6 +49,14 @@ class CompressorState {
   explicit CompressorState(const CompressorParams& p);
   // Appends the token at `position` (must be exactly the next position). kv and gate are [coff·dim].
   void Append(int64_t position, const float* kv, const float* gate);
+
+  // Speculative steps: BeginUndo() starts recording what each later Append overwrites (pending slots,
+  // overlap state, emitted entries); RewindTo(p) undoes every Append at positions >= p since then, so the
+  // state is exactly as if those tokens never ran. Recording stops at the next BeginUndo/EndUndo.
+  void BeginUndo();
+  void EndUndo();
+  void RewindTo(int64_t position);
+  int64_t next_position() const { return next_position_; }
   const ChunkedRows& entries() const { return entries_; }
   int64_t fixed_bytes() const;
 
@@ -60,6 +69,16 @@ class CompressorState {
   int64_t next_position_ = 0;
   ChunkedRows entries_;
   std::vector<float> scratch_;
+  // Undo log: one record per Append since BeginUndo, in order.
+  struct UndoRecord {
+    int64_t position;
+    std::vector<float> slot_kv, slot_gate;  // the pending slot before it was overwritten
+    bool emitted = false;
+    bool had_prev = false;
+    std::vector<float> prev_kv, prev_gate;  // overlap state before the emission
+  };
+  bool recording_ = false;
+  std::vector<UndoRecord> undo_;
 };
 
 }  // namespace numoe::cpu

@@ -129,8 +129,11 @@ struct CpuModel::SeqState {
   struct Layer {
     std::vector<float> ring;  // [W, hd]: kv of position p at slot p % W
     std::unique_ptr<CompressorState> comp, index_comp;
+    // Speculative step: ring slots as they were before the step wrote them (position, old kv).
+    std::vector<std::pair<int64_t, std::vector<float>>> ring_undo;
   };
   int64_t position = 0;
+  int64_t undo_from = -1;  // first position of the last step when it was speculative, else -1
   std::vector<Layer> layers;
 };
 
@@ -216,6 +219,31 @@ StatusOr<SequenceMemory> CpuModel::Memory(SequenceId seq) const {
   }
   m.capacity_bytes += m.fixed_bytes;
   return m;
+}
+
+Status CpuModel::Rollback(SequenceId seq, int64_t num_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  SeqState& st = *it->second;
+  if (num_tokens < 0) return absl::InvalidArgumentError("Rollback: num_tokens must be >= 0");
+  if (num_tokens == 0) return absl::OkStatus();
+  if (st.undo_from < 0 || st.position - num_tokens < st.undo_from) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", seq, ": can only roll back tokens of its last step, and only when it was speculative"));
+  }
+  const int64_t to = st.position - num_tokens;
+  const int64_t hd = cfg_.head_dim, W = cfg_.sliding_window;
+  for (auto& L : st.layers) {
+    while (!L.ring_undo.empty() && L.ring_undo.back().first >= to) {
+      auto& [pos, old] = L.ring_undo.back();
+      std::memcpy(&L.ring[(pos % W) * hd], old.data(), static_cast<size_t>(hd) * sizeof(float));
+      L.ring_undo.pop_back();
+    }
+    if (L.comp) L.comp->RewindTo(to);
+    if (L.index_comp) L.index_comp->RewindTo(to);
+  }
+  st.position = to;
+  return absl::OkStatus();
 }
 
 // ---- mHC ---------------------------------------------------------------------------------------------
@@ -403,8 +431,13 @@ Status CpuModel::Attention(int64_t layer, const Rows& rows, const float* x, floa
         ApplyRope(oh, hd, rd, inv, p, /*inverse=*/true);
       }
     }
-    for (int64_t r = std::max(s.begin, s.end - W); r < s.end; ++r) {
-      std::memcpy(&st.ring[(rows.pos[r] % W) * hd], &kv[r * hd], static_cast<size_t>(hd) * sizeof(float));
+    // Only the last W rows survive in the ring; a speculative step writes (and logs) every row so that
+    // undoing its tail restores the rows it had overwritten in order.
+    const bool spec = s.state->undo_from >= 0;
+    for (int64_t r = spec ? s.begin : std::max(s.begin, s.end - W); r < s.end; ++r) {
+      float* slot = &st.ring[(rows.pos[r] % W) * hd];
+      if (spec) st.ring_undo.emplace_back(rows.pos[r], std::vector<float>(slot, slot + hd));
+      std::memcpy(slot, &kv[r * hd], static_cast<size_t>(hd) * sizeof(float));
     }
   }
 
@@ -524,6 +557,23 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     rows.seqs.push_back(s);
   }
 
+  // Validation passed: from here on the step mutates the sequences.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const SequenceStep& st = steps[i];
+    SeqState* state = rows.seqs[i].state;
+    state->undo_from = st.speculative ? state->position : -1;
+    for (auto& L : state->layers) {
+      L.ring_undo.clear();
+      for (CompressorState* c : {L.comp.get(), L.index_comp.get()}) {
+        if (c == nullptr) continue;
+        if (st.speculative) {
+          c->BeginUndo();
+        } else {
+          c->EndUndo();
+        }
+      }
+    }
+  }
   const int64_t n = rows.n, D = cfg_.hidden_size, k = cfg_.hc_mult;
   std::vector<float> X(static_cast<size_t>(n * k * D));
   for (int64_t r = 0; r < n; ++r) {

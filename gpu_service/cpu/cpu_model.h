@@ -81,6 +81,7 @@ class CpuModel final : public ModelBackend {
   Status Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
                  std::vector<SequenceLogits>* out) override;
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
+  Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
 
   const ModelConfig& config() const { return cfg_; }

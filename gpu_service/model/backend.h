@@ -40,6 +40,8 @@ struct SequenceStep {
   SequenceId seq = 0;
   std::span<const int32_t> tokens;
   bool all_logits = false;  // logits for every new token (prefill tests, --logits-out) or only the last
+  // Record what this step overwrites so Rollback can drop its trailing tokens (speculative verification).
+  bool speculative = false;
 };
 
 // Logits of one sequence's step: [n, vocab] with n = tokens.size() when all_logits, else 1.
@@ -66,6 +68,10 @@ class ModelBackend {
   virtual Status Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
                          std::vector<SequenceLogits>* out) = 0;
   virtual StatusOr<SequenceMemory> Memory(SequenceId seq) const = 0;
+  // Drops the last `num_tokens` tokens of the sequence's most recent step, which must have been
+  // speculative: every cache (windows, compressor pending buffers, overlap state, compressed and indexer
+  // entries) is left exactly as if those tokens had never run.
+  virtual Status Rollback(SequenceId seq, int64_t num_tokens) = 0;
   virtual int64_t vocab_size() const = 0;
 };
 

@@ -144,6 +144,44 @@ TEST_P(FamilyTest, BatchOfSequencesAtDifferentPositions) {
   EXPECT_LE(MaxAbsDiff(b_alone, out[1].logits), 1e-4f);
 }
 
+// Speculative steps that are rolled back leave no trace: windows, compressor pending buffers, CSA
+// overlap state, compressed and indexer entries all behave as if the rejected tokens never ran.
+TEST_P(FamilyTest, RollbackLeavesNoTrace) {
+  const int64_t V = ckpt_->config().vocab_size;
+  const auto ids = Tokens(40, V, 5);
+  const auto reference = RunChunked(ids, 0);
+  auto seq = model_->CreateSequence();
+  ASSERT_TRUE(seq.ok());
+  std::vector<SequenceLogits> out;
+  std::vector<float> got;
+  // Feed 1..7 true tokens per step as a speculative step with up to 6 wrong drafts appended, keep only
+  // the true ones: every step crosses window / compression boundaries at different offsets.
+  size_t at = 0;
+  int round = 0;
+  while (at < ids.size()) {
+    const size_t take = std::min<size_t>(1 + (round * 3) % 7, ids.size() - at);
+    const size_t junk = static_cast<size_t>((round * 5) % 7);
+    std::vector<int32_t> step(ids.begin() + at, ids.begin() + at + take);
+    for (size_t j = 0; j < junk; ++j) step.push_back(static_cast<int32_t>((j * 97 + round * 13 + 3) % V));
+    SequenceStep st{*seq, step, true, /*speculative=*/true};
+    ASSERT_TRUE(model_->Forward({&st, 1}, experts_.get(), &out).ok());
+    got.insert(got.end(), out[0].logits.begin(), out[0].logits.begin() + take * V);
+    ASSERT_TRUE(model_->Rollback(*seq, static_cast<int64_t>(junk)).ok());
+    auto mem = model_->Memory(*seq);
+    ASSERT_TRUE(mem.ok());
+    EXPECT_EQ(mem->position, static_cast<int64_t>(at + take));
+    at += take;
+    ++round;
+  }
+  EXPECT_LE(MaxAbsDiff(reference, got), 1e-4f);
+  // A non-speculative step cannot be rolled back.
+  std::vector<int32_t> one = {1};
+  SequenceStep plain{*seq, one, false, false};
+  ASSERT_TRUE(model_->Forward({&plain, 1}, experts_.get(), &out).ok());
+  EXPECT_EQ(model_->Rollback(*seq, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(model_->ReleaseSequence(*seq).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Synthetic, FamilyTest, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return info.param.name; });
 

@@ -1,0 +1,229 @@
+// The per-layer data plane between one numoe-worker and numoe-gpu: one shared-memory region per worker,
+// one message slot per direction, a doorbell per direction (spin, then futex), liveness checks on the peer.
+//
+// Conversation (strict ping-pong: a side sends only after it received the peer's previous message, so
+// one slot per direction is enough and messages are never overwritten unread):
+//
+//   worker                                   gpu
+//   StepRequest (entries, tokens, releases) ->
+//                                         <- MoeRequest  (layer, rows, x, expert ids, weights)
+//   MoeResponse (rows of the expert sum)   ->
+//                 ... one MoeRequest/MoeResponse pair per layer (and per micro-step) ...
+//                                         <- StepResult  (one sampled token per sampling entry, logits)
+//   (either side may answer with Error instead; the conversation then returns to idle)
+//
+// Layout of the region (every array 64-byte aligned, capacities from Geometry; see ComputeLayout):
+//   [Header: magic, version, geometry, offsets, pids, closed flags]
+//   [Doorbell to_gpu][Doorbell to_worker]                 one cache line each
+//   up slot   (worker -> gpu): MsgHeader, entries[max_seqs], tokens[max_rows] i32, releases[max_seqs] i64,
+//                              moe_out[max_rows x hidden] f32, error text
+//   down slot (gpu -> worker): MsgHeader, x[max_rows x hidden] f32, ids[max_rows x top_k] i32,
+//                              weights[max_rows x top_k] f32, sampled[max_seqs] i32,
+//                              logits[logits_rows x vocab] f32, error text
+// The arrays are read and written in place (zero copy): the worker's expert backend reads x straight
+// from the down slot and writes its sum straight into the up slot.
+//
+// Doorbell: the sender publishes the message by incrementing a 32-bit counter (release); the receiver
+// spins on it for `spin_us`, then sleeps in FUTEX_WAIT (shared futex, works across processes) in slices of
+// `poll_ms`, and between slices checks that the peer is alive (pidfd of the peer's pid; its `closed` flag)
+// and the caller's deadline. So a dead peer is an UNAVAILABLE error within ~poll_ms, never a hang.
+//
+// Thread-safety: one thread per side uses a Channel at a time (the conversation is sequential);
+// Interrupt() and Close() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace numoe::shm {
+
+inline constexpr uint64_t kMagic = 0x314d48535f454f4eULL;  // "NOE_SHM1" little-endian
+inline constexpr uint32_t kVersion = 1;
+inline constexpr size_t kErrorTextBytes = 1024;
+
+// Capacities of one channel. Limits (ValidateGeometry): hidden in [1, 65536], top_k in [1, 64],
+// max_rows in [1, 65536], max_seqs in [1, 4096], vocab in [1, 1<<24], logits_rows in [0, max_seqs],
+// and the whole region at most 16 GiB.
+struct Geometry {
+  uint32_t hidden = 0;       // D: width of one MoE row (fp32)
+  uint32_t top_k = 0;        // routed experts per row
+  uint32_t max_rows = 0;     // tokens per step = MoE rows per layer
+  uint32_t max_seqs = 0;     // sequences per step
+  uint32_t vocab = 0;        // logits width
+  uint32_t logits_rows = 0;  // StepResult logits capacity in rows of `vocab` (0: logits never returned)
+};
+Status ValidateGeometry(const Geometry& g);
+
+// Byte offsets of every array from the start of the region.
+struct Layout {
+  size_t header = 0, to_gpu = 0, to_worker = 0;
+  size_t up_msg = 0, entries = 0, tokens = 0, releases = 0, moe_out = 0, up_error = 0;
+  size_t down_msg = 0, moe_x = 0, moe_ids = 0, moe_weights = 0, sampled = 0, logits = 0, down_error = 0;
+  size_t total = 0;
+};
+Layout ComputeLayout(const Geometry& g);
+
+enum class MsgType : uint32_t {
+  kNone = 0,
+  kStepRequest = 1,  // worker -> gpu
+  kMoeRequest = 2,   // gpu -> worker
+  kMoeResponse = 3,  // worker -> gpu
+  kStepResult = 4,   // gpu -> worker
+  kError = 5,        // either way
+};
+const char* MsgTypeName(MsgType t);
+
+// Sampling parameters as they travel (see gpu_service/model/sampling.h for meanings).
+struct WireSampling {
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+};
+
+// StepEntry::flags
+inline constexpr uint32_t kEntryOpen = 1u << 0;    // first appearance: create the sequence with `sampling`
+inline constexpr uint32_t kEntrySample = 1u << 1;  // sample a token from the last row's logits
+inline constexpr uint32_t kEntryLogits = 1u << 2;  // also return the last row's logits (needs logits_rows)
+
+// One sequence's part of a StepRequest; its tokens follow the previous entries' in `tokens`.
+struct StepEntry {
+  int64_t seq = 0;         // the worker's key for the sequence (unique among its open sequences)
+  int32_t num_tokens = 0;  // >= 1
+  uint32_t flags = 0;
+  WireSampling sampling;   // read with kEntryOpen
+};
+
+// The fixed header of a message; which fields mean something depends on `type`.
+struct MsgHeader {
+  uint32_t type = 0;         // MsgType
+  uint32_t status_code = 0;  // kError: absl::StatusCode
+  uint64_t seq = 0;          // message number in this direction, 1, 2, ...
+  int64_t layer = 0;         // kMoeRequest / kMoeResponse
+  int64_t rows = 0;          // kMoeRequest / kMoeResponse
+  int64_t top_k = 0;         // kMoeRequest
+  int64_t num_entries = 0;   // kStepRequest / kStepResult
+  int64_t num_tokens = 0;    // kStepRequest
+  int64_t num_releases = 0;  // kStepRequest: sequences to free before the step runs
+  int64_t num_logits = 0;    // kStepResult: rows in logits (entries with kEntryLogits, in order)
+  int64_t compute_ns = 0;    // kMoeResponse: time the worker spent computing (hop overhead = RTT - this)
+  int64_t text_len = 0;      // kError
+};
+
+enum class Side { kGpu, kWorker };
+
+namespace internal {
+struct Header;    // region header (shm_channel.cc)
+struct Doorbell;  // one direction's counters (shm_channel.cc)
+}  // namespace internal
+
+struct ChannelOptions {
+  int spin_us = 50;   // busy-poll this long before sleeping on the futex
+  int poll_ms = 20;   // futex sleep slice: peer liveness and deadlines are checked this often
+};
+
+class Channel {
+ public:
+  // Creates a named POSIX shared-memory object (shm_open, O_EXCL; name like "/numoe-123-1") and maps it.
+  // The creator is Side::kGpu. Unlink() removes the name once the peer has attached.
+  static StatusOr<std::unique_ptr<Channel>> Create(const std::string& name, const Geometry& geometry,
+                                                   const ChannelOptions& options = {});
+  // An unnamed channel (memfd): for two threads of one process, or two processes after fork()
+  // (the child calls BindAfterFork(Side::kWorker)).
+  static StatusOr<std::unique_ptr<Channel>> CreateAnonymous(const Geometry& geometry,
+                                                            const ChannelOptions& options = {});
+  // Opens and maps a channel created by Create(), validates magic, version, geometry and size (errors
+  // name the field), and registers this process as the worker side.
+  static StatusOr<std::unique_ptr<Channel>> Attach(const std::string& name, const ChannelOptions& options = {});
+
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // The second endpoint of an anonymous channel in the same process (shares the mapping; Side kWorker).
+  StatusOr<std::unique_ptr<Channel>> PeerEndpoint() const;
+  // After fork(): this copy becomes `side` and records this process's pid.
+  void BindAfterFork(Side side);
+
+  // Removes the shared-memory name (existing mappings stay valid). Idempotent.
+  Status Unlink();
+
+  Side side() const { return side_; }
+  const Geometry& geometry() const { return geometry_; }
+  const Layout& layout() const { return layout_; }
+  const std::string& name() const { return name_; }
+  size_t bytes() const { return layout_.total; }
+  // True once the worker side has attached (its pid is recorded).
+  bool peer_attached() const;
+
+  // ---- messages ----
+  // This side's outgoing header: fill it (and the arrays), then Send(). Send sets type and seq.
+  MsgHeader& outgoing();
+  // The message last returned by Receive() (valid until this side's next Receive).
+  const MsgHeader& incoming() const;
+
+  // Publishes the outgoing message. FAILED_PRECONDITION if the peer has not yet received our previous
+  // message (protocol misuse), UNAVAILABLE if the channel was closed.
+  Status Send(MsgType type);
+  // Sends kError carrying `status` (its code and message, truncated to kErrorTextBytes).
+  Status SendError(const Status& status);
+  // Waits for the peer's next message. timeout_ms < 0: no deadline (the peer's liveness is still
+  // checked). Errors: DEADLINE_EXCEEDED, UNAVAILABLE (peer exited or closed), CANCELLED (Interrupt()).
+  StatusOr<MsgType> Receive(int64_t timeout_ms = -1);
+  // The Status carried by an incoming kError message.
+  Status IncomingError() const;
+
+  // Makes a Receive() in progress (or the next one) return CANCELLED; sticky until ClearInterrupt().
+  void Interrupt();
+  void ClearInterrupt();
+  // Marks this side closed and wakes the peer (its Receive returns UNAVAILABLE).
+  void Close();
+
+  // ---- arrays (capacities from geometry) ----
+  StepEntry* entries() const;   // up: [max_seqs]
+  int32_t* tokens() const;      // up: [max_rows]
+  int64_t* releases() const;    // up: [max_seqs]
+  float* moe_out() const;       // up: [max_rows, hidden]
+  float* moe_x() const;         // down: [max_rows, hidden]
+  int32_t* moe_ids() const;     // down: [max_rows, top_k]
+  float* moe_weights() const;   // down: [max_rows, top_k]
+  int32_t* sampled() const;     // down: [max_seqs]
+  float* logits() const;        // down: [logits_rows, vocab]
+
+ private:
+  using Header = internal::Header;
+  using Doorbell = internal::Doorbell;
+  Channel() = default;
+  static StatusOr<std::unique_ptr<Channel>> MapFd(int fd, size_t bytes, const Geometry* create,
+                                                  const ChannelOptions& options);
+  Header* header() const;
+  Doorbell* inbound() const;
+  Doorbell* outbound() const;
+  MsgHeader* out_msg() const;
+  MsgHeader* in_msg() const;
+  char* out_error_text() const;
+  const char* in_error_text() const;
+  Status CheckPeer();
+
+  std::string name_;
+  bool unlinked_ = true;
+  uint8_t* base_ = nullptr;
+  size_t mapped_ = 0;
+  bool owns_mapping_ = true;
+  Geometry geometry_;
+  Layout layout_;
+  Side side_ = Side::kGpu;
+  ChannelOptions options_;
+  uint32_t received_ = 0;  // inbound messages consumed
+  uint32_t sent_ = 0;      // outbound messages published
+  std::atomic<bool> interrupted_{false};
+  int peer_pidfd_ = -1;
+  int32_t peer_pid_ = 0;
+};
+
+}  // namespace numoe::shm

@@ -179,6 +179,12 @@ void PrintMemory(std::ostream& out, const ModelConfig& c, const ModelFootprint& 
       << " active per token\n";
 }
 
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 struct DTypeCount {
   int64_t count = 0, bytes = 0;
 };
@@ -231,6 +237,7 @@ int RunInspect(int argc, char** argv) {
 
   std::map<std::string, DTypeCount> by_dtype;
   int64_t total_tensors = 0, total_bytes = 0;
+  int64_t expected_tensors = 0;
   if (ck) {
     for (const auto& name : ck->store().Names()) {
       const TensorView* t = ck->store().Find(name);
@@ -240,6 +247,22 @@ int RunInspect(int argc, char** argv) {
       ++total_tensors;
       total_bytes += static_cast<int64_t>(t->nbytes);
     }
+  } else {
+    // What the official layout would store for this config (weights and their scales).
+    for (const ExpectedTensor& e : ExpectedTensors(config, stages)) {
+      const int64_t scale_bytes =
+          e.format == WeightFormat::kPlain ? 0 : Numel(e.scale_shape) * static_cast<int64_t>(DTypeSize(e.scale_dtype));
+      auto& d = by_dtype[std::string(DTypeName(e.dtype))];
+      ++d.count;
+      d.bytes += e.stored_bytes - scale_bytes;
+      ++expected_tensors;
+      if (e.format != WeightFormat::kPlain) {
+        auto& s = by_dtype[std::string(DTypeName(e.scale_dtype))];
+        ++s.count;
+        s.bytes += scale_bytes;
+        ++expected_tensors;
+      }
+    }
   }
 
   if (as_json) {
@@ -247,11 +270,13 @@ int RunInspect(int argc, char** argv) {
               {"kind", model.empty() ? "config" : "model"},
               {"architecture", ArchitectureJson(config, stages)},
               {"memory", MemoryJson(fp)}};
+    json d = json::object();
+    for (const auto& [name, c] : by_dtype) d[name] = {{"count", c.count}, {"bytes", c.bytes}};
     if (ck) {
-      json d = json::object();
-      for (const auto& [name, c] : by_dtype) d[name] = {{"count", c.count}, {"bytes", c.bytes}};
       j["tensors"] = {{"count", total_tensors}, {"bytes", total_bytes}, {"by_dtype", d},
                       {"files", ck->store().files().size()}};
+    } else {
+      j["expected_tensors"] = {{"count", expected_tensors}, {"by_dtype", d}};
     }
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -268,9 +293,12 @@ int RunInspect(int argc, char** argv) {
   PrintArchitecture(out, config, stages);
   if (ck) {
     out << "tensors: " << total_tensors << ", " << Bytes(total_bytes) << "\n";
-    for (const auto& [name, c] : by_dtype)
-      out << absl::StrFormat("  %-8s %7d tensors  %s\n", name, c.count, Bytes(c.bytes));
+  } else {
+    out << "tensors (expected in the official layout): " << expected_tensors << ", "
+        << Bytes(fp.routed_expert_bytes + fp.mtp_routed_expert_bytes + fp.other_bytes) << "\n";
   }
+  for (const auto& [name, c] : by_dtype)
+    out << absl::StrFormat("  %-8s %7d tensors  %s\n", name, c.count, Bytes(c.bytes));
   PrintMemory(out, config, fp, stages);
   std::cout << out.str();
   return 0;

@@ -329,6 +329,22 @@ TEST(ExpectedTensors, ShapesOfOneCsaLayer) {
   EXPECT_EQ(by["layers.0.hc_attn_fn"].shape, (std::vector<int64_t>{24, 16384}));
 }
 
+TEST(ExpectedTensors, FlashTensorCountsMatchTheReleases) {
+  // docs/dsv4-architecture.md §0: V4-Flash-0731 ships 72,317 tensors (3 DSpark stages), the preview
+  // Flash 69,187 (1 MTP stage with e_proj/h_proj). Scales count as tensors.
+  auto c = LoadModelConfig(kData + "/v4-flash-0731.config.json");
+  ASSERT_TRUE(c.ok());
+  auto count = [](const ModelConfig& cfg, int64_t stages) {
+    int64_t n = 0;
+    for (const auto& e : ExpectedTensors(cfg, stages)) n += e.format == WeightFormat::kPlain ? 1 : 2;
+    return n;
+  };
+  EXPECT_EQ(count(*c, 3), 72317);
+  ModelConfig preview = *c;
+  preview.dspark_block_size = 0;
+  EXPECT_EQ(count(preview, 1), 69187);
+}
+
 // ---- synthetic family members ------------------------------------------------
 
 void ExpectOpens(const ModelConfig& cfg, const testing::SyntheticOptions& opt, int64_t stages) {

@@ -73,7 +73,8 @@ TEST(Inspect, FlashConfig) {
   EXPECT_THAT(r.out, AllOf(HasSubstr("routed experts: 147.2 GB"), HasSubstr("routed expert bytes per token: 3.45 GB"),
                            HasSubstr("layers: 43 (sliding 2, CSA 21 at rate 4, HCA 20 at rate 128)"),
                            HasSubstr("3 hash-routed + 40 scored layers"), HasSubstr("256 routed experts, top-6"),
-                           HasSubstr("DSpark stages: 3")));
+                           HasSubstr("DSpark stages: 3"),
+                           HasSubstr("tensors (expected in the official layout): 72317")));
   CliRun j = Inspect("--config '" + kData + "/v4-flash-0731.config.json' --json");
   ASSERT_EQ(j.code, 0) << j.err;
   const auto js = nlohmann::json::parse(j.out);

@@ -1,0 +1,165 @@
+// systemd units and the Kubernetes manifest carry the plan's bindings, and writing them is safe.
+#include "deploy/emit.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/deploy/full_size_model.h"
+
+namespace numoe::deploy {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::Described;
+using testing::FullSizeModel;
+
+namespace fs = std::filesystem;
+
+// 192/192/160/160: workers on node 0, node 1, and nodes 2+3 interleaved (CPU ids listed: 24 cores + SMT).
+Plan UnevenPlan(int instances = 0) {
+  PlanOptions o;
+  o.instances_per_node = instances;
+  auto plan = MakePlan(Described("22dimm", {{192, 6, 0}, {192, 6, 0}, {160, 5, 0}, {160, 5, 0}}), FullSizeModel(), o);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+const EmittedFile* Find(const std::vector<EmittedFile>& files, const std::string& name) {
+  for (const auto& f : files) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+TEST(EmitSystemd, OneUnitPerProcessWithBindings) {
+  EmitOptions o;
+  o.model_path = "/models/DeepSeek-V4-Flash-0731";
+  auto files = RenderSystemd(UnevenPlan(), o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 6u);  // gpu, 3 workers, router, target
+  for (const char* name : {"numoe-gpu.service", "numoe-worker-0.service", "numoe-worker-1.service",
+                           "numoe-worker-2.service", "numoe-router.service", "numoe.target"}) {
+    ASSERT_NE(Find(*files, name), nullptr) << name;
+  }
+  const std::string w0 = Find(*files, "numoe-worker-0.service")->content;
+  EXPECT_THAT(w0, HasSubstr("ExecStart=/usr/bin/numactl --cpunodebind=0 --membind=0 /usr/local/bin/numoe-worker "
+                            "--model /models/DeepSeek-V4-Flash-0731 --numa-node 0 --threads 24 --gpu-addr "
+                            "127.0.0.1:50051 --port 50061\n"));
+  EXPECT_THAT(w0, HasSubstr("CPUAffinity=0-23,96-119\n"));
+  EXPECT_THAT(w0, HasSubstr("NUMAPolicy=bind\nNUMAMask=0\n"));
+  EXPECT_THAT(w0, HasSubstr("numoe-worker --help"));  // the flags are not final: say where they come from
+  EXPECT_THAT(w0, HasSubstr("Needs 163.73 GB of its 184.00 GB usable"));
+  EXPECT_THAT(w0, HasSubstr("WantedBy=numoe.target"));
+
+  const std::string w2 = Find(*files, "numoe-worker-2.service")->content;
+  EXPECT_THAT(w2, HasSubstr("numactl --cpunodebind=2,3 --interleave=2,3 /usr/local/bin/numoe-worker"));
+  EXPECT_THAT(w2, HasSubstr("--numa-node 2,3 --threads 48"));
+  EXPECT_THAT(w2, HasSubstr("--port 50063"));
+  EXPECT_THAT(w2, HasSubstr("NUMAPolicy=interleave\nNUMAMask=2,3\n"));
+  EXPECT_THAT(w2, HasSubstr("CPUAffinity=48-95,144-191\n"));
+
+  const std::string gpu = Find(*files, "numoe-gpu.service")->content;
+  EXPECT_THAT(gpu, HasSubstr("numactl --cpunodebind=0 --preferred=0 /usr/local/bin/numoe-gpu --model "
+                             "/models/DeepSeek-V4-Flash-0731 --port 50051"));
+  const std::string router = Find(*files, "numoe-router.service")->content;
+  EXPECT_THAT(router, HasSubstr("--workers 127.0.0.1:50061,127.0.0.1:50062,127.0.0.1:50063"));
+  const std::string target = Find(*files, "numoe.target")->content;
+  EXPECT_THAT(target, HasSubstr("Wants=numoe-gpu.service numoe-worker-0.service numoe-worker-1.service "
+                                "numoe-worker-2.service numoe-router.service"));
+}
+
+TEST(EmitSystemd, SeveralPerNodeArePinnedToTheirCpus) {
+  auto plan = MakePlan(Described("2x768", {{768, 12, 0}, {768, 12, 0}}), FullSizeModel(),
+                       PlanOptions{.instances_per_node = 2});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto files = RenderSystemd(*plan, EmitOptions{});
+  ASSERT_TRUE(files.ok());
+  const std::string w1 = Find(*files, "numoe-worker-1.service")->content;
+  EXPECT_THAT(w1, HasSubstr("numactl --physcpubind=12-23,108-119 --membind=0 /usr/local/bin/numoe-worker"));
+  EXPECT_THAT(w1, HasSubstr("--numa-node 0 --threads 12"));
+  EXPECT_THAT(w1, HasSubstr("CPUAffinity=12-23,108-119"));
+}
+
+TEST(EmitSystemd, QuotesAndEscapesPaths) {
+  EmitOptions o;
+  o.model_path = "/models/my model 100%";
+  auto files = RenderSystemd(UnevenPlan(), o);
+  ASSERT_TRUE(files.ok());
+  EXPECT_THAT(Find(*files, "numoe-worker-0.service")->content, HasSubstr("--model \"/models/my model 100%%\""));
+}
+
+TEST(EmitKubernetes, PodPerWorkerGpuPerHostRouterService) {
+  EmitOptions o;
+  o.model_path = "/models/v4";
+  o.k8s_hostname = "box1";
+  auto files = RenderKubernetes(UnevenPlan(), o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 1u);
+  const std::string& y = (*files)[0].content;
+  EXPECT_EQ((*files)[0].name, "numoe.yaml");
+  EXPECT_EQ(Count(y, "kind: Pod\n"), 4u);  // numoe-gpu + 3 workers
+  EXPECT_EQ(Count(y, "kind: Deployment\n"), 1u);
+  EXPECT_EQ(Count(y, "kind: Service\n"), 1u);
+  EXPECT_THAT(y, HasSubstr("name: numoe-gpu\n"));
+  EXPECT_THAT(y, HasSubstr("nvidia.com/gpu: 1"));
+  EXPECT_THAT(y, HasSubstr("  name: numoe-worker-2\n"));
+  EXPECT_THAT(y, HasSubstr("numoe.dev/numa-nodes: \"2,3\""));
+  EXPECT_THAT(y, HasSubstr("        - \"/usr/bin/numactl\"\n        - \"--cpunodebind=0\"\n        - \"--membind=0\"\n"
+                           "        - \"/usr/local/bin/numoe-worker\"\n        - \"--model\"\n        - \"/models/v4\"\n"
+                           "        - \"--numa-node\"\n        - \"0\"\n        - \"--threads\"\n        - \"24\"\n"));
+  EXPECT_THAT(y, HasSubstr("        - \"--interleave=2,3\"\n"));
+  EXPECT_THAT(y, HasSubstr("memory: \"164G\""));  // 163.73 GB rounded up
+  EXPECT_THAT(y, HasSubstr("kubernetes.io/hostname: \"box1\""));
+  EXPECT_THAT(y, HasSubstr("hostIPC: true"));
+  EXPECT_THAT(y, HasSubstr("\"$(HOST_IP):50061,$(HOST_IP):50062,$(HOST_IP):50063\""));
+  EXPECT_THAT(y, HasSubstr("numoe-worker --help"));
+}
+
+TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
+  fs::path dir = fs::temp_directory_path() / "numoe_emit_test";
+  fs::remove_all(dir);
+  auto files = RenderSystemd(UnevenPlan(), EmitOptions{});
+  ASSERT_TRUE(files.ok());
+  auto written = WriteEmittedFiles(*files, (dir / "units").string(), false);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->size(), 6u);
+  std::ifstream in(dir / "units" / "numoe-worker-1.service");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_THAT(ss.str(), HasSubstr("--cpunodebind=1 --membind=1"));
+
+  auto again = WriteEmittedFiles(*files, (dir / "units").string(), false);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("numoe-gpu.service exists"));
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("--force"));
+  EXPECT_TRUE(WriteEmittedFiles(*files, (dir / "units").string(), true).ok());
+  for (const auto& entry : fs::directory_iterator(dir / "units")) {
+    EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".tmp")));
+  }
+
+  // A file where the directory should be.
+  std::ofstream(dir / "file") << "x";
+  EXPECT_FALSE(WriteEmittedFiles(*files, (dir / "file").string(), false).ok());
+  fs::remove_all(dir);
+}
+
+TEST(Emit, NothingToEmitWithoutWorkers) {
+  auto plan = MakePlan(Described("small", {{128, 4, 16}}), FullSizeModel(), PlanOptions{});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(RenderSystemd(*plan, EmitOptions{}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RenderKubernetes(*plan, EmitOptions{}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace numoe::deploy

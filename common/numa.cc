@@ -1,0 +1,146 @@
+#include "common/numa.h"
+
+#include <numa.h>
+#include <numaif.h>
+#include <sched.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "common/log.h"
+
+namespace numoe {
+namespace {
+
+constexpr size_t k2MB = size_t{2} << 20;
+
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+int64_t ReadIntFile(const char* path, int64_t fallback) {
+  std::ifstream f(path);
+  int64_t v = fallback;
+  if (!(f >> v)) return fallback;
+  return v;
+}
+
+bool ThpAllowed() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string s = ss.str();
+  return s.find("[always]") != std::string::npos || s.find("[madvise]") != std::string::npos;
+}
+
+bool NumaUsable() { return numa_available() >= 0 && numa_num_configured_nodes() > 1; }
+
+}  // namespace
+
+StatusOr<NumaTopology> GetNumaTopology() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+    return absl::InternalError(absl::StrCat("numa: sched_getaffinity: ", std::strerror(errno)));
+  }
+  NumaTopology topo;
+  if (numa_available() < 0) {
+    topo.cpus.emplace_back();
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) topo.cpus[0].push_back(c);
+    return topo;
+  }
+  const int nodes = numa_max_node() + 1;
+  topo.cpus.resize(nodes);
+  struct bitmask* mask = numa_allocate_cpumask();
+  for (int n = 0; n < nodes; ++n) {
+    if (numa_node_to_cpus(n, mask) != 0) continue;  // a hole in the node numbering
+    for (unsigned c = 0; c < mask->size && c < CPU_SETSIZE; ++c)
+      if (numa_bitmask_isbitset(mask, c) && CPU_ISSET(c, &allowed)) topo.cpus[n].push_back(static_cast<int>(c));
+  }
+  numa_free_cpumask(mask);
+  return topo;
+}
+
+StatusOr<NumaPlacement> PlaceWorker(const NumaTopology& topology, int node, int max_threads) {
+  if (node < 0 || node >= topology.num_nodes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("numa: node ", node, " out of range (this machine has ", topology.num_nodes(), ")"));
+  }
+  const auto& cpus = topology.cpus[node];
+  if (cpus.empty()) return absl::InvalidArgumentError(absl::StrCat("numa: node ", node, " has no usable CPUs"));
+  NumaPlacement p;
+  p.memory_node = node;
+  const size_t n = max_threads <= 0 ? cpus.size() : std::min(cpus.size(), static_cast<size_t>(max_threads));
+  p.cpus.assign(cpus.begin(), cpus.begin() + n);
+  return p;
+}
+
+NodeBuffer::~NodeBuffer() { Release(); }
+
+NodeBuffer::NodeBuffer(NodeBuffer&& other) noexcept { *this = std::move(other); }
+
+NodeBuffer& NodeBuffer::operator=(NodeBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    map_base_ = std::exchange(other.map_base_, nullptr);
+    map_size_ = std::exchange(other.map_size_, 0);
+    page_mode_ = std::exchange(other.page_mode_, "4k");
+  }
+  return *this;
+}
+
+void NodeBuffer::Release() {
+  if (map_base_ != nullptr) munmap(map_base_, map_size_);
+  map_base_ = data_ = nullptr;
+  map_size_ = size_ = 0;
+}
+
+StatusOr<NodeBuffer> AllocateOnNode(size_t bytes, const NodeAllocOptions& options) {
+  NodeBuffer buf;
+  const size_t size = RoundUp(std::max<size_t>(bytes, 1), k2MB);
+  if (options.huge_pages) {
+    const int64_t free_huge = ReadIntFile("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", 0);
+    if (free_huge > 0 && static_cast<size_t>(free_huge) >= size / k2MB) {
+      void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+      if (p != MAP_FAILED) {
+        buf.map_base_ = buf.data_ = static_cast<uint8_t*>(p);
+        buf.map_size_ = size;
+        buf.page_mode_ = "hugetlb";
+      }
+    }
+  }
+  if (buf.map_base_ == nullptr) {
+    // Over-map by 2 MB so the usable range starts on a 2 MB boundary (THP needs aligned ranges).
+    const size_t map_size = size + k2MB;
+    void* p = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("numa: mmap of ", map_size, " bytes failed: ", std::strerror(errno)));
+    }
+    buf.map_base_ = static_cast<uint8_t*>(p);
+    buf.map_size_ = map_size;
+    buf.data_ = reinterpret_cast<uint8_t*>(RoundUp(reinterpret_cast<uintptr_t>(p), k2MB));
+    if (options.huge_pages && ThpAllowed() && madvise(buf.data_, size, MADV_HUGEPAGE) == 0) buf.page_mode_ = "thp";
+  }
+  buf.size_ = size;
+  if (options.node >= 0 && NumaUsable()) {
+    if (options.node > numa_max_node()) {
+      return absl::InvalidArgumentError(absl::StrCat("numa: node ", options.node, " does not exist"));
+    }
+    unsigned long nodemask[16] = {};
+    nodemask[options.node / (8 * sizeof(unsigned long))] |= 1ul << (options.node % (8 * sizeof(unsigned long)));
+    if (mbind(buf.data_, size, MPOL_BIND, nodemask, sizeof(nodemask) * 8, MPOL_MF_STRICT) != 0) {
+      return absl::InternalError(absl::StrCat("numa: mbind of ", size, " bytes to node ", options.node,
+                                              " failed: ", std::strerror(errno)));
+    }
+  }
+  return buf;
+}
+
+}  // namespace numoe

@@ -1,0 +1,162 @@
+// CPU runtime pieces under the expert kernels: feature probe, ISA selection, thread pool, NUMA helpers.
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <set>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "common/numa.h"
+#include "common/thread_pool.h"
+#include "worker/experts/isa.h"
+
+namespace numoe {
+namespace {
+
+TEST(CpuFeatures, ImpliedFeaturesAreConsistent) {
+  const CpuFeatures& f = GetCpuFeatures();
+  EXPECT_EQ(&f, &GetCpuFeatures());
+  if (f.avx512bw || f.avx512vl || f.avx512vnni || f.avx512bf16) {
+    EXPECT_TRUE(f.avx512f);
+  }
+  if (f.amx_tile || f.amx_int8 || f.amx_bf16) {
+    EXPECT_TRUE(f.amx_os_enabled);
+  }
+  EXPECT_FALSE(f.ToString().empty());
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(SelectIsa, BestAvailableAndOverride) {
+  {
+    ScopedEnv env("NUMOE_ISA", "");
+    auto best = SelectIsa();
+    ASSERT_TRUE(best.ok()) << best.status();
+    EXPECT_TRUE(IsaAvailable(*best));
+    for (Isa better : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2}) {
+      if (better == *best) break;
+      EXPECT_FALSE(IsaAvailable(better)) << IsaName(better) << " is available but " << IsaName(*best) << " chosen";
+    }
+  }
+  {
+    ScopedEnv env("NUMOE_ISA", "generic");
+    auto isa = SelectIsa();
+    ASSERT_TRUE(isa.ok());
+    EXPECT_EQ(*isa, Isa::kGeneric);
+  }
+  {
+    ScopedEnv env("NUMOE_ISA", "sse9");
+    EXPECT_EQ(SelectIsa().status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
+    ScopedEnv env("NUMOE_ISA", IsaName(isa));
+    auto got = SelectIsa();
+    if (IsaAvailable(isa)) {
+      ASSERT_TRUE(got.ok());
+      EXPECT_EQ(*got, isa);
+    } else {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << IsaName(isa);
+    }
+  }
+}
+
+TEST(ThreadPool, ParallelForCoversEachIndexOnce) {
+  ThreadPool pool(3);
+  for (int64_t n : {0, 1, 2, 3, 7, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelFor(n, [&](int64_t b, int64_t e, int t) {
+      EXPECT_GE(t, 0);
+      EXPECT_LT(t, 3);
+      for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+    std::vector<std::atomic<int>> hits2(n);
+    pool.ParallelForDynamic(n, 4, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) hits2[i].fetch_add(1);
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits2[i].load(), 1) << i;
+  }
+}
+
+TEST(ThreadPool, BarrierSeparatesPhases) {
+  ThreadPool pool(4);
+  std::atomic<int> phase1{0};
+  std::atomic<bool> early{false};
+  for (int rep = 0; rep < 200; ++rep) {
+    phase1 = 0;
+    pool.RunOnAll([&](int t) {
+      phase1.fetch_add(1);
+      pool.Barrier(t);
+      if (phase1.load() != 4) early = true;
+      pool.Barrier(t);
+    });
+  }
+  EXPECT_FALSE(early.load());
+}
+
+TEST(ThreadPool, PinningValidatesCpus) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
+    if (CPU_ISSET(c, &allowed)) first = c;
+  ASSERT_GE(first, 0);
+  auto pool = ThreadPool::Create({.num_threads = 2, .cpus = {first}});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  std::vector<int> seen(2, -1);
+  (*pool)->RunOnAll([&](int t) { seen[t] = sched_getcpu(); });
+  EXPECT_EQ(seen[0], first);
+  EXPECT_EQ(seen[1], first);
+  EXPECT_EQ(ThreadPool::Create({.num_threads = 1, .cpus = {CPU_SETSIZE + 5}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ThreadPool::Create({.num_threads = 0}).ok());
+}
+
+TEST(Numa, PlacementIsAPureFunctionOfTopology) {
+  NumaTopology topo;
+  topo.cpus = {{0, 1, 2, 3}, {4, 5, 6, 7}, {}};
+  auto p = PlaceWorker(topo, 1, 2);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->memory_node, 1);
+  EXPECT_EQ(p->cpus, (std::vector<int>{4, 5}));
+  EXPECT_EQ(PlaceWorker(topo, 0, 0)->cpus.size(), 4u);
+  EXPECT_FALSE(PlaceWorker(topo, 2, 0).ok());  // no CPUs
+  EXPECT_FALSE(PlaceWorker(topo, 3, 0).ok());
+  EXPECT_FALSE(PlaceWorker(topo, -1, 0).ok());
+}
+
+TEST(Numa, TopologyAndNodeLocalAllocation) {
+  auto topo = GetNumaTopology();
+  ASSERT_TRUE(topo.ok()) << topo.status();
+  ASSERT_GE(topo->num_nodes(), 1);
+  std::set<int> all;
+  for (const auto& cpus : topo->cpus) all.insert(cpus.begin(), cpus.end());
+  EXPECT_FALSE(all.empty());
+  auto buf = AllocateOnNode(5 << 20, NodeAllocOptions{.node = 0, .huge_pages = true});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % (2 << 20), 0u);
+  EXPECT_GE(buf->size(), size_t{5} << 20);
+  buf->data()[0] = 1;
+  buf->data()[buf->size() - 1] = 2;
+  EXPECT_EQ(buf->data()[buf->size() - 1], 2);
+  EXPECT_FALSE(buf->page_mode().empty());
+  NodeBuffer moved = std::move(*buf);
+  EXPECT_EQ(moved.data()[0], 1);
+}
+
+}  // namespace
+}  // namespace numoe

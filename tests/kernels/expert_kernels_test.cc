@@ -1,0 +1,373 @@
+// Differential tests: every expert-kernel ISA present on this machine against a float64 reference computed
+// from checkpoint-format MXFP4 (so the packing is tested too), with each ISA's documented error bound
+// asserted per output element, plus a normwise check that the bound is not hiding a gross error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "tests/kernels/expert_test_util.h"
+#include "worker/experts/expert_layer.h"
+#include "worker/experts/isa.h"
+#include "worker/experts/kernel_ops.h"
+#include "worker/experts/moe_compute.h"
+
+namespace numoe {
+namespace {
+
+using testing::ActError;
+using testing::OwnedExpert;
+using testing::RandomExperts;
+using testing::Reference;
+using testing::ReferenceMoe;
+using testing::Refs;
+
+// Pack's StatusOr unwrapped inside a void test helper.
+#define ASSERT_OK_AND_ASSIGN_LAYER(name, expr)            \
+  auto name##_or = (expr);                                \
+  ASSERT_TRUE(name##_or.ok()) << name##_or.status();      \
+  auto name = std::move(name##_or).value()
+
+struct IsaCase {
+  const char* name;
+  Isa isa;
+  bool emulate_amx;
+  ActivationPrecision precision;
+};
+
+void PrintTo(const IsaCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr auto kHigh = ActivationPrecision::kHigh;
+constexpr auto kLow = ActivationPrecision::kLow;
+const IsaCase kCases[] = {
+    {"generic", Isa::kGeneric, false, kHigh},
+    {"avx2", Isa::kAvx2, false, kHigh},
+    {"avx2_int8", Isa::kAvx2, false, kLow},
+    {"avx512", Isa::kAvx512, false, kHigh},
+    {"avx512_int8", Isa::kAvx512, false, kLow},
+    {"amx", Isa::kAmx, false, kHigh},
+    {"amx_bf16x1", Isa::kAmx, false, kLow},
+    {"amx_emulated", Isa::kAmx, true, kHigh},
+    {"amx_emulated_bf16x1", Isa::kAmx, true, kLow},
+};
+
+bool CaseAvailable(const IsaCase& c) {
+  if (!c.emulate_amx) return IsaAvailable(c.isa);
+  const CpuFeatures& f = GetCpuFeatures();
+  return IsaAvailable(Isa::kAvx512) && f.avx512bf16 && f.avx512vbmi;
+}
+
+// The layout is shared by every ISA; the emulated AMX case packs for AVX-512 (its fallback).
+Isa PackIsa(const IsaCase& c) { return c.emulate_amx ? Isa::kAvx512 : c.isa; }
+
+ActError ErrorModel(const IsaCase& c) {
+  if (c.isa == Isa::kGeneric) return ActError::kNone;
+  return c.precision == kHigh ? ActError::kInt8x2 : ActError::kInt8;
+}
+
+// Normwise relative error allowed on top of the elementwise bound (see CheckStep).
+double NormTolerance(const IsaCase& c) {
+  if (c.isa == Isa::kGeneric) return 1e-6;
+  return c.precision == kHigh ? 1e-3 : 4e-2;
+}
+
+constexpr double kEps = 1e-5;      // fp32 rounding slack per GEMV, relative to sum |W| |a|
+constexpr float kGuard = 1.2345e30f;
+constexpr int64_t kGuardFloats = 64;
+
+// A float buffer with guard regions on both sides.
+struct Guarded {
+  std::vector<float> storage;
+  explicit Guarded(int64_t n, float fill) : storage(n + 2 * kGuardFloats, kGuard) {
+    std::fill(storage.begin() + kGuardFloats, storage.end() - kGuardFloats, fill);
+  }
+  float* data() { return storage.data() + kGuardFloats; }
+  bool guards_intact() const {
+    for (int64_t i = 0; i < kGuardFloats; ++i) {
+      if (storage[i] != kGuard || storage[storage.size() - 1 - i] != kGuard) return false;
+    }
+    return true;
+  }
+};
+
+class ExpertKernelTest : public ::testing::TestWithParam<IsaCase> {
+ protected:
+  void SetUp() override {
+    if (!CaseAvailable(GetParam())) GTEST_SKIP() << GetParam().name << " not available on this CPU/OS";
+    pool_ = std::make_unique<ThreadPool>(2);
+  }
+
+  MoeComputeOptions Options() const {
+    MoeComputeOptions o;
+    o.emulate_amx = GetParam().emulate_amx;
+    o.precision = GetParam().precision;
+    return o;
+  }
+
+  struct Step {
+    int64_t hidden, inter, experts, rows, top_k;
+    float limit = 10.0f;
+    double zero_weight_fraction = 0.0;  // routing weights set to exactly 0
+    double duplicate_fraction = 0.0;    // slots that repeat the row's previous expert
+    bool zero_expert = false;           // expert 0 has all-zero nibbles and is routed to
+  };
+
+  // Runs one step on the ISA under test and checks every output against the bound.
+  void CheckStep(const Step& s, uint32_t seed, const MoeComputeOptions* options = nullptr) {
+    std::mt19937 rng(seed);
+    std::vector<OwnedExpert> experts = RandomExperts(s.experts, s.hidden, s.inter, rng);
+    if (s.zero_expert) {
+      std::fill(experts[0].w1.packed.begin(), experts[0].w1.packed.end(), 0);
+      std::fill(experts[0].w3.packed.begin(), experts[0].w3.packed.end(), 0x88);  // -0
+      std::fill(experts[0].w2.packed.begin(), experts[0].w2.packed.end(), 0);
+    }
+    std::uniform_real_distribution<float> ux(-1.0f, 1.0f), uw(0.05f, 1.0f), u01(0.0f, 1.0f);
+    std::uniform_int_distribution<int32_t> ue(0, static_cast<int32_t>(s.experts - 1));
+    std::vector<float> x(s.rows * s.hidden), weights(s.rows * s.top_k);
+    std::vector<int32_t> ids(s.rows * s.top_k);
+    for (auto& v : x) v = ux(rng) * (u01(rng) < 0.05f ? 8.0f : 1.0f);  // some outliers
+    for (int64_t r = 0; r < s.rows; ++r) {
+      for (int64_t k = 0; k < s.top_k; ++k) {
+        const int64_t i = r * s.top_k + k;
+        ids[i] = (k > 0 && u01(rng) < s.duplicate_fraction) ? ids[i - 1] : ue(rng);
+        if (s.zero_expert && r % 3 == 0 && k == 0) ids[i] = 0;
+        weights[i] = u01(rng) < s.zero_weight_fraction ? 0.0f : uw(rng);
+      }
+    }
+    ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(s.hidden, s.inter, Refs(experts), PackIsa(GetParam())));
+    MoeCompute moe(pool_.get(), GetParam().isa, options ? *options : Options());
+    Guarded out(s.rows * s.hidden, std::nanf(""));  // must be overwritten
+    MoeBatch batch{s.rows, s.top_k, x.data(), ids.data(), weights.data(), out.data()};
+    ASSERT_TRUE(moe.Run(*layer, s.limit, batch).ok());
+    EXPECT_TRUE(out.guards_intact()) << "write outside out[rows, hidden]";
+
+    const Reference ref = ReferenceMoe(experts, s.hidden, s.inter, s.limit, x, ids, weights, s.rows, s.top_k,
+                                       ErrorModel(GetParam()), kEps);
+    double err2 = 0, ref2 = 0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < s.rows * s.hidden; ++i) {
+      const double got = out.data()[i], want = ref.out[i];
+      err2 += (got - want) * (got - want);
+      ref2 += want * want;
+      if (!(std::abs(got - want) <= ref.bound[i])) {
+        if (++bad <= 5) {
+          ADD_FAILURE() << GetParam().name << ": out[" << i / s.hidden << "][" << i % s.hidden << "] = " << got
+                        << ", reference " << want << ", bound " << ref.bound[i];
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << "elements outside the bound";
+    // Normwise: generic is the reference (~1e-7); two-level activations land near 1e-4 and one int8 level
+    // near 1-2% (steps of max/127 per 32 columns, and this data has 8x outliers): the tolerances catch gross
+    // errors that the worst-case elementwise bound, loose by design, might let through.
+    const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+    EXPECT_LE(rel, NormTolerance(GetParam())) << GetParam().name;
+    RecordProperty("relative_l2_error", std::to_string(rel));
+    if (getenv("NUMOE_TEST_VERBOSE")) printf("%s rel %.3g\n", GetParam().name, rel);
+  }
+
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+TEST_P(ExpertKernelTest, OneRowDecode) { CheckStep({256, 128, 8, 1, 6}, 1); }
+
+TEST_P(ExpertKernelTest, ShapesNotMultiplesOfAnyBlock) {
+  // hidden 200: partial 32-block, partial 128 super-block, partial 16-row down tile; inter 72 likewise.
+  CheckStep({200, 72, 5, 3, 4}, 2);
+  CheckStep({130, 34, 3, 7, 2}, 3);
+}
+
+TEST_P(ExpertKernelTest, HundredsOfRows) {
+  // ~110 rows per expert: several activation groups, and the AMX path with partial 64-row blocks.
+  CheckStep({384, 160, 16, 300, 6}, 4);
+}
+
+TEST_P(ExpertKernelTest, EveryGroupSize) {
+  // 1..20 rows on a single expert covers every group size of every ISA (8 on AVX-512, 3 on AVX2).
+  for (int64_t rows = 1; rows <= 20; ++rows) {
+    SCOPED_TRACE(rows);
+    CheckStep({128, 64, 1, rows, 1}, 100 + static_cast<uint32_t>(rows));
+  }
+}
+
+TEST_P(ExpertKernelTest, DuplicateExpertsInARow) {
+  Step s{256, 96, 4, 9, 6};
+  s.duplicate_fraction = 0.5;
+  CheckStep(s, 5);
+}
+
+TEST_P(ExpertKernelTest, ZeroWeightsAndZeroExpert) {
+  Step s{192, 64, 6, 12, 4};
+  s.zero_weight_fraction = 0.3;
+  s.zero_expert = true;
+  CheckStep(s, 6);
+}
+
+TEST_P(ExpertKernelTest, NoClampWhenLimitIsZero) {
+  Step s{256, 128, 8, 5, 6};
+  s.limit = 0.0f;
+  CheckStep(s, 7);
+}
+
+TEST_P(ExpertKernelTest, AmxForEveryExpertSize) {
+  if (GetParam().isa != Isa::kAmx) GTEST_SKIP() << "AMX-only dispatch knob";
+  MoeComputeOptions o = Options();
+  o.amx_min_rows = 1;  // even 1-row experts on tiles
+  CheckStep({256, 96, 6, 11, 6}, 8, &o);
+}
+
+TEST_P(ExpertKernelTest, RejectsBadIdsBeforeComputing) {
+  std::mt19937 rng(9);
+  auto experts = RandomExperts(4, 64, 32, rng);
+  ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(64, 32, Refs(experts), PackIsa(GetParam())));
+  MoeCompute moe(pool_.get(), GetParam().isa, Options());
+  std::vector<float> x(2 * 64, 1.0f), w(4, 0.5f);
+  Guarded out(2 * 64, 7.0f);
+  for (int32_t bad : {-1, 4, 1000}) {
+    std::vector<int32_t> ids = {0, 1, 2, bad};
+    Status st = moe.Run(*layer, 10.0f, MoeBatch{2, 2, x.data(), ids.data(), w.data(), out.data()});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(st.message()).find("expert_ids[1][1]"), std::string::npos) << st;
+    for (int64_t i = 0; i < 2 * 64; ++i) ASSERT_EQ(out.data()[i], 7.0f) << "out touched on error";
+  }
+  std::vector<int32_t> ids = {0, 1, 2, 3};
+  EXPECT_EQ(moe.Run(*layer, -1.0f, MoeBatch{2, 2, x.data(), ids.data(), w.data(), out.data()}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(moe.Run(*layer, 10.0f, MoeBatch{2, 2, nullptr, ids.data(), w.data(), out.data()}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(moe.Run(*layer, 10.0f, MoeBatch{0, 2, nullptr, nullptr, nullptr, nullptr}).ok());
+}
+
+TEST_P(ExpertKernelTest, ZeroTopKWritesZeros) {
+  std::mt19937 rng(10);
+  auto experts = RandomExperts(2, 64, 32, rng);
+  ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(64, 32, Refs(experts), PackIsa(GetParam())));
+  MoeCompute moe(pool_.get(), GetParam().isa, Options());
+  std::vector<float> x(3 * 64, 1.0f);
+  Guarded out(3 * 64, 7.0f);
+  ASSERT_TRUE(moe.Run(*layer, 10.0f, MoeBatch{3, 0, x.data(), nullptr, nullptr, out.data()}).ok());
+  for (int64_t i = 0; i < 3 * 64; ++i) EXPECT_EQ(out.data()[i], 0.0f);
+  EXPECT_TRUE(out.guards_intact());
+}
+
+// The kernel-level contract (one GEMV over packed tiles) with the single-stage bound, for every row count
+// 1..19 and a shape with partial tiles and blocks.
+TEST_P(ExpertKernelTest, TileKernelSingleGemvBound) {
+  const IsaCase& c = GetParam();
+  const experts::KernelOps* ops = nullptr;
+  switch (c.isa) {
+    case Isa::kGeneric: ops = &experts::GenericKernelOps(); break;
+    case Isa::kAvx2: ops = &experts::Avx2KernelOps(c.precision); break;
+    case Isa::kAvx512: ops = &experts::Avx512KernelOps(c.precision); break;
+    case Isa::kAmx:
+      ops = c.emulate_amx ? &experts::AmxEmulatedKernelOps(c.precision) : &experts::AmxKernelOps(c.precision);
+      break;
+  }
+  std::mt19937 rng(11);
+  const int64_t hidden = 328, inter = 40;  // gate tiles: 3 (last partial), K = 328 -> 3 super-blocks
+  auto experts = RandomExperts(1, hidden, inter, rng);
+  ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(hidden, inter, Refs(experts), PackIsa(c)));
+  const auto& shape = layer->shape();
+  const int64_t kp = shape.gate_up().padded_cols();
+  for (int64_t m = 1; m < 20; ++m) {
+    SCOPED_TRACE(m);
+    std::vector<float> x(m * hidden);
+    std::uniform_real_distribution<float> ux(-2.0f, 2.0f);
+    for (auto& v : x) v = ux(rng);
+    std::vector<const float*> rows(m);
+    for (int64_t i = 0; i < m; ++i) rows[i] = x.data() + i * hidden;
+    std::vector<uint8_t> acts(ops->act_bytes(m, kp) + 64), scratch(ops->scratch_bytes(kp) + 64);
+    uint8_t* acts64 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(acts.data()) + 63) & ~uintptr_t{63});
+    uint8_t* scratch64 =
+        reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+    ops->prepare_acts(rows.data(), m, hidden, kp, acts64);
+    // All gate tiles: tiles 0, 2, 4 of the interleaved w13 (stride of two tiles).
+    const int64_t tiles = shape.gate_up().tiles();
+    const int64_t ldo = 16 * tiles + 5;
+    Guarded y(m * ldo, std::nanf(""));
+    experts::TileArgs args;
+    args.tiles = layer->expert_data(0);
+    args.num_tiles = tiles;
+    args.tile_stride = 2 * shape.gate_up().tile_bytes();
+    args.supers = kp / 128;
+    args.acts = acts64;
+    args.m = m;
+    args.out = y.data();
+    args.ldo = ldo;
+    args.scratch = scratch64;
+    ops->tiles(args);
+    EXPECT_TRUE(y.guards_intact());
+    std::vector<double> a(hidden), zero(hidden, 0.0), want, bound;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t col = 0; col < hidden; ++col) a[col] = x[i * hidden + col];
+      testing::GemvWithBound(experts[0].w1, a, zero, ErrorModel(c), kEps, &want, &bound);
+      for (int64_t r = 0; r < inter; ++r) {
+        const double got = y.data()[i * ldo + r];
+        ASSERT_LE(std::abs(got - want[r]), bound[r]) << "row " << i << " output " << r << ": " << got << " vs "
+                                                       << want[r];
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, ExpertKernelTest, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<IsaCase>& info) { return info.param.name; });
+
+// ---- packing errors --------------------------------------------------------------------------------------
+
+TEST(ExpertLayerPack, ErrorsNameExpertAndMatrix) {
+  std::mt19937 rng(12);
+  auto experts = RandomExperts(3, 64, 32, rng);
+  auto refs = Refs(experts);
+  refs[2].w3.rows = 31;
+  auto st = ExpertLayer::Pack(64, 32, refs, Isa::kGeneric).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("expert 2 w3"), std::string::npos) << st;
+
+  refs = Refs(experts);
+  experts[1].w2.scales[5] = 0xFF;
+  st = ExpertLayer::Pack(64, 32, refs, Isa::kGeneric).status();
+  EXPECT_NE(std::string(st.message()).find("expert 1 w2"), std::string::npos) << st;
+  EXPECT_NE(std::string(st.message()).find("NaN"), std::string::npos) << st;
+  experts[1].w2.scales[5] = 127;
+
+  refs = Refs(experts);
+  refs[0].w1.packed = nullptr;
+  EXPECT_EQ(ExpertLayer::Pack(64, 32, refs, Isa::kGeneric).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExpertLayer::Pack(63, 32, Refs(experts), Isa::kGeneric).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExpertLayer::Pack(64, 32, {}, Isa::kGeneric).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExpertLayerPack, GeometryAndBf16Range) {
+  std::mt19937 rng(13);
+  auto experts = RandomExperts(3, 4096 / 16, 2048 / 16, rng);
+  auto layer = ExpertLayer::Pack(256, 128, Refs(experts), Isa::kGeneric);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ((*layer)->num_experts(), 3);
+  // Aligned shapes stream exactly the checkpoint's bytes: 3 matrices x (N K / 2 + N K / 32).
+  EXPECT_EQ((*layer)->expert_stream_bytes(), 3 * (256 * 128 / 2 + 256 * 128 / 32));
+  EXPECT_GE((*layer)->bytes(), static_cast<size_t>(3 * (*layer)->expert_stream_bytes()));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*layer)->expert_data(0)) % 4096, 0u);
+  EXPECT_TRUE((*layer)->bf16_exact());
+  experts[2].w1.scales[0] = 1;
+  layer = ExpertLayer::Pack(256, 128, Refs(experts), Isa::kGeneric);
+  ASSERT_TRUE(layer.ok());
+  EXPECT_FALSE((*layer)->bf16_exact());
+}
+
+// The V4-Flash expert is 13.37 MB in the checkpoint; the packed stream must be the same size.
+TEST(ExpertLayerPack, V4FlashExpertBytes) {
+  experts::PackedExpertShape shape{4096, 2048};
+  EXPECT_EQ(shape.data_bytes(), 3 * (2048LL * 4096 / 2 + 2048LL * 4096 / 32));
+  EXPECT_EQ(shape.data_bytes(), 13369344);
+}
+
+}  // namespace
+}  // namespace numoe

@@ -1,0 +1,49 @@
+// The contract between MoeCompute and the per-ISA kernels in worker/kernels/{generic,avx2,avx512,amx}/.
+//
+// A kernel computes, for m activation rows and a run of consecutive packed row tiles (packed_layout.h),
+//   out[i * ldo + 16 * tile + j] = sum_k W[16 * tile + j, k] * x_i[k]      (fp32 result)
+// from activations it prepared itself (each ISA has its own activation format: fp32, int8 + per-block
+// scales, bf16). The ops are plain function pointers, defined in translation units compiled with their
+// ISA's flags and sharing no inline code with the rest of the program, so no AVX-512 instruction can
+// leak into code that runs on a machine without it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "worker/experts/activation_precision.h"
+
+namespace numoe::experts {
+
+struct TileArgs {
+  const uint8_t* tiles = nullptr;  // first packed tile (64-byte aligned)
+  int64_t num_tiles = 0;           // consecutive tiles, tile_stride bytes apart
+  int64_t tile_stride = 0;
+  int64_t supers = 0;              // super-blocks per tile = Kp / 128
+  const uint8_t* acts = nullptr;   // prepare_acts output for these m rows and Kp = 128 * supers
+  int64_t m = 0;                   // activation rows, >= 1
+  float* out = nullptr;            // [m][ldo]; tile n of this call fills columns [16n, 16n + 16)
+  int64_t ldo = 0;
+  uint8_t* scratch = nullptr;      // scratch_bytes(Kp) bytes, 64-byte aligned, private to the caller's thread
+};
+
+struct KernelOps {
+  const char* name;
+  // Bytes of prepared activations for m rows padded to kp columns (a multiple of 128).
+  size_t (*act_bytes)(int64_t m, int64_t kp);
+  // rows[i] points at k floats (k <= kp); columns [k, kp) are taken as zeros. `acts` is 64-byte aligned.
+  void (*prepare_acts)(const float* const* rows, int64_t m, int64_t k, int64_t kp, uint8_t* acts);
+  size_t (*scratch_bytes)(int64_t kp);
+  void (*tiles)(const TileArgs& args);
+};
+
+// Defined in worker/kernels/<isa>/. Only call an ISA's ops when IsaAvailable() says so.
+const KernelOps& GenericKernelOps();
+const KernelOps& Avx2KernelOps(ActivationPrecision precision);
+const KernelOps& Avx512KernelOps(ActivationPrecision precision);
+const KernelOps& AmxKernelOps(ActivationPrecision precision);
+// The AMX kernel with its tile instructions replaced by scalar code (same decode, same data layout);
+// needs only AVX-512 BW/VBMI/BF16. For tests on machines without AMX.
+const KernelOps& AmxEmulatedKernelOps(ActivationPrecision precision);
+
+}  // namespace numoe::experts

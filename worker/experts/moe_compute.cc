@@ -1,0 +1,292 @@
+#include "worker/experts/moe_compute.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/log.h"
+#include "worker/experts/kernel_ops.h"
+#include "worker/experts/packed_layout.h"
+
+namespace numoe {
+
+using experts::KernelOps;
+using experts::kSuperCols;
+using experts::kTileRows;
+using experts::RoundUp;
+
+namespace {
+
+// Tiles per work unit. Gate/up: 4 tile pairs (~280 KB of V4-Flash weights); down: 8 tiles of every used
+// expert. Small enough to balance two threads when the machine is noisy, large enough to stream.
+constexpr int64_t kGateUpChunk = 4;
+constexpr int64_t kDownChunk = 8;
+
+size_t Align64(size_t n) { return (n + 63) & ~size_t{63}; }
+
+inline float Silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+}  // namespace
+
+// A 64-byte aligned byte buffer that only grows.
+class MoeCompute::Buffer {
+ public:
+  uint8_t* Reserve(size_t bytes) {
+    if (bytes > size_) {
+      size_ = Align64(std::max(bytes, size_ + size_ / 2));
+      data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, size_)));
+      NCHECK(data_ != nullptr) << "out of memory for " << size_ << " bytes of expert scratch";
+    }
+    return data_.get();
+  }
+  uint8_t* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t size_ = 0;
+};
+
+// One expert used by this step.
+struct MoeCompute::Plan {
+  int64_t expert = 0;
+  int64_t rows = 0;          // routed rows (duplicates in a row merged)
+  int64_t first_route = 0;   // its routes are [first_route, first_route + rows)
+  const KernelOps* ops = nullptr;
+  size_t x_acts = 0, h_acts = 0;  // offsets into x_acts_ / h_acts_
+};
+
+// Gate/up work: tile pairs [tile_begin, tile_end) of one plan.
+struct MoeCompute::Unit {
+  int32_t plan = 0;
+  int32_t tile_begin = 0, tile_end = 0;
+};
+
+struct alignas(kCacheLine) MoeCompute::ThreadScratch {
+  Buffer kernel;  // the kernel's own scratch (AMX B tiles)
+  Buffer out;     // kernel results before the epilogue
+};
+
+MoeCompute::MoeCompute(ThreadPool* pool, Isa isa, const MoeComputeOptions& options)
+    : pool_(pool), isa_(isa), options_(options), h_(new Buffer), x_acts_(new Buffer), h_acts_(new Buffer) {
+  NCHECK(pool_ != nullptr) << "MoeCompute needs a thread pool";
+  const CpuFeatures& f = GetCpuFeatures();
+  if (isa == Isa::kAmx && options.emulate_amx) {
+    if (!(IsaAvailable(Isa::kAvx512, f) && f.avx512bf16 && f.avx512vbmi)) {
+      usable_ = absl::FailedPreconditionError("emulated AMX needs AVX-512 VNNI, BF16 and VBMI");
+    }
+  } else if (!IsaAvailable(isa, f)) {
+    usable_ = absl::FailedPreconditionError(
+        absl::StrCat("ISA ", IsaName(isa), " is not available here (cpu: ", f.ToString(), ")"));
+  }
+  thread_scratch_.resize(pool_->size());
+}
+
+MoeCompute::~MoeCompute() = default;
+
+const KernelOps& MoeCompute::OpsFor(int64_t rows, bool bf16_exact) const {
+  switch (isa_) {
+    case Isa::kGeneric: return experts::GenericKernelOps();
+    case Isa::kAvx2: return experts::Avx2KernelOps(options_.precision);
+    case Isa::kAvx512: return experts::Avx512KernelOps(options_.precision);
+    case Isa::kAmx:
+      if (rows >= options_.amx_min_rows && bf16_exact) {
+        return options_.emulate_amx ? experts::AmxEmulatedKernelOps(options_.precision)
+                                    : experts::AmxKernelOps(options_.precision);
+      }
+      return experts::Avx512KernelOps(options_.precision);
+  }
+  return experts::GenericKernelOps();
+}
+
+Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBatch& b) {
+  RETURN_IF_ERROR(usable_);
+  if (b.rows < 0 || b.top_k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe: rows (", b.rows, ") and top_k (", b.top_k, ") must be >= 0"));
+  }
+  if (!(swiglu_limit >= 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe: swiglu_limit must be >= 0 (0 = no clamp), got ", swiglu_limit));
+  }
+  if (b.rows == 0) return absl::OkStatus();
+  if (b.x == nullptr || b.out == nullptr || (b.top_k > 0 && (b.expert_ids == nullptr || b.expert_weights == nullptr))) {
+    return absl::InvalidArgumentError("moe: null x, out, expert_ids or expert_weights");
+  }
+  const int64_t num_experts = layer.num_experts();
+  for (int64_t i = 0; i < b.rows * b.top_k; ++i) {
+    const int32_t e = b.expert_ids[i];
+    if (e < 0 || e >= num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("moe: expert_ids[", i / b.top_k, "][", i % b.top_k, "] = ", e,
+                                                     " is out of range [0, ", num_experts, ")"));
+    }
+  }
+  const int64_t hidden = layer.hidden(), inter = layer.inter();
+  const experts::PackedExpertShape& shape = layer.shape();
+  const int64_t hidden_p = shape.gate_up().padded_cols(), inter_p = shape.down().padded_cols();
+  const int64_t inter_tiles = shape.gate_up().tiles(), hidden_tiles = shape.down().tiles();
+  const int64_t ldh = inter_tiles * kTileRows;
+
+  // Group routes by expert (counting sort), merging a row's duplicate ids into one route.
+  counts_.assign(num_experts, 0);
+  const auto is_repeat = [&](int64_t r, int64_t k) {
+    const int32_t* ids = b.expert_ids + r * b.top_k;
+    for (int64_t j = 0; j < k; ++j)
+      if (ids[j] == ids[k]) return true;
+    return false;
+  };
+  int64_t routes = 0;
+  for (int64_t r = 0; r < b.rows; ++r) {
+    for (int64_t k = 0; k < b.top_k; ++k) {
+      if (!is_repeat(r, k)) {
+        ++counts_[b.expert_ids[r * b.top_k + k]];
+        ++routes;
+      }
+    }
+  }
+  first_route_.resize(num_experts + 1);
+  plans_.clear();
+  size_t x_bytes = 0, h_bytes = 0;
+  int64_t max_rows = 0;
+  for (int64_t e = 0, pos = 0; e < num_experts; ++e) {
+    first_route_[e] = pos;
+    if (counts_[e] == 0) continue;
+    Plan p;
+    p.expert = e;
+    p.rows = counts_[e];
+    p.first_route = pos;
+    p.ops = &OpsFor(p.rows, layer.bf16_exact());
+    p.x_acts = x_bytes;
+    p.h_acts = h_bytes;
+    x_bytes += Align64(p.ops->act_bytes(p.rows, hidden_p));
+    h_bytes += Align64(p.ops->act_bytes(p.rows, inter_p));
+    max_rows = std::max(max_rows, p.rows);
+    plans_.push_back(p);
+    pos += counts_[e];
+  }
+  route_row_.resize(routes);
+  route_weight_.resize(routes);
+  x_rows_.resize(routes);
+  h_rows_.resize(routes);
+  std::fill(counts_.begin(), counts_.end(), 0);  // now: routes placed so far per expert
+  for (int64_t r = 0; r < b.rows; ++r) {
+    for (int64_t k = 0; k < b.top_k; ++k) {
+      const int32_t e = b.expert_ids[r * b.top_k + k];
+      const float w = b.expert_weights[r * b.top_k + k];
+      if (is_repeat(r, k)) {  // this row's route to e is the last one placed for e
+        route_weight_[first_route_[e] + counts_[e] - 1] += w;
+        continue;
+      }
+      const int64_t q = first_route_[e] + counts_[e]++;
+      route_row_[q] = r;
+      route_weight_[q] = w;
+      x_rows_[q] = b.x + r * hidden;
+    }
+  }
+
+  uint8_t* h = h_->Reserve(static_cast<size_t>(routes * ldh) * sizeof(float));
+  for (int64_t q = 0; q < routes; ++q) h_rows_[q] = reinterpret_cast<const float*>(h) + q * ldh;
+  uint8_t* x_acts = x_acts_->Reserve(x_bytes);
+  uint8_t* h_acts = h_acts_->Reserve(h_bytes);
+  size_t kernel_scratch = 0;
+  for (const Plan& p : plans_) {
+    kernel_scratch = std::max({kernel_scratch, p.ops->scratch_bytes(hidden_p), p.ops->scratch_bytes(inter_p)});
+  }
+  const size_t out_scratch =
+      static_cast<size_t>(max_rows * std::max(2 * kGateUpChunk, kDownChunk) * kTileRows) * sizeof(float);
+  for (ThreadScratch& s : thread_scratch_) {
+    s.kernel.Reserve(kernel_scratch);
+    s.out.Reserve(out_scratch);
+  }
+  units_.clear();
+  for (size_t i = 0; i < plans_.size(); ++i) {
+    for (int64_t t = 0; t < inter_tiles; t += kGateUpChunk) {
+      units_.push_back(Unit{static_cast<int32_t>(i), static_cast<int32_t>(t),
+                            static_cast<int32_t>(std::min(inter_tiles, t + kGateUpChunk))});
+    }
+  }
+  const int64_t down_units = experts::CeilDiv(hidden_tiles, kDownChunk);
+  for (auto& n : next_) n.store(0, std::memory_order_relaxed);
+  const float limit = swiglu_limit;
+
+  pool_->RunOnAll([&](int thread) {
+    ThreadScratch& scratch = thread_scratch_[thread];
+    const auto next = [&](int phase) { return next_[phase].fetch_add(1, std::memory_order_relaxed); };
+    // 1. Activations of each used expert in its kernel's format.
+    for (int64_t i; (i = next(0)) < static_cast<int64_t>(plans_.size());) {
+      const Plan& p = plans_[i];
+      p.ops->prepare_acts(&x_rows_[p.first_route], p.rows, hidden, hidden_p, x_acts + p.x_acts);
+    }
+    pool_->Barrier(thread);
+    // 2. Gate and up, tile pair by tile pair, then SwiGLU into h.
+    for (int64_t u; (u = next(1)) < static_cast<int64_t>(units_.size());) {
+      const Unit& unit = units_[u];
+      const Plan& p = plans_[unit.plan];
+      const int64_t pairs = unit.tile_end - unit.tile_begin;
+      float* y = reinterpret_cast<float*>(scratch.out.data());
+      experts::TileArgs args;
+      args.tiles = layer.expert_data(p.expert) + shape.gate_tile_offset(unit.tile_begin);
+      args.num_tiles = 2 * pairs;
+      args.tile_stride = shape.gate_up().tile_bytes();
+      args.supers = hidden_p / kSuperCols;
+      args.acts = x_acts + p.x_acts;
+      args.m = p.rows;
+      args.out = y;
+      args.ldo = 2 * pairs * kTileRows;
+      args.scratch = scratch.kernel.data();
+      p.ops->tiles(args);
+      for (int64_t i = 0; i < p.rows; ++i) {
+        float* hrow = reinterpret_cast<float*>(h) + (p.first_route + i) * ldh + unit.tile_begin * kTileRows;
+        const float* yi = y + i * args.ldo;
+        for (int64_t q = 0; q < pairs; ++q) {
+          for (int64_t j = 0; j < kTileRows; ++j) {
+            float g = yi[32 * q + j], v = yi[32 * q + 16 + j];
+            if (limit > 0.0f) {
+              g = std::min(g, limit);
+              v = std::clamp(v, -limit, limit);
+            }
+            hrow[16 * q + j] = Silu(g) * v;
+          }
+        }
+      }
+    }
+    pool_->Barrier(thread);
+    // 3. h in each kernel's activation format.
+    for (int64_t i; (i = next(2)) < static_cast<int64_t>(plans_.size());) {
+      const Plan& p = plans_[i];
+      p.ops->prepare_acts(&h_rows_[p.first_route], p.rows, inter, inter_p, h_acts + p.h_acts);
+    }
+    pool_->Barrier(thread);
+    // 4. Down: each unit owns output columns [16 t0, 16 t1) of every row and adds all experts into them.
+    for (int64_t u; (u = next(3)) < down_units;) {
+      const int64_t t0 = u * kDownChunk, t1 = std::min(hidden_tiles, t0 + kDownChunk);
+      const int64_t c0 = t0 * kTileRows, c1 = std::min(hidden, t1 * kTileRows);
+      for (int64_t r = 0; r < b.rows; ++r) std::memset(b.out + r * hidden + c0, 0, sizeof(float) * (c1 - c0));
+      float* y = reinterpret_cast<float*>(scratch.out.data());
+      for (const Plan& p : plans_) {
+        experts::TileArgs args;
+        args.tiles = layer.expert_data(p.expert) + shape.down_tile_offset(t0);
+        args.num_tiles = t1 - t0;
+        args.tile_stride = shape.down().tile_bytes();
+        args.supers = inter_p / kSuperCols;
+        args.acts = h_acts + p.h_acts;
+        args.m = p.rows;
+        args.out = y;
+        args.ldo = (t1 - t0) * kTileRows;
+        args.scratch = scratch.kernel.data();
+        p.ops->tiles(args);
+        for (int64_t i = 0; i < p.rows; ++i) {
+          const int64_t q = p.first_route + i;
+          const float w = route_weight_[q];
+          float* o = b.out + route_row_[q] * hidden + c0;
+          const float* yi = y + i * args.ldo;
+          for (int64_t c = 0; c < c1 - c0; ++c) o[c] += w * yi[c];
+        }
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace numoe

@@ -1,0 +1,93 @@
+// The routed-expert FFN of one MoE layer for one step, on the CPU.
+//
+//   out[r] = sum_k expert_weights[r,k] * down_e( silu(min(gate_e(x_r), L)) * clamp(up_e(x_r), -L, L) ),
+//   e = expert_ids[r,k], L = swiglu_limit (0 = no clamp).
+// Duplicate ids in a row each count (their weights are summed and the expert is computed once for that
+// row). Every expert used by the batch is streamed from memory exactly once per Run, for all rows routed
+// to it, in address order, by all pool threads together.
+//
+// Accuracy by ISA (against exact weights and fp32 math; details in worker/kernels/*), per GEMV output,
+// applied to x (gate/up) and then to the SwiGLU output h (down):
+//   generic: fp32 rounding only (~1e-7 relative): the reference.
+//   avx2, avx512: activations quantised per 32 columns, |err| <= sum_b max|a_b| / D * sum_{c in b} |W_c|
+//     with D = 32512 (ActivationPrecision::kHigh, two int8 levels, ~1e-4 relative on the output) or
+//     D = 254 (kLow, one int8 level, ~1% relative).
+//   amx: bf16 activations (two terms: |err| <= 2^-17 sum |W||a|; one term: 2^-9) for experts with
+//     >= amx_min_rows rows, the avx512 kernel of the same precision for the others.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "worker/experts/expert_layer.h"
+#include "worker/experts/isa.h"
+
+namespace numoe {
+namespace experts {
+struct KernelOps;
+}
+
+struct MoeBatch {
+  int64_t rows = 0;                        // N >= 0
+  int64_t top_k = 0;                       // routes per row
+  const float* x = nullptr;                // [rows, hidden]
+  const int32_t* expert_ids = nullptr;     // [rows, top_k], each in [0, num_experts)
+  const float* expert_weights = nullptr;   // [rows, top_k]
+  float* out = nullptr;                    // [rows, hidden], overwritten (must not alias x)
+};
+
+struct MoeComputeOptions {
+  ActivationPrecision precision = ActivationPrecision::kHigh;
+  // Under Isa::kAmx, experts with fewer routed rows than this run on the AVX-512 int8 kernel (decoding a
+  // weight tile to bf16 only pays off when enough rows share it).
+  int64_t amx_min_rows = 16;
+  // Tests only: run Isa::kAmx with the tile instructions emulated in scalar code (needs AVX-512 BF16 and
+  // VBMI, not AMX).
+  bool emulate_amx = false;
+};
+
+class MoeCompute {
+ public:
+  // `pool` (not owned) must outlive this object; its threads do all the work.
+  MoeCompute(ThreadPool* pool, Isa isa, const MoeComputeOptions& options = {});
+  ~MoeCompute();
+  MoeCompute(const MoeCompute&) = delete;
+  MoeCompute& operator=(const MoeCompute&) = delete;
+
+  // Errors (nothing computed, `out` untouched): ISA not available, negative sizes, null pointers, an
+  // expert id out of range (named by row and slot), a negative or NaN swiglu_limit. Not thread-safe: one
+  // Run at a time per MoeCompute (it owns the step's scratch).
+  Status Run(const ExpertLayer& layer, float swiglu_limit, const MoeBatch& batch);
+
+  Isa isa() const { return isa_; }
+
+ private:
+  class Buffer;
+  struct Plan;
+  struct Unit;
+  struct alignas(kCacheLine) ThreadScratch;
+
+  const experts::KernelOps& OpsFor(int64_t rows, bool bf16_exact) const;
+
+  ThreadPool* pool_;
+  Isa isa_;
+  MoeComputeOptions options_;
+  Status usable_;
+  // Scratch reused across Runs (grown, never shrunk): no allocation once warmed up.
+  std::vector<int64_t> counts_, first_route_;
+  std::vector<int64_t> route_row_;
+  std::vector<float> route_weight_;
+  std::vector<Plan> plans_;
+  std::vector<Unit> units_;
+  std::vector<const float*> x_rows_, h_rows_;
+  std::unique_ptr<Buffer> h_, x_acts_, h_acts_;
+  std::vector<ThreadScratch> thread_scratch_;
+  alignas(kCacheLine) std::atomic<int64_t> next_[4];
+};
+
+}  // namespace numoe

@@ -1,0 +1,224 @@
+// The int8 tile kernel shared by AVX2 and AVX-512: one source, written against a small SIMD value type
+// `S` (worker/kernels/avx2/simd_avx2.h, worker/kernels/avx512/simd_avx512.h).
+//
+// Include ONLY from a translation unit compiled with that ISA's flags. Everything here has internal
+// linkage (anonymous namespace) on purpose: the AVX-512 and AVX2 copies must never be merged by the
+// linker with each other or with generic code.
+//
+// Math. Weights: a nibble n is looked up (vpshufb) to the byte 2*fp4(n) + 12 in [0, 24] (unsigned, as
+// dpbusd's first operand wants). Activations: each row is quantised per 32-column block,
+//   s_b = max|x_b| / 127,   q_c = round_half_even(x_c / s_b) in [-127, 127],
+// and, in the two-level ("high precision") form, the remainder once more:
+//   l_c = clamp(round_half_even(256 (x_c / s_b - q_c)), -127, 127),   x_c ~ s_b (q_c + l_c / 256).
+// Each level has its own int32 accumulator; a block's sum 256 * sum (2 fp4 + 12) q + sum (2 fp4 + 12) l
+// starts from -12 (256 sum q + sum l) (the "corr" term), so it is exactly 2 sum_c fp4_c (256 q_c + l_c)
+// (|.| < 2^25, no overflow), and y = sum_b 2^(e_b - 127) * (s_b / 512) * that.
+// Error bound (per output, against exact weights and fp32 activations):
+//   one level:  |y - y_exact| <= sum_b max|x_b| / 254   * sum_{c in b} |W_c|   (~1% relative in practice)
+//   two levels: |y - y_exact| <= sum_b max|x_b| / 32512 * sum_{c in b} |W_c|   (~1e-4 relative)
+// plus fp32 rounding (~1e-6 relative). MoeCompute applies it twice (x, then the SwiGLU output h);
+// tests/kernels/ asserts the composed bound. Two levels cost a second dpbusd per weight register and
+// token, which is free while the kernel waits for DRAM (T <= ~6 rows per expert on this machine).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "worker/experts/kernel_ops.h"
+#include "worker/experts/packed_layout.h"
+
+namespace numoe::experts {
+namespace {  // NOLINT(build/namespaces): see the header comment
+
+// Bytes ahead of the current super-block that the tile loop prefetches (tuned with numoe-bench experts).
+constexpr int64_t kPrefetchBytes = 2048;
+
+// Activation layout (for an ISA with group size G and L levels): rows go in groups of G; group g has rows
+// [gG, min(m, gG + G)), gs of them, and is contiguous:
+//   q    int32[Kp/4][gs]   four int8 columns per int32, the group's rows side by side, so one 4-byte
+//                          broadcast feeds a dpbusd
+//   l    int32[Kp/4][gs]   the second level (two-level form only), same layout
+//   xs   float[Kp/32][gs]  s_b / 2 (one level) or s_b / 512 (two levels): the looked-up weights are 2 fp4
+//   corr int32[Kp/32][gs]  -12 * sum of the block's q (one level) or of 256 q + l (two levels)
+// Bytes of `rows` rows' activations; also the offset of the group starting at row `rows` (groups before
+// it are full).
+template <int kLevels>
+constexpr int64_t GroupBytes(int64_t rows, int64_t kp) {
+  return kLevels * rows * kp + rows * (kp / 32) * 8;
+}
+
+template <int kLevels>
+size_t Int8ActBytes(int64_t m, int64_t kp) {
+  return static_cast<size_t>(GroupBytes<kLevels>(m, kp));
+}
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline int32_t RoundToInt(float v) {  // nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 rounds
+  return static_cast<int32_t>(FloatBits(v + 12582912.0f)) - 0x4B400000;
+}
+
+// Quantises one row (k valid columns, kp padded) into slot `r` of a group of gs rows.
+template <int kLevels>
+inline void QuantizeRow(const float* x, int64_t k, int64_t kp, int r, int gs, int32_t* q, int32_t* l, float* xs,
+                        int32_t* corr) {
+  int8_t* qb = reinterpret_cast<int8_t*>(q);
+  int8_t* lb = reinterpret_cast<int8_t*>(l);
+  for (int64_t b = 0; b < kp / 32; ++b) {
+    float v[32];
+    const int64_t c0 = 32 * b;
+    const int64_t n = c0 >= k ? 0 : (k - c0 < 32 ? k - c0 : 32);
+    for (int c = 0; c < 32; ++c) v[c] = c < n ? x[c0 + c] : 0.0f;
+    uint32_t amax_bits = 0;  // max |v| on the bit patterns: an integer max, which vectorises
+    for (int c = 0; c < 32; ++c) {
+      const uint32_t a = FloatBits(v[c]) & 0x7fffffffu;
+      amax_bits = a > amax_bits ? a : amax_bits;
+    }
+    const float amax = BitsFloat(amax_bits);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int c = 0; c < 32; ++c) {
+      const float t = v[c] * inv;  // |t| <= 127 (+ rounding), so the level stays in [-127, 127]
+      const int32_t qi = RoundToInt(t);
+      qb[((c0 + c) / 4 * gs + r) * 4 + (c & 3)] = static_cast<int8_t>(qi);
+      if constexpr (kLevels == 2) {
+        int32_t li = RoundToInt((t - static_cast<float>(qi)) * 256.0f);  // t - qi is exact
+        li = li > 127 ? 127 : (li < -127 ? -127 : li);
+        lb[((c0 + c) / 4 * gs + r) * 4 + (c & 3)] = static_cast<int8_t>(li);
+        sum += 256 * qi + li;
+      } else {
+        sum += qi;
+      }
+    }
+    xs[b * gs + r] = amax / 127.0f * (kLevels == 2 ? 0.5f / 256.0f : 0.5f);
+    corr[b * gs + r] = -12 * sum;
+  }
+}
+
+// Pointers into one group's activations.
+template <int kLevels>
+struct GroupActs {
+  int32_t* q;
+  int32_t* l;
+  float* xs;
+  int32_t* corr;
+  GroupActs(uint8_t* base, int64_t gs, int64_t kp)
+      : q(reinterpret_cast<int32_t*>(base)),
+        l(reinterpret_cast<int32_t*>(base + gs * kp)),
+        xs(reinterpret_cast<float*>(base + kLevels * gs * kp)),
+        corr(reinterpret_cast<int32_t*>(base + kLevels * gs * kp + gs * (kp / 32) * 4)) {}
+};
+
+template <int G, int kLevels>
+void Int8PrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp, uint8_t* acts) {
+  for (int64_t g0 = 0; g0 < m; g0 += G) {
+    const int gs = static_cast<int>(m - g0 < G ? m - g0 : G);
+    GroupActs<kLevels> ga(acts + GroupBytes<kLevels>(g0, kp), gs, kp);
+    for (int r = 0; r < gs; ++r) QuantizeRow<kLevels>(rows[g0 + r], k, kp, r, gs, ga.q, ga.l, ga.xs, ga.corr);
+  }
+}
+
+// One pass (S::kLanes rows of a 16-row tile) for one group of NG rows, over the whole K.
+template <class S, int NG, int kLevels>
+inline void TilePassGroup(const uint8_t* tile, int64_t supers, int pass, const GroupActs<kLevels>& ga, float* out,
+                          int64_t ldo) {
+  using VI = typename S::VI;
+  using VF = typename S::VF;
+  const VI lut = S::WeightLut();
+  VF acc[NG];
+#pragma GCC unroll 16
+  for (int i = 0; i < NG; ++i) acc[i] = S::ZeroF();
+  const int chunk_off = 4 * S::kLanes * pass;
+  const int scale_off = S::kLanes * pass;
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* p = tile + s * kSuperBytes;
+#pragma GCC unroll 17
+    for (int l = 0; l < kSuperBytes / 64; ++l) __builtin_prefetch(p + kPrefetchBytes + 64 * l, 0, 3);
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      const int64_t kb = 4 * s + b;
+      const VF sv = S::Scales(p + kSuperNibbleBytes + 16 * b + scale_off);
+      VI bacc[NG], bacc2[kLevels == 2 ? NG : 1];
+#pragma GCC unroll 16
+      for (int i = 0; i < NG; ++i) {
+        bacc[i] = S::SetI(kLevels == 2 ? 0 : ga.corr[kb * NG + i]);
+        if constexpr (kLevels == 2) bacc2[i] = S::SetI(ga.corr[kb * NG + i]);
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const VI v = S::LoadChunk(p + 256 * b + 64 * g + chunk_off);
+        const VI lo = S::Lookup(lut, S::LowNibbles(v));
+        const VI hi = S::Lookup(lut, S::HighNibbles(v));
+        const int64_t qlo = (8 * kb + g) * NG, qhi = (8 * kb + 4 + g) * NG;
+#pragma GCC unroll 16
+        for (int i = 0; i < NG; ++i) {
+          bacc[i] = S::Dot(bacc[i], lo, ga.q[qlo + i]);
+          bacc[i] = S::Dot(bacc[i], hi, ga.q[qhi + i]);
+          if constexpr (kLevels == 2) {
+            bacc2[i] = S::Dot(bacc2[i], lo, ga.l[qlo + i]);
+            bacc2[i] = S::Dot(bacc2[i], hi, ga.l[qhi + i]);
+          }
+        }
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < NG; ++i) {
+        VI total = bacc[i];
+        if constexpr (kLevels == 2) total = S::ShiftAdd8(bacc[i], bacc2[i]);
+        acc[i] = S::ScaleAdd(total, S::Mul(sv, S::SetF(ga.xs[kb * NG + i])), acc[i]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < NG; ++i) S::StoreF(out + i * ldo + S::kLanes * pass, acc[i]);
+}
+
+template <class S, int NG, int kLevels>
+void RunGroup(const TileArgs& a, int64_t g0, const uint8_t* tile, float* out_tile) {
+  const int64_t kp = a.supers * kSuperCols;
+  const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), NG, kp);
+  for (int pass = 0; pass < kTileRows / S::kLanes; ++pass) {
+    TilePassGroup<S, NG, kLevels>(tile, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo);
+  }
+}
+
+template <class S, int NG, int kLevels>
+void RunGroupDispatch(const TileArgs& a, int64_t g0, int gs, const uint8_t* tile, float* out_tile) {
+  if constexpr (NG == 0) {
+    (void)a, (void)g0, (void)gs, (void)tile, (void)out_tile;
+  } else if (gs == NG) {
+    RunGroup<S, NG, kLevels>(a, g0, tile, out_tile);
+  } else {
+    RunGroupDispatch<S, NG - 1, kLevels>(a, g0, gs, tile, out_tile);
+  }
+}
+
+template <class S, int kLevels>
+void Int8Tiles(const TileArgs& a) {
+  constexpr int kGroup = S::template Group<kLevels>();
+  for (int64_t t = 0; t < a.num_tiles; ++t) {
+    const uint8_t* tile = a.tiles + t * a.tile_stride;
+    for (int64_t g0 = 0; g0 < a.m; g0 += kGroup) {
+      const int gs = static_cast<int>(a.m - g0 < kGroup ? a.m - g0 : kGroup);
+      RunGroupDispatch<S, kGroup, kLevels>(a, g0, gs, tile, a.out + 16 * t);
+    }
+  }
+}
+
+template <class S, int kLevels>
+void Int8PrepareActsFor(const float* const* rows, int64_t m, int64_t k, int64_t kp, uint8_t* acts) {
+  Int8PrepareActs<S::template Group<kLevels>(), kLevels>(rows, m, k, kp, acts);
+}
+
+size_t Int8ScratchBytes(int64_t) { return 0; }
+
+}  // namespace
+}  // namespace numoe::experts

@@ -54,70 +54,82 @@ StatusOr<CompressorW> LoadCompressor(const Checkpoint& ck, const std::string& p,
 
 }  // namespace
 
-StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ck) {
+namespace {
+
+// One decoder block (a main layer or an MTP/DSpark stage) under `p` ("layers.3." / "mtp.0.").
+StatusOr<LayerW> LoadLayer(const Checkpoint& ck, const std::string& p, AttnType type, int64_t rate, MoeType moe) {
   const ModelConfig& c = ck.config();
   const int64_t D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, hc = c.hc_mult;
   const int64_t I = c.moe_intermediate_size;
+  LayerW L;
+  ASSIGN_OR_RETURN(L.attn_norm, LoadVec(ck, p + "attn_norm.weight", D));
+  ASSIGN_OR_RETURN(L.ffn_norm, LoadVec(ck, p + "ffn_norm.weight", D));
+  ASSIGN_OR_RETURN(L.hc_attn, LoadHyper(ck, p + "hc_attn_", (2 + hc) * hc, hc * D, 3));
+  ASSIGN_OR_RETURN(L.hc_ffn, LoadHyper(ck, p + "hc_ffn_", (2 + hc) * hc, hc * D, 3));
+  AttentionW& a = L.attn;
+  a.type = type;
+  a.rate = rate;
+  const std::string ap = p + "attn.";
+  ASSIGN_OR_RETURN(a.wq_a, LoadLinear(ck, ap + "wq_a.weight", c.q_lora_rank, D));
+  ASSIGN_OR_RETURN(a.q_norm, LoadVec(ck, ap + "q_norm.weight", c.q_lora_rank));
+  ASSIGN_OR_RETURN(a.wq_b, LoadLinear(ck, ap + "wq_b.weight", H * hd, c.q_lora_rank));
+  ASSIGN_OR_RETURN(a.wkv, LoadLinear(ck, ap + "wkv.weight", hd, D));
+  ASSIGN_OR_RETURN(a.kv_norm, LoadVec(ck, ap + "kv_norm.weight", hd));
+  ASSIGN_OR_RETURN(a.wo_a, LoadLinear(ck, ap + "wo_a.weight", c.o_groups * c.o_lora_rank, H * hd / c.o_groups));
+  ASSIGN_OR_RETURN(a.wo_b, LoadLinear(ck, ap + "wo_b.weight", D, c.o_groups * c.o_lora_rank));
+  ASSIGN_OR_RETURN(a.sink, LoadVec(ck, ap + "attn_sink", H));
+  if (a.type != AttnType::kSliding) {
+    const int64_t coff = a.type == AttnType::kCSA ? 2 : 1;
+    ASSIGN_OR_RETURN(a.comp, LoadCompressor(ck, ap + "compressor.", a.rate, hd, coff, D));
+  }
+  if (a.type == AttnType::kCSA) {
+    const int64_t ih = c.index_n_heads, id = c.index_head_dim;
+    ASSIGN_OR_RETURN(a.index_comp, LoadCompressor(ck, ap + "indexer.compressor.", a.rate, id, 2, D));
+    ASSIGN_OR_RETURN(a.index_wq_b, LoadLinear(ck, ap + "indexer.wq_b.weight", ih * id, c.q_lora_rank));
+    ASSIGN_OR_RETURN(a.index_weights, LoadLinear(ck, ap + "indexer.weights_proj.weight", ih, D));
+  }
+  FfnW& f = L.ffn;
+  f.type = moe;
+  const std::string fp = p + "ffn.";
+  ASSIGN_OR_RETURN(f.gate, LoadLinear(ck, fp + "gate.weight", c.n_routed_experts, D));
+  if (f.type == MoeType::kHash) {
+    ASSIGN_OR_RETURN(F32Tensor t, ck.LoadF32(fp + "gate.tid2eid"));
+    if (t.numel() != c.vocab_size * c.num_experts_per_tok) {
+      return absl::InvalidArgumentError(absl::StrCat(fp, "gate.tid2eid: expected [", c.vocab_size, ", ",
+                                                     c.num_experts_per_tok, "]"));
+    }
+    f.tid2eid.resize(t.data.size());
+    for (size_t k = 0; k < t.data.size(); ++k) {
+      const float e = t.data[k];
+      if (!(e >= 0 && e < static_cast<float>(c.n_routed_experts))) {
+        return absl::InvalidArgumentError(absl::StrCat(fp, "gate.tid2eid: expert id ", e, " out of range"));
+      }
+      f.tid2eid[k] = static_cast<int32_t>(e);
+    }
+  } else if (ck.store().Find(fp + "gate.bias") != nullptr) {
+    ASSIGN_OR_RETURN(f.bias, LoadVec(ck, fp + "gate.bias", c.n_routed_experts));
+  } else {
+    f.bias.assign(static_cast<size_t>(c.n_routed_experts), 0.0f);
+  }
+  ASSIGN_OR_RETURN(f.shared_w1, LoadLinear(ck, fp + "shared_experts.w1.weight", I, D));
+  ASSIGN_OR_RETURN(f.shared_w3, LoadLinear(ck, fp + "shared_experts.w3.weight", I, D));
+  ASSIGN_OR_RETURN(f.shared_w2, LoadLinear(ck, fp + "shared_experts.w2.weight", D, I));
+  return L;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
   auto w = std::make_unique<ModelW>();
   ASSIGN_OR_RETURN(w->embed, LoadLinear(ck, "embed.weight", c.vocab_size, D));
   ASSIGN_OR_RETURN(w->head, LoadLinear(ck, c.tie_word_embeddings ? "embed.weight" : "head.weight", c.vocab_size, D));
   ASSIGN_OR_RETURN(w->norm, LoadVec(ck, "norm.weight", D));
   ASSIGN_OR_RETURN(w->hc_head, LoadHyper(ck, "hc_head_", hc, hc * D, 1));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = absl::StrCat("layers.", i, ".");
-    LayerW L;
-    ASSIGN_OR_RETURN(L.attn_norm, LoadVec(ck, p + "attn_norm.weight", D));
-    ASSIGN_OR_RETURN(L.ffn_norm, LoadVec(ck, p + "ffn_norm.weight", D));
-    ASSIGN_OR_RETURN(L.hc_attn, LoadHyper(ck, p + "hc_attn_", (2 + hc) * hc, hc * D, 3));
-    ASSIGN_OR_RETURN(L.hc_ffn, LoadHyper(ck, p + "hc_ffn_", (2 + hc) * hc, hc * D, 3));
-    AttentionW& a = L.attn;
-    a.type = c.layer_types[static_cast<size_t>(i)];
-    a.rate = c.CompressRate(i);
-    const std::string ap = p + "attn.";
-    ASSIGN_OR_RETURN(a.wq_a, LoadLinear(ck, ap + "wq_a.weight", c.q_lora_rank, D));
-    ASSIGN_OR_RETURN(a.q_norm, LoadVec(ck, ap + "q_norm.weight", c.q_lora_rank));
-    ASSIGN_OR_RETURN(a.wq_b, LoadLinear(ck, ap + "wq_b.weight", H * hd, c.q_lora_rank));
-    ASSIGN_OR_RETURN(a.wkv, LoadLinear(ck, ap + "wkv.weight", hd, D));
-    ASSIGN_OR_RETURN(a.kv_norm, LoadVec(ck, ap + "kv_norm.weight", hd));
-    ASSIGN_OR_RETURN(a.wo_a, LoadLinear(ck, ap + "wo_a.weight", c.o_groups * c.o_lora_rank, H * hd / c.o_groups));
-    ASSIGN_OR_RETURN(a.wo_b, LoadLinear(ck, ap + "wo_b.weight", D, c.o_groups * c.o_lora_rank));
-    ASSIGN_OR_RETURN(a.sink, LoadVec(ck, ap + "attn_sink", H));
-    if (a.type != AttnType::kSliding) {
-      const int64_t coff = a.type == AttnType::kCSA ? 2 : 1;
-      ASSIGN_OR_RETURN(a.comp, LoadCompressor(ck, ap + "compressor.", a.rate, hd, coff, D));
-    }
-    if (a.type == AttnType::kCSA) {
-      const int64_t ih = c.index_n_heads, id = c.index_head_dim;
-      ASSIGN_OR_RETURN(a.index_comp, LoadCompressor(ck, ap + "indexer.compressor.", a.rate, id, 2, D));
-      ASSIGN_OR_RETURN(a.index_wq_b, LoadLinear(ck, ap + "indexer.wq_b.weight", ih * id, c.q_lora_rank));
-      ASSIGN_OR_RETURN(a.index_weights, LoadLinear(ck, ap + "indexer.weights_proj.weight", ih, D));
-    }
-    FfnW& f = L.ffn;
-    f.type = c.mlp_layer_types[static_cast<size_t>(i)];
-    const std::string fp = p + "ffn.";
-    ASSIGN_OR_RETURN(f.gate, LoadLinear(ck, fp + "gate.weight", c.n_routed_experts, D));
-    if (f.type == MoeType::kHash) {
-      ASSIGN_OR_RETURN(F32Tensor t, ck.LoadF32(fp + "gate.tid2eid"));
-      if (t.numel() != c.vocab_size * c.num_experts_per_tok) {
-        return absl::InvalidArgumentError(absl::StrCat(fp, "gate.tid2eid: expected [", c.vocab_size, ", ",
-                                                       c.num_experts_per_tok, "]"));
-      }
-      f.tid2eid.resize(t.data.size());
-      for (size_t k = 0; k < t.data.size(); ++k) {
-        const float e = t.data[k];
-        if (!(e >= 0 && e < static_cast<float>(c.n_routed_experts))) {
-          return absl::InvalidArgumentError(absl::StrCat(fp, "gate.tid2eid: expert id ", e, " out of range"));
-        }
-        f.tid2eid[k] = static_cast<int32_t>(e);
-      }
-    } else if (ck.store().Find(fp + "gate.bias") != nullptr) {
-      ASSIGN_OR_RETURN(f.bias, LoadVec(ck, fp + "gate.bias", c.n_routed_experts));
-    } else {
-      f.bias.assign(static_cast<size_t>(c.n_routed_experts), 0.0f);
-    }
-    ASSIGN_OR_RETURN(f.shared_w1, LoadLinear(ck, fp + "shared_experts.w1.weight", I, D));
-    ASSIGN_OR_RETURN(f.shared_w3, LoadLinear(ck, fp + "shared_experts.w3.weight", I, D));
-    ASSIGN_OR_RETURN(f.shared_w2, LoadLinear(ck, fp + "shared_experts.w2.weight", D, I));
+    ASSIGN_OR_RETURN(LayerW L, LoadLayer(ck, absl::StrCat("layers.", i, "."), c.layer_types[static_cast<size_t>(i)],
+                                         c.CompressRate(i), c.mlp_layer_types[static_cast<size_t>(i)]));
     w->layers.push_back(std::move(L));
   }
   return w;
@@ -315,30 +327,50 @@ void CpuModel::HyperPost(const float* y, const float* post, const float* comb, i
 
 // ---- attention ---------------------------------------------------------------------------------------
 
+// q (rms-normed per head, roped), the normalised q_lora activations (the indexer's input) and kv (normed,
+// roped) of n rows at `pos`.
+void CpuModel::ProjectQueryKv(const AttentionW& a, const float* x, int64_t n, const int64_t* pos, const float* inv,
+                              float* qa, float* q, float* kv) const {
+  const int64_t H = cfg_.num_attention_heads, hd = cfg_.head_dim, rd = cfg_.rope_dim, qr = cfg_.q_lora_rank;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  MatMul(x, n, a.wq_a, qa, pool_);
+  for (int64_t r = 0; r < n; ++r) RmsNorm(qa + r * qr, a.q_norm.data(), qr, eps, qa + r * qr);
+  MatMul(qa, n, a.wq_b, q, pool_);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = q + (r * H + h) * hd;
+      RmsNorm(qh, nullptr, hd, eps, qh);
+      ApplyRope(qh, hd, rd, inv, pos[r]);
+    }
+  }
+  MatMul(x, n, a.wkv, kv, pool_);
+  for (int64_t r = 0; r < n; ++r) {
+    RmsNorm(kv + r * hd, a.kv_norm.data(), hd, eps, kv + r * hd);
+    ApplyRope(kv + r * hd, hd, rd, inv, pos[r]);
+  }
+}
+
+// Grouped output projection: group g = heads [g·H/G, (g+1)·H/G) through rows [g·R, (g+1)·R) of wo_a,
+// then wo_b over the concatenated groups.
+void CpuModel::OutputProjection(const AttentionW& a, const float* o, int64_t n, float* out) const {
+  const int64_t H = cfg_.num_attention_heads, hd = cfg_.head_dim;
+  const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, gw = H * hd / G;
+  std::vector<float> z(static_cast<size_t>(n * G * R));
+  for (int64_t g = 0; g < G; ++g) {
+    MatMulRaw(o + g * gw, n, a.wo_a.w.data() + g * R * gw, R, gw, z.data() + g * R, pool_, H * hd, G * R);
+  }
+  MatMul(z.data(), n, a.wo_b, out, pool_);
+}
+
 Status CpuModel::Attention(int64_t layer, const Rows& rows, const float* x, float* out) {
   const AttentionW& a = w_->layers[static_cast<size_t>(layer)].attn;
-  const int64_t n = rows.n, D = cfg_.hidden_size, H = cfg_.num_attention_heads, hd = cfg_.head_dim;
+  const int64_t n = rows.n, H = cfg_.num_attention_heads, hd = cfg_.head_dim;
   const int64_t rd = cfg_.rope_dim, W = cfg_.sliding_window, qr = cfg_.q_lora_rank;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const float* inv = a.type == AttnType::kSliding ? inv_freq_main_.data() : inv_freq_compress_.data();
   const size_t L = static_cast<size_t>(layer);
 
   std::vector<float> qa(static_cast<size_t>(n * qr)), q(static_cast<size_t>(n * H * hd)), kv(static_cast<size_t>(n * hd));
-  MatMul(x, n, a.wq_a, qa.data(), pool_);
-  for (int64_t r = 0; r < n; ++r) RmsNorm(&qa[r * qr], a.q_norm.data(), qr, eps, &qa[r * qr]);
-  MatMul(qa.data(), n, a.wq_b, q.data(), pool_);
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t h = 0; h < H; ++h) {
-      float* qh = &q[(r * H + h) * hd];
-      RmsNorm(qh, nullptr, hd, eps, qh);
-      ApplyRope(qh, hd, rd, inv, rows.pos[r]);
-    }
-  }
-  MatMul(x, n, a.wkv, kv.data(), pool_);
-  for (int64_t r = 0; r < n; ++r) {
-    RmsNorm(&kv[r * hd], a.kv_norm.data(), hd, eps, &kv[r * hd]);
-    ApplyRope(&kv[r * hd], hd, rd, inv, rows.pos[r]);
-  }
+  ProjectQueryKv(a, x, n, rows.pos.data(), inv, qa.data(), q.data(), kv.data());
 
   // Compressor projections (CSA / HCA) and the indexer's (CSA).
   const int64_t coff = a.type == AttnType::kCSA ? 2 : 1;
@@ -367,7 +399,6 @@ Status CpuModel::Attention(int64_t layer, const Rows& rows, const float* x, floa
   }
 
   std::vector<float> o(static_cast<size_t>(n * H * hd));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float iscale = 1.0f / std::sqrt(static_cast<float>(id));
   std::vector<const float*> keys;
   std::vector<float> logits, scores;
@@ -407,29 +438,7 @@ Status CpuModel::Attention(int64_t layer, const Rows& rows, const float* x, floa
         });
         for (int64_t t = 0; t < top; ++t) keys.push_back(st.comp->entries().Row(order[t]));
       }
-      const int64_t nk = static_cast<int64_t>(keys.size());
-      logits.resize(static_cast<size_t>(nk));
-      for (int64_t h = 0; h < H; ++h) {
-        const float* qh = &q[(r * H + h) * hd];
-        float m = a.sink[h];
-        for (int64_t j = 0; j < nk; ++j) {
-          logits[j] = Dot(qh, keys[j], hd) * scale;
-          m = std::max(m, logits[j]);
-        }
-        float denom = std::exp(a.sink[h] - m);
-        for (int64_t j = 0; j < nk; ++j) {
-          logits[j] = std::exp(logits[j] - m);
-          denom += logits[j];
-        }
-        float* oh = &o[(r * H + h) * hd];
-        std::fill(oh, oh + hd, 0.0f);
-        for (int64_t j = 0; j < nk; ++j) {
-          const float pj = logits[j] / denom;
-          const float* kj = keys[j];
-          for (int64_t d = 0; d < hd; ++d) oh[d] += pj * kj[d];
-        }
-        ApplyRope(oh, hd, rd, inv, p, /*inverse=*/true);
-      }
+      AttendRow(&q[r * H * hd], keys, a.sink.data(), H, hd, rd, inv, p, &o[r * H * hd], &logits);
     }
     // Only the last W rows survive in the ring; a speculative step writes (and logs) every row so that
     // undoing its tail restores the rows it had overwritten in order.
@@ -441,22 +450,15 @@ Status CpuModel::Attention(int64_t layer, const Rows& rows, const float* x, floa
     }
   }
 
-  // Grouped output projection: group g = heads [g·H/G, (g+1)·H/G) through rows [g·R, (g+1)·R) of wo_a.
-  const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, gw = H * hd / G;
-  std::vector<float> z(static_cast<size_t>(n * G * R));
-  for (int64_t g = 0; g < G; ++g) {
-    MatMulRaw(o.data() + g * gw, n, a.wo_a.w.data() + g * R * gw, R, gw, z.data() + g * R, pool_, H * hd, G * R);
-  }
-  MatMul(z.data(), n, a.wo_b, out, pool_);
-  (void)D;
+  OutputProjection(a, o.data(), n, out);
   return absl::OkStatus();
 }
 
 // ---- MoE ---------------------------------------------------------------------------------------------
 
-Status CpuModel::Moe(int64_t layer, const Rows& rows, const float* y, float* out, ExpertBackend* experts) {
-  const FfnW& f = w_->layers[static_cast<size_t>(layer)].ffn;
-  const int64_t n = rows.n, D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
+Status CpuModel::Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32_t* tokens, const float* y,
+                     float* out, ExpertBackend* experts) {
+  const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
   const int64_t I = cfg_.moe_intermediate_size;
   std::vector<float> logits(static_cast<size_t>(n * E));
   MatMul(y, n, f.gate, logits.data(), pool_);
@@ -479,7 +481,7 @@ Status CpuModel::Moe(int64_t layer, const Rows& rows, const float* y, float* out
     }
     int32_t* idr = &ids[r * K];
     if (f.type == MoeType::kHash) {
-      std::memcpy(idr, &f.tid2eid[static_cast<size_t>(rows.token[r]) * K], static_cast<size_t>(K) * sizeof(int32_t));
+      std::memcpy(idr, &f.tid2eid[static_cast<size_t>(tokens[r]) * K], static_cast<size_t>(K) * sizeof(int32_t));
     } else {
       for (int64_t e = 0; e < E; ++e) sel[e] = s[e] + f.bias[e];
       std::iota(order.begin(), order.end(), 0);
@@ -493,7 +495,7 @@ Status CpuModel::Moe(int64_t layer, const Rows& rows, const float* y, float* out
     for (int64_t k = 0; k < K; ++k) wts[r * K + k] = s[idr[k]] * mul;
   }
   MoeRequest req;
-  req.layer = layer;
+  req.layer = expert_layer;
   req.rows = n;
   req.top_k = K;
   req.x = y;
@@ -594,7 +596,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
 
     HyperPre(L.hc_ffn, X.data(), n, u.data(), post.data(), comb.data());
     for (int64_t r = 0; r < n; ++r) RmsNorm(&u[r * D], L.ffn_norm.data(), D, eps, &xn[r * D]);
-    RETURN_IF_ERROR(Moe(l, rows, xn.data(), y.data(), experts));
+    RETURN_IF_ERROR(Moe(L.ffn, l, n, rows.token.data(), xn.data(), y.data(), experts));
     HyperPost(y.data(), post.data(), comb.data(), n, X.data());
     if (hidden_hook_) hidden_hook_(l, X);
   }

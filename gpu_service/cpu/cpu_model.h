@@ -98,7 +98,12 @@ class CpuModel final : public ModelBackend {
   void HyperPre(const HyperConnW& hc, const float* x, int64_t n, float* u, float* post, float* comb) const;
   void HyperPost(const float* y, const float* post, const float* comb, int64_t n, float* x) const;
   Status Attention(int64_t layer, const Rows& rows, const float* x, float* out);
-  Status Moe(int64_t layer, const Rows& rows, const float* y, float* out, ExpertBackend* experts);
+  void ProjectQueryKv(const AttentionW& a, const float* x, int64_t n, const int64_t* pos, const float* inv, float* qa,
+                      float* q, float* kv) const;
+  void OutputProjection(const AttentionW& a, const float* o, int64_t n, float* out) const;
+  // Gate, routing, routed experts (via `experts`, as layer `expert_layer`) and the shared expert.
+  Status Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32_t* tokens, const float* y, float* out,
+             ExpertBackend* experts);
 
   ModelConfig cfg_;
   std::unique_ptr<ModelW> w_;

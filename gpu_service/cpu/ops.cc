@@ -88,4 +88,35 @@ void SoftmaxInPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] /= s;
 }
 
+// Attention of one query row (H heads of hd) over `keys` (K = V) with one sink logit per head; the
+// output is de-rotated at the query position.
+void AttendRow(const float* q, const std::vector<const float*>& keys, const float* sink, int64_t H, int64_t hd,
+               int64_t rd, const float* inv, int64_t position, float* o, std::vector<float>* scratch) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t nk = static_cast<int64_t>(keys.size());
+  std::vector<float>& logits = *scratch;
+  logits.resize(static_cast<size_t>(nk));
+  for (int64_t h = 0; h < H; ++h) {
+    const float* qh = q + h * hd;
+    float m = sink[h];
+    for (int64_t j = 0; j < nk; ++j) {
+      logits[j] = Dot(qh, keys[j], hd) * scale;
+      m = std::max(m, logits[j]);
+    }
+    float denom = std::exp(sink[h] - m);
+    for (int64_t j = 0; j < nk; ++j) {
+      logits[j] = std::exp(logits[j] - m);
+      denom += logits[j];
+    }
+    float* oh = o + h * hd;
+    std::fill(oh, oh + hd, 0.0f);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float pj = logits[j] / denom;
+      const float* kj = keys[j];
+      for (int64_t d = 0; d < hd; ++d) oh[d] += pj * kj[d];
+    }
+    ApplyRope(oh, hd, rd, inv, position, /*inverse=*/true);
+  }
+}
+
 }  // namespace numoe::cpu

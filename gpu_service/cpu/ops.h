@@ -44,6 +44,12 @@ float Softplus(float x);
 // Softmax in place over n values (max-subtracted, fp32).
 void SoftmaxInPlace(float* x, int64_t n);
 
+// Attention of one query row q[H, hd] over `keys` (each [hd]; K = V) with one learned sink logit per
+// head joining the softmax denominator; scale hd^-0.5; the output o[H, hd] is de-rotated (inverse rope
+// at `position`). `scratch` is reused between calls.
+void AttendRow(const float* q, const std::vector<const float*>& keys, const float* sink, int64_t H, int64_t hd,
+               int64_t rd, const float* inv, int64_t position, float* o, std::vector<float>* scratch);
+
 }  // namespace numoe::cpu
 
 #include <cmath>

@@ -477,6 +477,26 @@ StatusOr<F32Tensor> Checkpoint::LoadF32(const std::string& name) const {
   return ToF32(*t);
 }
 
+StatusOr<std::vector<int64_t>> Checkpoint::LoadIndex(const std::string& name, std::vector<int64_t>* shape) const {
+  ASSIGN_OR_RETURN(const TensorView* t, store_->Get(name));
+  if (t->dtype != DType::kI32 && t->dtype != DType::kI64)
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' is ", std::string(DTypeName(t->dtype)), ", not an I32/I64 index tensor"));
+  const int64_t n = t->numel();
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (t->dtype == DType::kI32) {
+      int32_t v;
+      std::memcpy(&v, t->data + 4 * i, 4);
+      out[i] = v;
+    } else {
+      std::memcpy(&out[i], t->data + 8 * i, 8);
+    }
+  }
+  if (shape != nullptr) *shape = t->shape;
+  return out;
+}
+
 StatusOr<const TensorView*> Checkpoint::Raw(const std::string& name) const { return store_->Get(name); }
 
 }  // namespace numoe

@@ -85,6 +85,8 @@ class Checkpoint {
   // The fp32 value of a logical weight, dequantized from whatever format it is stored in; the returned
   // shape is the logical one. NotFound / InvalidArgument name the tensor.
   StatusOr<F32Tensor> LoadF32(const std::string& name) const;
+  // An integer tensor (tid2eid, stored I32 or I64) widened to int64, row-major; `shape` gets its shape.
+  StatusOr<std::vector<int64_t>> LoadIndex(const std::string& name, std::vector<int64_t>* shape = nullptr) const;
   // Raw views for kernels that consume the stored format (MXFP4 experts): weight and its scale.
   StatusOr<const TensorView*> Raw(const std::string& name) const;
 

@@ -30,6 +30,8 @@ std::string_view DTypeName(DType t);
 StatusOr<DType> ParseDType(std::string_view name);
 
 // A zero-copy view of one tensor inside a mapped file. Valid while the owning store lives.
+// `data` is only as aligned as the file's data_offsets make it (the format does not require alignment):
+// read multi-byte elements with memcpy or copy the tensor before using it as an aligned array.
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;

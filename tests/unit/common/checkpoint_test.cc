@@ -79,6 +79,13 @@ TEST(CheckpointFixture, DemoOpens) {
   auto tid = (*ck)->LoadF32("layers.0.ffn.gate.tid2eid");
   ASSERT_TRUE(tid.ok());
   EXPECT_EQ(tid->shape, (std::vector<int64_t>{1024, 2}));
+  std::vector<int64_t> shape;
+  auto ids = (*ck)->LoadIndex("layers.0.ffn.gate.tid2eid", &shape);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(shape, (std::vector<int64_t>{1024, 2}));
+  ASSERT_EQ(ids->size(), 2048u);
+  for (size_t i = 0; i < ids->size(); ++i) EXPECT_EQ(static_cast<float>((*ids)[i]), tid->data[i]);
+  EXPECT_THAT(std::string((*ck)->LoadIndex("embed.weight").status().message()), HasSubstr("embed.weight"));
 }
 
 TEST(Footprint, FlashConfig) {
@@ -384,6 +391,23 @@ TEST(Synthetic, OtherScheduleExpertsShardsAndI32) {
   o.tid2eid_dtype = DType::kI32;
   o.seed = 99;
   ExpectOpens(c, o, 3);
+  ScratchDir d;
+  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(c, d.path(), o).ok());
+  auto ck = Checkpoint::Open(d.path());
+  ASSERT_TRUE(ck.ok());
+  auto raw = (*ck)->Raw("layers.0.ffn.gate.tid2eid");
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ((*raw)->dtype, DType::kI32);
+  EXPECT_EQ((*raw)->shape, (std::vector<int64_t>{1024, 4}));
+  auto ids = (*ck)->LoadIndex("layers.0.ffn.gate.tid2eid");
+  ASSERT_TRUE(ids.ok());
+  std::vector<int> hits(16, 0);
+  for (int64_t id : *ids) {
+    ASSERT_GE(id, 0);
+    ASSERT_LT(id, 16);
+    ++hits[id];
+  }
+  for (int h : hits) EXPECT_GT(h, 0);  // uniform ids reach every expert
 }
 
 TEST(Synthetic, SingleFileNoMtpUnquantized) {

@@ -147,7 +147,7 @@ StatusOr<std::unique_ptr<Channel>> Channel::MapFd(int fd, size_t bytes, const Ge
   if (p == MAP_FAILED) return ErrnoError(absl::StrCat("shm: mmap of ", bytes, " bytes"));
   auto ch = std::unique_ptr<Channel>(new Channel());
   ch->base_ = static_cast<uint8_t*>(p);
-  ch->mapped_ = bytes;
+  ch->mapping_ = std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
   ch->options_ = options;
   if (create != nullptr) {
     ch->geometry_ = *create;
@@ -260,12 +260,9 @@ StatusOr<std::unique_ptr<Channel>> Channel::Attach(const std::string& name, cons
 }
 
 StatusOr<std::unique_ptr<Channel>> Channel::PeerEndpoint() const {
-  // A second mapping of the same pages through /proc/self/map_files would need privileges; a plain
-  // alias of this mapping is enough within one process. The alias does not unmap.
   auto ch = std::unique_ptr<Channel>(new Channel());
   ch->base_ = base_;
-  ch->mapped_ = mapped_;
-  ch->owns_mapping_ = false;
+  ch->mapping_ = mapping_;
   ch->geometry_ = geometry_;
   ch->layout_ = layout_;
   ch->options_ = options_;
@@ -287,10 +284,7 @@ void Channel::BindAfterFork(Side side) {
 
 Channel::~Channel() {
   if (peer_pidfd_ >= 0) close(peer_pidfd_);
-  if (base_ != nullptr) {
-    Close();
-    if (owns_mapping_) munmap(base_, mapped_);
-  }
+  if (base_ != nullptr) Close();
   if (!unlinked_) (void)Unlink();
 }
 

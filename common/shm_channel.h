@@ -145,7 +145,8 @@ class Channel {
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // The second endpoint of an anonymous channel in the same process (shares the mapping; Side kWorker).
+  // The other endpoint of this channel in the same process (shares the mapping, which lives until both
+  // endpoints are gone).
   StatusOr<std::unique_ptr<Channel>> PeerEndpoint() const;
   // After fork(): this copy becomes `side` and records this process's pid.
   void BindAfterFork(Side side);
@@ -213,8 +214,7 @@ class Channel {
   std::string name_;
   bool unlinked_ = true;
   uint8_t* base_ = nullptr;
-  size_t mapped_ = 0;
-  bool owns_mapping_ = true;
+  std::shared_ptr<void> mapping_;  // munmap on last release; shared with PeerEndpoint() aliases
   Geometry geometry_;
   Layout layout_;
   Side side_ = Side::kGpu;

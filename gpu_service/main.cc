@@ -1,12 +1,22 @@
-// numoe-gpu: one per host.
-#include <cstdio>
-
+// numoe-gpu: one per host. Holds the non-expert model (attention, norms, gates, shared experts, caches,
+// sampling) for every worker on the host; workers register over gRPC and exchange the per-layer MoE
+// data over shared memory.
 #include "common/args.h"
+#include "gpu_service/service/gpu_app.h"
 
 int main(int argc, char** argv) {
-  numoe::ArgParser parser("numoe-gpu", "one per host: attention, norms, gates, shared experts, caches and sampling.\nThe multi-process runtime is not implemented yet (issue #4).");
+  numoe::gpu::GpuAppConfig c;
+  numoe::ArgParser p("numoe-gpu",
+                     "one per host: attention, norms, gates, shared experts, caches and sampling for every worker.");
+  p.AddString("model", "DIR", "checkpoint directory (the same one the workers load)", &c.model_dir, true);
+  p.AddString("backend", "cpu|cuda", "model backend", &c.backend);
+  p.AddString("host", "ADDR", "address to listen on", &c.host);
+  p.AddInt("port", "N", "gRPC port (0 = any free port)", &c.port, 0, 65535);
+  p.AddInt("heartbeat-ms", "MS", "heartbeat interval workers are told to use", &c.heartbeat_ms, 10, 60000);
+  p.AddInt("lease-ms", "MS", "silence after which a worker is freed (0 = 4 x heartbeat)", &c.lease_ms, 0, 3600000);
+  p.AddInt("max-workers", "N", "workers served at once", &c.max_workers, 1, 4096);
+  p.AddInt("spin-us", "US", "busy-poll on the shared-memory doorbell before sleeping", &c.spin_us, 0, 100000);
   int rc = 0;
-  if (!parser.ParseOrExit(argc, argv, &rc)) return rc;
-  std::fprintf(stderr, "numoe-gpu: not implemented yet (issue #4)\n");
-  return 1;
+  if (!p.ParseOrExit(argc, argv, &rc)) return rc;
+  return numoe::gpu::RunGpuApp(c);
 }

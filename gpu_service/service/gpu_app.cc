@@ -1,0 +1,94 @@
+#include "gpu_service/service/gpu_app.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <memory>
+
+#include "common/checkpoint.h"
+#include "common/log.h"
+#include "gpu_service/cpu/cpu_model.h"
+#include "gpu_service/service/gpu_server.h"
+#include "gpu_service/service/runtime_util.h"
+
+namespace numoe::gpu {
+
+namespace {
+
+StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const std::string& backend, const Checkpoint& ckpt) {
+  if (backend == "cpu") {
+    ASSIGN_OR_RETURN(auto model, cpu::CpuModel::Create(ckpt, nullptr));
+    return std::unique_ptr<ModelBackend>(std::move(model));
+  }
+  if (backend == "cuda") {
+    return absl::UnimplementedError(
+        "--backend cuda: the CUDA backend is not built into this numoe-gpu yet (it comes with the CUDA issue); "
+        "use --backend cpu");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda (got '", backend, "')"));
+}
+
+}  // namespace
+
+int RunGpuApp(const GpuAppConfig& config) {
+  BlockShutdownSignals();
+  auto fail = [](const Status& st) {
+    NLOG(ERROR) << "numoe-gpu: " << st;
+    return 1;
+  };
+  if (config.backend != "cpu" && config.backend != "cuda") {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda (got '", config.backend, "')")));
+  }
+#ifndef NUMOE_HAVE_CUDA_BACKEND
+  if (config.backend == "cuda") {
+    return fail(absl::UnimplementedError(
+        "--backend cuda: the CUDA backend is not built into this numoe-gpu yet (it comes with the CUDA issue); "
+        "use --backend cpu"));
+  }
+#endif
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ckpt = Checkpoint::Open(config.model_dir);
+  if (!ckpt.ok()) return fail(ckpt.status());
+  auto fingerprint = ModelFingerprint(config.model_dir);
+  if (!fingerprint.ok()) return fail(fingerprint.status());
+  auto model = CreateBackend(config.backend, **ckpt);
+  if (!model.ok()) return fail(model.status());
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  NLOG(INFO) << "numoe-gpu: loaded " << config.model_dir << " on the " << config.backend << " backend in " << load_s
+             << " s (" << (*ckpt)->config().num_hidden_layers << " layers, hidden " << (*ckpt)->config().hidden_size
+             << ", vocab " << (*ckpt)->config().vocab_size << ")";
+
+  GpuServerOptions opts;
+  opts.backend = config.backend;
+  opts.fingerprint = *fingerprint;
+  opts.heartbeat_ms = config.heartbeat_ms;
+  opts.lease_ms = config.lease_ms;
+  opts.max_workers = config.max_workers;
+  opts.channel.spin_us = static_cast<int>(config.spin_us);
+  GpuServer server(model->get(), (*ckpt)->config(), opts);
+  GpuGrpcService service(&server);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string addr = absl::StrCat(config.host, ":", config.port);
+  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || port == 0) {
+    return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", addr, " (port in use?)")));
+  }
+  const std::string bound = absl::StrCat(config.host, ":", port);
+  NLOG(INFO) << "numoe-gpu: serving GpuService on " << bound << " (heartbeat " << opts.heartbeat_ms << " ms, lease "
+             << server.lease_ms() << " ms)";
+  NotifyReady(bound);
+
+  const int sig = WaitForShutdownSignal();
+  NLOG(INFO) << "numoe-gpu: signal " << sig << ", shutting down";
+  server.Shutdown();  // workers see their channels closed
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+}  // namespace numoe::gpu

@@ -1,0 +1,26 @@
+// numoe-gpu as a program: load the model on the chosen backend, serve GpuService over gRPC, stop on
+// SIGINT/SIGTERM. gpu_service/main.cc parses the flags into GpuAppConfig and calls RunGpuApp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace numoe::gpu {
+
+struct GpuAppConfig {
+  std::string model_dir;
+  std::string backend = "cpu";        // "cpu" | "cuda"
+  std::string host = "127.0.0.1";
+  int64_t port = 50051;               // 0 = any free port (logged and sent to NUMOE_NOTIFY_FD)
+  int64_t heartbeat_ms = 500;
+  int64_t lease_ms = 0;               // 0 = 4 x heartbeat_ms
+  int64_t max_workers = 64;
+  int64_t spin_us = 50;               // channel busy-poll before sleeping
+};
+
+// Runs until SIGINT/SIGTERM; returns the process exit code (errors are logged).
+int RunGpuApp(const GpuAppConfig& config);
+
+}  // namespace numoe::gpu

@@ -1,0 +1,149 @@
+// The worker's continuous-batching engine.
+//
+// Requests wait in a bounded queue (Submit answers RESOURCE_EXHAUSTED when it is full); up to max_seqs
+// of them run at once. Every step carries, within a budget of max_step_tokens tokens:
+//   1. one decode token for every running sequence that has finished its prompt (its last sampled token),
+//   2. then prompt chunks of sequences still in prefill, oldest first, each at most prefill_chunk tokens,
+// so long prompts are prefilled in chunks interleaved with the decode of the others (no sequence stalls
+// behind a long prompt). A sequence samples only in the step that completes its prompt and after.
+// Stop conditions per request: EOS (unless ignore_eos), any of stop_token_ids (the stop token is emitted,
+// then finish_reason "stop"), max_new_tokens or the context limit ("length"). Cancel() drops a request
+// wherever it is, and its sequence is closed in the executor (freed in numoe-gpu).
+//
+// Ownership and threads: the engine owns the scheduling thread (Start/Stop) and drives the executor
+// only from it. Submit, Cancel and stats() are thread-safe. A request's TokenSink is called on the
+// scheduling thread, never concurrently for one request, and must not block; every accepted request ends
+// with exactly one OnTokens carrying a finish_reason or one OnError (OnError(CANCELLED) after Cancel).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "common/status.h"
+#include "gpu_service/model/sampling.h"
+#include "worker/engine/executor.h"
+
+namespace numoe::engine {
+
+struct EngineOptions {
+  int64_t max_seqs = 16;          // sequences running at once
+  int64_t max_step_tokens = 512;  // tokens per step, decode and prefill together (>= 1)
+  int64_t prefill_chunk = 256;    // prompt tokens of one sequence per step; 0 = as many as the budget allows
+  int64_t max_queue = 256;        // requests waiting beyond the running ones
+  int64_t eos_token_id = 1;
+  int64_t max_context = 0;        // prompt + generated tokens per sequence; 0 = unlimited
+};
+// Errors name the option.
+Status ValidateEngineOptions(const EngineOptions& o);
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // non-empty, ids in [0, vocab)
+  int64_t max_new_tokens = 16;  // >= 0 (0: finishes at once with "length")
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;
+  std::string request_id;  // for logs
+};
+
+// Receives one request's events (see the header comment for the threading contract).
+class TokenSink {
+ public:
+  virtual ~TokenSink() = default;
+  // New tokens (one per step today). A non-empty finish_reason ("stop" | "length") marks the last call;
+  // the request's sequence is already closed by then. max_new_tokens == 0 ends with no tokens.
+  virtual void OnTokens(std::span<const int32_t> tokens, std::string_view finish_reason) = 0;
+  // The request failed or was cancelled (CANCELLED); the last call.
+  virtual void OnError(const Status& status) = 0;
+};
+
+using RequestId = uint64_t;
+
+struct EngineStats {
+  int64_t active = 0;   // running sequences
+  int64_t queued = 0;   // waiting requests
+  int64_t max_seqs = 0;
+  int64_t tokens_generated = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens processed
+  int64_t steps = 0;
+  double decode_tokens_per_s = 0.0;  // generated tokens per second over the last ~5 s
+  int64_t outstanding_tokens = 0;    // unprocessed prompt tokens + tokens still to generate
+};
+
+// What one step carried (tests and debug logs).
+struct StepTrace {
+  int64_t decode_tokens = 0;
+  int64_t prefill_tokens = 0;
+  int64_t sequences = 0;
+  int64_t largest_prefill_chunk = 0;
+};
+
+class Engine {
+ public:
+  // `executor` (not owned) must outlive the engine. Options are clamped to the executor's limits.
+  Engine(Executor* executor, const EngineOptions& options);
+  ~Engine();  // Stop()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void Start();
+  // Ends every request with UNAVAILABLE, closes their sequences and joins the thread. Idempotent.
+  void Stop();
+
+  // Validates (INVALID_ARGUMENT naming the field), then queues (RESOURCE_EXHAUSTED when full,
+  // UNAVAILABLE when stopped or the executor is broken).
+  StatusOr<RequestId> Submit(EngineRequest request, std::shared_ptr<TokenSink> sink);
+  // Cancels a queued or running request; unknown or finished ids are ignored.
+  void Cancel(RequestId id);
+
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+  bool healthy() const { return executor_->healthy(); }
+
+  // Runs one scheduling iteration on the caller's thread (for tests; do not mix with Start()).
+  // Returns false when there was nothing to run.
+  bool StepOnce();
+  StepTrace last_step() const;
+
+ private:
+  struct Request;
+  void Loop();
+  bool HasWorkLocked() const;
+  void Admit();
+  void Fail(Request& r, const Status& status);
+  void CloseSequence(Request& r);
+  void UpdateRateLocked();
+
+  Executor* executor_;
+  EngineOptions options_;
+  int64_t vocab_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Request>> queue_;  // guarded by mu_
+  std::unordered_set<RequestId> cancels_;       // guarded by mu_
+  bool stopping_ = false;                       // guarded by mu_
+  RequestId next_id_ = 1;                       // guarded by mu_
+  EngineStats stats_;                           // guarded by mu_
+  StepTrace trace_;                             // guarded by mu_
+  std::deque<std::pair<double, int64_t>> rate_window_;  // (seconds, tokens_generated), guarded by mu_
+
+  // Scheduling thread only.
+  std::vector<std::unique_ptr<Request>> running_;
+  std::vector<StepItem> items_;
+  std::vector<Request*> item_owner_;
+  StepOutput out_;
+  size_t rotate_ = 0;  // first running sequence offered a decode slot (fairness under a tight budget)
+  std::thread thread_;
+};
+
+}  // namespace numoe::engine

@@ -1,0 +1,65 @@
+// What the worker's batching engine needs from numoe-gpu: open a sequence with its sampling parameters,
+// close it, and run one step over several sequences that yields one sampled token per sequence.
+//
+// Two implementations, interchangeable behind this interface:
+//   LocalExecutor  (local_executor.h)  the model in this process (tests, `numoe generate`-style use):
+//                                      ModelBackend + ExpertBackend + one Sampler per sequence, the same
+//                                      numerics as GenerateBatch.
+//   RemoteExecutor (remote_executor.h) numoe-gpu over the shared-memory channel; while a step runs on
+//                                      the gpu, this process serves its per-layer MoE requests with the
+//                                      worker's ExpertBackend.
+//
+// Thread-safety: one thread (the engine's) drives an executor.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "gpu_service/model/sampling.h"
+
+namespace numoe::engine {
+
+using ExecSeq = int64_t;  // an executor's handle for one sequence
+
+// One sequence's part of a step: its next tokens (prompt chunk, or the last sampled token).
+struct StepItem {
+  ExecSeq seq = 0;
+  std::span<const int32_t> tokens;  // >= 1 tokens, each in [0, vocab)
+  bool sample = false;              // pick a token from the logits of the last token
+  bool logits = false;              // also return those logits (needs ExecutorLimits::logits)
+};
+
+struct StepOutput {
+  std::vector<int32_t> tokens;  // one per item: the sampled id, or -1 where the item did not sample
+  // One row of `vocab` floats per item that asked for logits, in item order.
+  std::vector<std::vector<float>> logits;
+};
+
+struct ExecutorLimits {
+  int64_t vocab_size = 0;
+  int64_t max_step_tokens = 0;  // tokens per Step (sum over items); 0 = unbounded
+  int64_t max_seqs = 0;         // open sequences at once; 0 = unbounded
+  bool logits = false;          // StepItem::logits is supported
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // A new sequence at position 0. The sampler (and its seeded RNG) lives with the sequence.
+  virtual StatusOr<ExecSeq> Open(const SamplingParams& sampling) = 0;
+  // Frees the sequence. May be deferred until the next Step or Flush (RemoteExecutor batches them).
+  virtual Status Close(ExecSeq seq) = 0;
+  // Runs the items as one step (each sequence at most once). On error, the sequences of this step are in
+  // an undefined state and must be closed; a broken transport makes healthy() false.
+  virtual Status Step(std::span<const StepItem> items, StepOutput* out) = 0;
+  // Carries out deferred work (closes) now; the engine calls it when it goes idle.
+  virtual Status Flush() { return absl::OkStatus(); }
+  // False once the executor can no longer run steps (e.g. numoe-gpu went away).
+  virtual bool healthy() const { return true; }
+  virtual ExecutorLimits limits() const = 0;
+};
+
+}  // namespace numoe::engine

@@ -1,0 +1,41 @@
+// LocalExecutor: the Executor over a model in this process (ModelBackend + ExpertBackend), sampling
+// with one Sampler per sequence exactly as GenerateBatch does, so the engine's tokens equal the
+// one-process loop's for the same requests.
+#pragma once
+
+#include <map>
+
+#include "gpu_service/model/backend.h"
+#include "worker/engine/executor.h"
+
+namespace numoe::engine {
+
+class LocalExecutor final : public Executor {
+ public:
+  // Neither is owned; both must outlive the executor. `max_step_tokens` / `max_seqs` (0 = unbounded)
+  // are only reported through limits(): the engine keeps within them.
+  LocalExecutor(ModelBackend* model, ExpertBackend* experts, int64_t max_step_tokens = 0, int64_t max_seqs = 0);
+  ~LocalExecutor() override;
+
+  StatusOr<ExecSeq> Open(const SamplingParams& sampling) override;
+  Status Close(ExecSeq seq) override;
+  Status Step(std::span<const StepItem> items, StepOutput* out) override;
+  ExecutorLimits limits() const override;
+
+  int64_t open_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+
+ private:
+  struct Seq {
+    SequenceId model_seq;
+    Sampler sampler;
+  };
+  ModelBackend* model_;
+  ExpertBackend* experts_;
+  int64_t max_step_tokens_, max_seqs_;
+  std::map<ExecSeq, Seq> seqs_;
+  ExecSeq next_ = 1;
+  std::vector<SequenceStep> steps_;
+  std::vector<SequenceLogits> logits_;
+};
+
+}  // namespace numoe::engine

@@ -1,0 +1,181 @@
+#include "worker/engine/remote_executor.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace numoe::engine {
+
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts) : ch_(channel), experts_(experts) {}
+
+ExecutorLimits RemoteExecutor::limits() const {
+  const shm::Geometry& g = ch_->geometry();
+  return ExecutorLimits{.vocab_size = g.vocab,
+                        .max_step_tokens = g.max_rows,
+                        .max_seqs = g.max_seqs,
+                        .logits = g.logits_rows > 0};
+}
+
+Status RemoteExecutor::Broken(const Status& st) {
+  if (broken_.ok()) broken_ = Status(st.code(), absl::StrCat("numoe-gpu channel: ", st.message()));
+  return broken_;
+}
+
+StatusOr<ExecSeq> RemoteExecutor::Open(const SamplingParams& sampling) {
+  RETURN_IF_ERROR(broken_);
+  RETURN_IF_ERROR(ValidateSampling(sampling));
+  const int64_t max_seqs = ch_->geometry().max_seqs;
+  if (static_cast<int64_t>(pending_open_.size() + open_.size()) >= max_seqs) {
+    return absl::ResourceExhaustedError(absl::StrCat("executor: ", max_seqs, " sequences are already open"));
+  }
+  const ExecSeq id = next_++;
+  pending_open_.emplace(id, sampling);
+  return id;
+}
+
+Status RemoteExecutor::Close(ExecSeq seq) {
+  if (pending_open_.erase(seq) != 0) return absl::OkStatus();
+  if (open_.erase(seq) == 0) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", seq));
+  releases_.push_back(seq);
+  return absl::OkStatus();
+}
+
+Status RemoteExecutor::Flush() {
+  if (releases_.empty() || !broken_.ok()) return absl::OkStatus();
+  StepOutput unused;
+  return Exchange({}, &unused);
+}
+
+Status RemoteExecutor::Step(std::span<const StepItem> items, StepOutput* out) {
+  RETURN_IF_ERROR(broken_);
+  if (items.empty()) return absl::InvalidArgumentError("executor: empty step");
+  return Exchange(items, out);
+}
+
+Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out) {
+  RETURN_IF_ERROR(broken_);
+  const shm::Geometry& g = ch_->geometry();
+  if (items.size() > g.max_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("executor: ", items.size(), " sequences in one step, the channel holds ",
+                                                   g.max_seqs));
+  }
+  // More releases than one message holds cannot happen while at most max_seqs are open; guard anyway.
+  if (releases_.size() > g.max_seqs) releases_.resize(g.max_seqs);
+
+  shm::MsgHeader& m = ch_->outgoing();
+  int64_t tokens = 0, logits_rows = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const StepItem& it = items[i];
+    if (it.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, " has no tokens"));
+    if (tokens + static_cast<int64_t>(it.tokens.size()) > g.max_rows) {
+      return absl::InvalidArgumentError(absl::StrCat("executor: the step has more than ", g.max_rows,
+                                                     " tokens (the channel's max_rows)"));
+    }
+    shm::StepEntry& e = ch_->entries()[i];
+    e = shm::StepEntry{};
+    e.seq = it.seq;
+    e.num_tokens = static_cast<int32_t>(it.tokens.size());
+    if (auto p = pending_open_.find(it.seq); p != pending_open_.end()) {
+      e.flags |= shm::kEntryOpen;
+      e.sampling = shm::WireSampling{p->second.temperature, p->second.top_p, p->second.top_k, p->second.seed};
+    } else if (open_.count(it.seq) == 0) {
+      return absl::NotFoundError(absl::StrCat("executor: no open sequence ", it.seq));
+    }
+    if (it.sample) e.flags |= shm::kEntrySample;
+    if (it.logits) {
+      if (logits_rows >= g.logits_rows) {
+        return absl::InvalidArgumentError("executor: more logits requested than the channel's logits_rows");
+      }
+      e.flags |= shm::kEntryLogits;
+      ++logits_rows;
+    }
+    std::memcpy(ch_->tokens() + tokens, it.tokens.data(), it.tokens.size() * sizeof(int32_t));
+    tokens += static_cast<int64_t>(it.tokens.size());
+  }
+  for (size_t i = 0; i < releases_.size(); ++i) ch_->releases()[i] = releases_[i];
+  m.num_entries = static_cast<int64_t>(items.size());
+  m.num_tokens = tokens;
+  m.num_releases = static_cast<int64_t>(releases_.size());
+  if (Status st = ch_->Send(shm::MsgType::kStepRequest); !st.ok()) return Broken(st);
+  // The gpu has the step: whatever the outcome, it processed the releases and may have opened these.
+  releases_.clear();
+  for (const StepItem& it : items) {
+    if (pending_open_.erase(it.seq) != 0) open_.emplace(it.seq, true);
+  }
+
+  Status expert_error;
+  for (;;) {
+    auto type = ch_->Receive(-1);
+    if (!type.ok()) return Broken(type.status());
+    const shm::MsgHeader& in = ch_->incoming();
+    switch (*type) {
+      case shm::MsgType::kMoeRequest: {
+        ++moe_requests_;
+        Status st;
+        if (in.rows < 0 || in.rows > g.max_rows || in.top_k < 1 || in.top_k > g.top_k || in.layer < 0) {
+          st = absl::InvalidArgumentError(absl::StrCat("MoeRequest: layer ", in.layer, " rows ", in.rows, " top_k ",
+                                                       in.top_k, " outside the channel's geometry"));
+        } else {
+          MoeRequest req{.layer = in.layer,
+                         .rows = in.rows,
+                         .top_k = in.top_k,
+                         .x = ch_->moe_x(),
+                         .expert_ids = ch_->moe_ids(),
+                         .expert_weights = ch_->moe_weights(),
+                         .out = ch_->moe_out()};
+          const int64_t t0 = NowNs();
+          st = in.rows == 0 ? absl::OkStatus() : experts_->RunRouted(req);
+          const int64_t dt = NowNs() - t0;
+          expert_ns_ += dt;
+          ch_->outgoing().compute_ns = dt;
+        }
+        if (st.ok()) {
+          shm::MsgHeader& r = ch_->outgoing();
+          r.layer = in.layer;
+          r.rows = in.rows;
+          if (Status s = ch_->Send(shm::MsgType::kMoeResponse); !s.ok()) return Broken(s);
+        } else {
+          // The gpu's Forward fails with this error and answers with an Error that ends the step.
+          expert_error = Status(st.code(), absl::StrCat("experts, layer ", in.layer, ": ", st.message()));
+          if (Status s = ch_->SendError(expert_error); !s.ok()) return Broken(s);
+        }
+        break;
+      }
+      case shm::MsgType::kStepResult: {
+        if (!expert_error.ok()) return expert_error;
+        if (in.num_entries != static_cast<int64_t>(items.size()) || in.num_logits != logits_rows) {
+          return Broken(absl::DataLossError(absl::StrCat("StepResult for ", in.num_entries, " entries and ",
+                                                         in.num_logits, " logit rows; expected ", items.size(),
+                                                         " and ", logits_rows)));
+        }
+        out->tokens.assign(items.size(), -1);
+        out->logits.clear();
+        int64_t row = 0;
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (items[i].sample) out->tokens[i] = ch_->sampled()[i];
+          if (items[i].logits) {
+            const float* l = ch_->logits() + row++ * g.vocab;
+            out->logits.emplace_back(l, l + g.vocab);
+          }
+        }
+        return absl::OkStatus();
+      }
+      case shm::MsgType::kError:
+        return expert_error.ok() ? ch_->IncomingError() : expert_error;
+      default:
+        return Broken(absl::DataLossError(
+            absl::StrCat("unexpected ", shm::MsgTypeName(*type), " while waiting for a step's result")));
+    }
+  }
+}
+
+}  // namespace numoe::engine

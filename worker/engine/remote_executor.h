@@ -1,0 +1,54 @@
+// RemoteExecutor: the Executor over numoe-gpu's shared-memory channel (common/shm_channel.h).
+//
+// Step() publishes one StepRequest (entries, tokens, pending releases), then serves the gpu's per-layer
+// MoeRequests with this worker's ExpertBackend, reading x from and writing the expert sum into the
+// channel in place, until the StepResult (one sampled token per sampling entry) or an Error arrives.
+// Open() only reserves a key: the sequence is created on the gpu by the first step that carries it
+// (kEntryOpen + sampling parameters). Close() is deferred: releases ride on the next StepRequest, or go
+// alone on Flush().
+//
+// A transport failure (numoe-gpu exited or closed the channel, protocol violation) makes the executor
+// unhealthy for good: the worker should exit and be restarted, re-registering with a fresh channel.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "common/shm_channel.h"
+#include "gpu_service/model/backend.h"
+#include "worker/engine/executor.h"
+
+namespace numoe::engine {
+
+class RemoteExecutor final : public Executor {
+ public:
+  // Neither is owned. `channel` must be the worker side (Channel::Attach).
+  RemoteExecutor(shm::Channel* channel, ExpertBackend* experts);
+
+  StatusOr<ExecSeq> Open(const SamplingParams& sampling) override;
+  Status Close(ExecSeq seq) override;
+  Status Step(std::span<const StepItem> items, StepOutput* out) override;
+  Status Flush() override;
+  bool healthy() const override { return broken_.ok(); }
+  ExecutorLimits limits() const override;
+
+  // Seconds spent in the expert backend and MoE requests served, since construction.
+  double expert_seconds() const { return expert_ns_ * 1e-9; }
+  int64_t moe_requests() const { return moe_requests_; }
+
+ private:
+  Status Exchange(std::span<const StepItem> items, StepOutput* out);
+  Status Broken(const Status& st);
+
+  shm::Channel* ch_;
+  ExpertBackend* experts_;
+  std::map<ExecSeq, SamplingParams> pending_open_;  // opened here, not yet seen by the gpu
+  std::map<ExecSeq, bool> open_;                    // known to the gpu
+  std::vector<ExecSeq> releases_;                   // closed here, not yet released on the gpu
+  ExecSeq next_ = 1;
+  Status broken_;
+  int64_t expert_ns_ = 0;
+  int64_t moe_requests_ = 0;
+};
+
+}  // namespace numoe::engine

@@ -84,7 +84,7 @@ int RunPlan(int argc, char** argv) {
               "\"distances\"}",
               &topology_file);
   p.AddInt("instances-per-node", "N",
-           "workers on each node that holds a copy (default: 1; more split its bandwidth, so each is slower)",
+           "workers on each node that holds a copy; 0 = one (more split the node's bandwidth, so each is slower)",
            &instances, 0, 256);
   p.AddFlag("json", "print the plan as JSON ({\"workers\": [{\"nodes\", \"need_gb\", \"threads\", ...}], "
                     "\"terms\": [...], ...})",
@@ -109,7 +109,7 @@ int RunPlan(int argc, char** argv) {
   p.AddInt("max-batch-tokens", "N", "tokens in flight per micro-batch (sizes the activation buffers)",
            &max_batch_tokens, 1, int64_t{1} << 24);
   p.AddString("bin-dir", "DIR", "--emit: where numoe-gpu, numoe-worker and numoe-router are installed", &bin_dir);
-  p.AddInt("gpu-node", "N", "--emit: NUMA node numoe-gpu runs on, nearest its GPU (default: the first node)",
+  p.AddInt("gpu-node", "N", "--emit: NUMA node numoe-gpu runs on, nearest its GPU; -1 = the first node",
            &gpu_node, -1, 1 << 16);
   p.AddString("hostname", "NAME", "--emit k8s: kubernetes.io/hostname of the machine", &hostname);
   p.AddString("image", "IMAGE", "--emit k8s: container image with the numoe binaries and numactl", &image);

@@ -289,9 +289,21 @@ void Explain(Plan& plan) {
     }
   }
 
-  // Interleaved workers.
+  // Interleaved workers; a group shaped like an earlier one (same node sizes) gets a short sentence.
+  std::set<std::vector<std::pair<int64_t, int64_t>>> explained_shapes;
   for (const WorkerPlacement& w : plan.workers) {
     if (!w.interleaved()) continue;
+    std::vector<std::pair<int64_t, int64_t>> shape;
+    for (int id : w.nodes) {
+      const NodeUse& n = plan.nodes[t.IndexOf(id)];
+      shape.emplace_back(n.memory_bytes, n.usable_bytes);
+    }
+    if (!explained_shapes.insert(shape).second) {
+      out.push_back(absl::StrCat(NodesPhrase(w.nodes), " likewise run worker ", w.index, ", interleaved over ",
+                                 w.nodes.size() == 2 ? "both" : "all of them", " (", FormatBytes(w.usable_bytes),
+                                 " usable)."));
+      continue;
+    }
     std::vector<std::string> sizes;
     int64_t worst_short = 0;
     for (int id : w.nodes) {

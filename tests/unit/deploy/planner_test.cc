@@ -117,6 +117,27 @@ TEST(PlannerTerms, OptionsChangeTheArithmetic) {
   EXPECT_EQ(plan.nodes[0].usable_bytes, 190'000'000'000);
 }
 
+// A small box keeps 10% for the OS, not 8 GB: a 7.5 GB VM (one node, 2 CPUs) runs a ~1 GB worker.
+TEST(PlannerTerms, SmallMachinesKeepAFractionForTheOs) {
+  ModelMemory small = FullSizeModel();
+  small.routed_expert_bytes = 100'000'000;
+  small.drafter_expert_bytes = 0;
+  small.activation_bytes_per_token = 2064;
+  auto plan = MakePlan(Described("vm", {{7.5, 0, 2}}), small, PlanOptions{});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // need = 100 MB + 2 MB repack + (2 x 8192 x 2064 + 1e9) = 1,135,816,576 B; headroom = 750 MB.
+  EXPECT_EQ(plan->worker_need_bytes, 1'135'816'576);
+  EXPECT_EQ(plan->nodes[0].headroom_bytes, 750'000'000);
+  EXPECT_EQ(plan->nodes[0].usable_bytes, 6'750'000'000);
+  ASSERT_EQ(plan->workers.size(), 1u);
+  EXPECT_EQ(plan->nodes[0].copies_fit, 5);
+  // The smallest node for one worker: need / 0.9 (the 10% is below 8 GB there) = 1,262,018,418 B (rounded up).
+  EXPECT_EQ(plan->node_bytes_for_one_worker, 1'262'018'418);
+  EXPECT_THAT(Flat(FormatPlanText(*plan)), HasSubstr("= a node holds a copy with 1.26 GB"));
+  EXPECT_THAT(Flat(FormatPlanText(*plan)), HasSubstr("routed experts 100.00 MB"));
+  EXPECT_THAT(Flat(FormatPlanText(*plan)), HasSubstr("6.75 GB usable after 750.00 MB OS headroom >= 1.14 GB"));
+}
+
 // 4 nodes x 192 GB (24 DIMMs of 32 GB): every node holds a copy; one worker each.
 TEST(PlannerPlacement, FourNodes192GB24Dimms) {
   Plan plan = MustPlan(Described("4x192", {{192, 6, 0}, {192, 6, 0}, {192, 6, 0}, {192, 6, 0}}));
@@ -165,7 +186,8 @@ TEST(PlannerPlacement, FourNodes128GB16Dimms) {
   // 163.73 - 120.00 = 43.73 GB short per node.
   EXPECT_THAT(text, HasSubstr("Nodes 0, 1 (128.00 GB, 4 DIMMs each) are too small alone (120.00 GB usable each < "
                               "163.73 GB: 43.73 GB short)"));
-  EXPECT_THAT(text, HasSubstr("interleaved over both (240.00 GB usable)"));
+  EXPECT_THAT(text, HasSubstr("so together they run worker 0 with its memory interleaved over both (240.00 GB usable)"));
+  EXPECT_THAT(text, HasSubstr("Nodes 2, 3 likewise run worker 1, interleaved over both (240.00 GB usable)."));
   // 171.73 GB per node / 4 DIMMs = 42.93 GB per DIMM -> 48 GB DIMMs.
   EXPECT_THAT(text, HasSubstr("DIMMs: 16 (4 per node). A node needs 171.73 GB to hold its own copy: with 4 DIMMs "
                               "per node, at least 42.93 GB each (e.g. 4 x 48 GB), which would run 4 node-local "

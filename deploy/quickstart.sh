@@ -11,3 +11,8 @@ NUMOE_BUILD_DIR=build ./deploy/build.sh
 echo
 echo "== numoe inspect --model $MODEL =="
 ./build/bin/numoe inspect --model "$MODEL"
+
+echo
+echo "== numoe generate (one process, CPU backend) =="
+./build/bin/numoe generate --model "$MODEL" --prompt "Q: What is the meaning of life?
+A:" --max-new-tokens 48 --temperature 0.8 --seed 1

@@ -6,5 +6,6 @@ namespace numoe::bench {
 int RunTokenizerBench(int argc, char** argv);  // bench/tokenizer_bench.cc
 int RunExpertsBench(int argc, char** argv);    // bench/experts_bench.cc
 int RunModelBench(int argc, char** argv);      // bench/model_bench.cc
+int RunCudaBench(int argc, char** argv);       // bench/cuda_bench.cc
 
 }  // namespace numoe::bench

@@ -17,6 +17,7 @@ constexpr Bench kBenches[] = {
     {"tokenizer", "tokenizer encode MB/s on a 1 MB text", numoe::bench::RunTokenizerBench},
     {"experts", "routed-expert kernel GB/s vs the machine's read bandwidth", numoe::bench::RunExpertsBench},
     {"model", "one-process prefill and decode tokens/s (CPU backend)", numoe::bench::RunModelBench},
+    {"cuda", "CUDA decode step on V4-Flash-shaped weights vs the memory-bandwidth floor", numoe::bench::RunCudaBench},
 };
 
 void PrintUsage(FILE* out) {

@@ -1,0 +1,253 @@
+// numoe-bench cuda: one decode step of the CUDA backend on V4-Flash-shaped non-expert weights (synthetic,
+// full width, generated in device memory: no checkpoint on disk), at several batch sizes and contexts,
+// next to the floor that the GPU's memory bandwidth sets for the bytes the step reads. The routed experts
+// belong to the CPU worker and are stubbed to zeros; the per-layer host exchange still happens.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/commands.h"
+#include "common/args.h"
+#include "common/config.h"
+#include "gpu_service/cuda/cuda_model.h"
+
+namespace numoe::bench {
+namespace {
+
+class ZeroExperts final : public ExpertBackend {
+ public:
+  explicit ZeroExperts(int64_t hidden) : hidden_(hidden) {}
+  Status RunRouted(const MoeRequest& r) override {
+    std::memset(r.out, 0, static_cast<size_t>(r.rows * hidden_) * sizeof(float));
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t hidden_;
+};
+
+// V4-Flash's config (tests/data/v4-flash-0731.config.json) with `layers` main layers: 2 sliding, then CSA on
+// even and HCA on odd layers; the first 3 layers hash-routed.
+StatusOr<ModelConfig> FlashConfig(int64_t layers, int64_t max_positions) {
+  nlohmann::json ratios = nlohmann::json::array();
+  for (int64_t l = 0; l < layers; ++l) ratios.push_back(l < 2 ? 0 : (l % 2 == 0 ? 4 : 128));
+  nlohmann::json j = {
+      {"architectures", {"DeepseekV4ForCausalLM"}},
+      {"model_type", "deepseek_v4"},
+      {"vocab_size", 129280},
+      {"hidden_size", 4096},
+      {"num_hidden_layers", layers},
+      {"num_attention_heads", 64},
+      {"num_key_value_heads", 1},
+      {"head_dim", 512},
+      {"qk_rope_head_dim", 64},
+      {"q_lora_rank", 1024},
+      {"o_groups", 8},
+      {"o_lora_rank", 1024},
+      {"sliding_window", 128},
+      {"compress_ratios", ratios},
+      {"compress_rope_theta", 160000.0},
+      {"rope_theta", 10000.0},
+      {"rope_scaling",
+       {{"type", "yarn"}, {"factor", 16}, {"original_max_position_embeddings", 65536}, {"beta_fast", 32}, {"beta_slow", 1}}},
+      {"max_position_embeddings", max_positions},
+      {"index_n_heads", 64},
+      {"index_head_dim", 128},
+      {"index_topk", 512},
+      {"n_routed_experts", 256},
+      {"n_shared_experts", 1},
+      {"num_experts_per_tok", 6},
+      {"moe_intermediate_size", 2048},
+      {"num_hash_layers", std::min<int64_t>(3, layers)},
+      {"scoring_func", "sqrtsoftplus"},
+      {"routed_scaling_factor", 1.5},
+      {"swiglu_limit", 10.0},
+      {"hc_mult", 4},
+      {"hc_sinkhorn_iters", 20},
+      {"hc_eps", 1e-6},
+      {"rms_norm_eps", 1e-6},
+      {"tie_word_embeddings", false},
+      {"quantization_config",
+       {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"}, {"weight_block_size", {128, 128}},
+        {"activation_scheme", "dynamic"}}},
+      {"expert_dtype", "fp4"},
+  };
+  return ParseModelConfig(j.dump(), "flash-shaped bench config");
+}
+
+// Bytes of cache one decode row reads at `context` tokens: window ring, attended compressed entries and the
+// indexer keys it scores.
+double CacheBytesPerRow(const ModelConfig& c, int64_t context, int64_t elem) {
+  double b = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const AttnType t = c.layer_types[static_cast<size_t>(l)];
+    b += static_cast<double>(std::min(c.sliding_window, context) * c.head_dim);
+    if (t == AttnType::kCSA) {
+      const int64_t vis = context / c.csa_rate;
+      b += static_cast<double>(std::min(c.index_topk, vis) * c.head_dim + vis * c.index_head_dim);
+    } else if (t == AttnType::kHCA) {
+      b += static_cast<double>(context / c.hca_rate * c.head_dim);
+    }
+  }
+  return b * static_cast<double>(elem);
+}
+
+}  // namespace
+
+int RunCudaBench(int argc, char** argv) {
+  ArgParser parser(argv[0],
+                   "One decode step of the CUDA backend on V4-Flash-shaped synthetic non-expert weights: GPU time vs "
+                   "the memory-bandwidth floor, and device memory per sequence per 1K tokens.");
+  std::string batch_s = "1,4,16", context_s = "4096,65536", weights_s = "fp8,bf16";
+  int64_t layers = 43, steps = 10, device = 0, tp = 1;
+  bool json = false, no_graphs = false;
+  parser.AddString("batch", "LIST", "batch sizes (sequences decoding together)", &batch_s);
+  parser.AddString("context", "LIST", "tokens of context per sequence", &context_s);
+  parser.AddString("weights", "LIST", "dense weight formats on the device: fp8 (weight-only GEMM) and/or bf16", &weights_s);
+  parser.AddInt("layers", "N", "main layers (V4-Flash: 43)", &layers, 1, 1000);
+  parser.AddInt("steps", "N", "timed decode steps per point", &steps, 1, 100000);
+  parser.AddInt("device", "ID", "first GPU", &device, 0, 64);
+  parser.AddInt("tp", "N", "tensor-parallel GPUs", &tp, 1, 64);
+  parser.AddFlag("no-graphs", "launch kernels one by one instead of replaying CUDA graphs", &no_graphs);
+  parser.AddFlag("json", "print only the JSON summary line", &json);
+  int rc = 0;
+  if (!parser.ParseOrExit(argc, argv, &rc)) return rc;
+  auto batches = ParseIntList(batch_s, "--batch");
+  auto contexts = ParseIntList(context_s, "--context");
+  if (!batches.ok() || !contexts.ok()) {
+    std::fprintf(stderr, "%s\n", std::string((!batches.ok() ? batches.status() : contexts.status()).message()).c_str());
+    return 2;
+  }
+  std::vector<std::string> formats;
+  for (size_t p = 0; p <= weights_s.size();) {
+    const size_t q = std::min(weights_s.find(',', p), weights_s.size());
+    const std::string f = weights_s.substr(p, q - p);
+    if (f != "fp8" && f != "bf16") {
+      std::fprintf(stderr, "--weights: '%s' is not fp8 or bf16\n", f.c_str());
+      return 2;
+    }
+    formats.push_back(f);
+    p = q + 1;
+  }
+  if (!CudaCompiledIn() || CudaDeviceCount() == 0) {
+    std::fprintf(stderr, "numoe-bench cuda: %s\n", CudaCompiledIn() ? "no CUDA device" : "built without CUDA");
+    return 1;
+  }
+  const int64_t max_b = *std::max_element(batches->begin(), batches->end());
+  const int64_t max_c = *std::max_element(contexts->begin(), contexts->end());
+  auto cfg = FlashConfig(layers, std::max<int64_t>(1048576, max_c + steps + 16));
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
+    return 1;
+  }
+  auto bw = MeasureDeviceCopyGBps(static_cast<int>(device), int64_t{2} << 30, 5);
+  if (!bw.ok()) {
+    std::fprintf(stderr, "%s\n", bw.status().ToString().c_str());
+    return 1;
+  }
+  if (!json) std::printf("device copy bandwidth: %.0f GB/s (read + write, 2 GiB D2D)\n", *bw);
+
+  nlohmann::json results = nlohmann::json::array();
+  ZeroExperts zero(cfg->hidden_size);
+  for (const std::string& fmt : formats) {
+    CudaOptions opt;
+    opt.device = static_cast<int>(device);
+    opt.tp = static_cast<int>(tp);
+    opt.fp8_weights = fmt == "fp8";
+    opt.max_sequences = max_b;
+    opt.max_context = max_c + steps + 16;
+    opt.max_step_tokens = std::max<int64_t>(max_b, 16);
+    opt.graphs = !no_graphs;
+    auto model = CreateSyntheticCudaBackend(*cfg, opt, 42);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+      return 1;
+    }
+    CudaBackend& m = **model;
+    if (!json) std::printf("\n[%s weights] %s\n", fmt.c_str(), m.Describe().c_str());
+    if (!json) {
+      std::printf("%6s %8s %10s %10s %10s %10s %9s %12s %12s\n", "batch", "context", "gpu_ms", "wall_ms", "read_GB",
+                  "floor_ms", "of_floor", "MiB/seq/1K", "fixed_MiB");
+    }
+    for (int64_t B : *batches) {
+      for (int64_t C : *contexts) {
+        std::vector<SequenceId> seqs;
+        Status st = absl::OkStatus();
+        for (int64_t i = 0; i < B && st.ok(); ++i) {
+          auto s = m.CreateSequence();
+          st = s.status();
+          if (st.ok()) {
+            seqs.push_back(*s);
+            st = m.FillRandomContext(*s, C, 1000 + static_cast<uint64_t>(i));
+          }
+        }
+        double gpu = 0, wall = 0;
+        int timed = 0;
+        std::vector<int32_t> toks(static_cast<size_t>(B), 5), next;
+        for (int64_t it = 0; it < steps + 3 && st.ok(); ++it) {
+          std::vector<SequenceStep> step(static_cast<size_t>(B));
+          for (int64_t i = 0; i < B; ++i) {
+            step[static_cast<size_t>(i)].seq = seqs[static_cast<size_t>(i)];
+            step[static_cast<size_t>(i)].tokens = std::span<const int32_t>(&toks[static_cast<size_t>(i)], 1);
+          }
+          m.set_collect_stats(it >= 3);
+          st = m.ForwardGreedy(step, &zero, &next);
+          if (st.ok() && it >= 3) {
+            gpu += m.last_stats().gpu_ms;
+            wall += m.last_stats().wall_ms;
+            ++timed;
+          }
+          if (st.ok()) toks = next;
+        }
+        SequenceMemory mem;
+        if (st.ok()) {
+          auto mm = m.Memory(seqs[0]);
+          st = mm.status();
+          if (st.ok()) mem = *mm;
+        }
+        for (SequenceId s : seqs) (void)m.ReleaseSequence(s);
+        if (!st.ok()) {
+          std::fprintf(stderr, "batch %lld context %lld: %s\n", static_cast<long long>(B), static_cast<long long>(C),
+                       st.ToString().c_str());
+          return 1;
+        }
+        gpu /= timed;
+        wall /= timed;
+        const double bytes = static_cast<double>(m.weight_bytes_per_step()) +
+                             static_cast<double>(B) * CacheBytesPerRow(*cfg, C, 2) * static_cast<double>(tp);
+        const double floor_ms = bytes / (*bw * 1e9) * 1e3 / static_cast<double>(tp);
+        const double per_k = static_cast<double>(mem.growing_bytes) / (static_cast<double>(mem.position) / 1024.0) /
+                             static_cast<double>(1 << 20);
+        if (!json) {
+          std::printf("%6lld %8lld %10.3f %10.3f %10.3f %10.3f %8.0f%% %12.2f %12.1f\n", static_cast<long long>(B),
+                      static_cast<long long>(C), gpu, wall, bytes / 1e9, floor_ms, 100.0 * floor_ms / gpu, per_k,
+                      static_cast<double>(mem.fixed_bytes) / (1 << 20));
+        }
+        results.push_back({{"weights", fmt},
+                           {"batch", B},
+                           {"context", C},
+                           {"gpu_ms", gpu},
+                           {"wall_ms", wall},
+                           {"bytes_read", bytes},
+                           {"floor_ms", floor_ms},
+                           {"mib_per_seq_per_1k_tokens", per_k},
+                           {"fixed_mib_per_seq", static_cast<double>(mem.fixed_bytes) / (1 << 20)},
+                           {"capacity_mib_per_seq", static_cast<double>(mem.capacity_bytes) / (1 << 20)}});
+      }
+    }
+  }
+  if (!json) {
+    std::printf("\ngpu_ms: device time of the step's segments (CUDA events; the per-layer expert exchange with the "
+                "host is excluded); floor: bytes read / copy bandwidth.\n");
+  }
+  nlohmann::json summary = {{"bench", "cuda"},      {"layers", layers},      {"copy_gbps", *bw},
+                            {"tp", tp},             {"graphs", !no_graphs},  {"results", results}};
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}
+
+}  // namespace numoe::bench

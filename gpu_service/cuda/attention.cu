@@ -1,0 +1,469 @@
+// KV compressors, the lightning indexer (scores + exact top-k) and the attention core (window + compressed
+// entries + sinks, online softmax), mirroring gpu_service/cpu/{compressor,cpu_model}.cc
+// (docs/dsv4-architecture.md §2.6-2.9).
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "gpu_service/cuda/device_util.cuh"
+#include "gpu_service/cuda/kernels.h"
+
+namespace numoe::cuda {
+namespace {
+
+// ---- compressors -----------------------------------------------------------------------------------------
+
+struct CompState {
+  float* pend_kv;
+  float* pend_gate;
+  float* prev_kv;
+  float* prev_gate;
+};
+
+__device__ __forceinline__ CompState StateOf(const CompArgs& a, const CacheDev& c, int32_t slot) {
+  CompState s;
+  s.pend_kv = SlotPtr<float>(c, slot, a.pend_kv_off);
+  s.pend_gate = SlotPtr<float>(c, slot, a.pend_gate_off);
+  s.prev_kv = a.overlap ? SlotPtr<float>(c, slot, a.prev_kv_off) : nullptr;
+  s.prev_gate = a.overlap ? SlotPtr<float>(c, slot, a.prev_gate_off) : nullptr;
+  return s;
+}
+
+// kv and gate (+ape) of channel `half + c` of the token at position q: from this pass's rows, from the
+// window that was open when the pass began (pending), or - only for the overlap half of the window before
+// that - from the saved overlap state.
+__device__ __forceinline__ void Src(const CompArgs& a, const StepSeq& sq, const CompState& st, int64_t q, int half,
+                                    int c, float& kv, float& g) {
+  const int cw = a.coff() * a.dim;
+  const int slot = static_cast<int>(q % a.rate);
+  if (q >= sq.start_pos) {
+    const int64_t row = sq.begin + (q - sq.start_pos);
+    kv = a.ckv[row * a.ld + half + c];
+    g = a.cg[row * a.ld + half + c] + a.ape[slot * cw + half + c];
+  } else if (q >= (sq.start_pos / a.rate) * static_cast<int64_t>(a.rate)) {
+    kv = st.pend_kv[slot * cw + half + c];
+    g = st.pend_gate[slot * cw + half + c];
+  } else {
+    kv = st.prev_kv[slot * a.dim + c];
+    g = st.prev_gate[slot * a.dim + c];
+  }
+}
+
+template <typename CacheT>
+__global__ void CompEmitKernel(CompArgs a, StepDev s, CacheDev cache) {
+  extern __shared__ float v[];
+  __shared__ float red[32];
+  const StepSeq sq = s.seqs[blockIdx.x];
+  const int64_t start = sq.start_pos, end = start + (sq.end - sq.begin);
+  const int64_t w = start / a.rate + blockIdx.y;
+  if (w >= end / a.rate) return;
+  const CompState st = StateOf(a, cache, sq.slot);
+  const int cur_half = a.overlap ? a.dim : 0;
+  const bool has_prev = a.overlap && w >= 1;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < a.dim; c += blockDim.x) {
+    float m = -INFINITY, kv, g;
+    if (has_prev) {
+      for (int t = 0; t < a.rate; ++t) {
+        Src(a, sq, st, (w - 1) * a.rate + t, 0, c, kv, g);
+        m = fmaxf(m, g);
+      }
+    }
+    for (int t = 0; t < a.rate; ++t) {
+      Src(a, sq, st, w * a.rate + t, cur_half, c, kv, g);
+      m = fmaxf(m, g);
+    }
+    float denom = 0.0f, acc = 0.0f;
+    if (has_prev) {
+      for (int t = 0; t < a.rate; ++t) {
+        Src(a, sq, st, (w - 1) * a.rate + t, 0, c, kv, g);
+        const float e = expf(g - m);
+        denom += e;
+        acc += e * kv;
+      }
+    }
+    for (int t = 0; t < a.rate; ++t) {
+      Src(a, sq, st, w * a.rate + t, cur_half, c, kv, g);
+      const float e = expf(g - m);
+      denom += e;
+      acc += e * kv;
+    }
+    const float pooled = acc / denom;
+    v[c] = pooled;
+    ss = fmaf(pooled, pooled, ss);
+  }
+  ss = BlockSum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
+  for (int c = threadIdx.x; c < a.dim; c += blockDim.x) v[c] = v[c] * inv * a.norm_w[c];
+  __syncthreads();
+  const int base = a.dim - a.rope_dim;
+  const float p = static_cast<float>(w * a.rate);
+  for (int i = threadIdx.x; i < a.rope_dim / 2; i += blockDim.x) {
+    const float ang = p * a.inv_freq[i];
+    const float cs = cosf(ang), sn = sinf(ang);
+    const float x0 = v[base + 2 * i], x1 = v[base + 2 * i + 1];
+    v[base + 2 * i] = x0 * cs - x1 * sn;
+    v[base + 2 * i + 1] = x1 * cs + x0 * sn;
+  }
+  __syncthreads();
+  CacheT* entry = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, a.dim, w);
+  for (int c = threadIdx.x; c < a.dim; c += blockDim.x) entry[c] = FromF32<CacheT>(v[c]);
+}
+
+// After the emissions: the overlap half of the last window closed in this pass, and the tokens of the window
+// left open. Each thread owns (slot, channel) pairs, so reads of the old pending values precede their
+// overwrite in the same thread.
+__global__ void CompUpdateKernel(CompArgs a, StepDev s, CacheDev cache) {
+  const StepSeq sq = s.seqs[blockIdx.x];
+  const int64_t start = sq.start_pos, end = start + (sq.end - sq.begin);
+  const CompState st = StateOf(a, cache, sq.slot);
+  const int cw = a.coff() * a.dim;
+  const bool closed = end / a.rate > start / a.rate;
+  const int64_t last = end / a.rate - 1;
+  const int64_t open_start = (end / a.rate) * a.rate;
+  for (int idx = threadIdx.x; idx < a.rate * cw; idx += blockDim.x) {
+    const int t = idx / cw, c = idx % cw;
+    if (a.overlap && closed && c < a.dim) {
+      float kv, g;
+      Src(a, sq, st, last * a.rate + t, 0, c, kv, g);
+      st.prev_kv[t * a.dim + c] = kv;
+      st.prev_gate[t * a.dim + c] = g;
+    }
+    const int64_t q = open_start + t;
+    if (q < end && q >= start) {
+      const int64_t row = sq.begin + (q - start);
+      st.pend_kv[t * cw + c] = a.ckv[row * a.ld + c];
+      st.pend_gate[t * cw + c] = a.cg[row * a.ld + c] + a.ape[t * cw + c];
+    }
+  }
+}
+
+// ---- indexer ---------------------------------------------------------------------------------------------
+
+constexpr int kMaxIndexHeads = 64;
+constexpr int kScoreThreads = 128;
+
+template <typename CacheT>
+__global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
+                                                                  float* scores, int64_t lds) {
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);
+  float* ws = qs + a.ih * a.id;
+  const int64_t r = r0 + blockIdx.x;
+  const int64_t p = s.pos[r];
+  const int64_t vis = (p + 1) / a.rate;
+  const int64_t e0 = static_cast<int64_t>(blockIdx.y) * blockDim.x;
+  if (e0 >= vis) return;
+  const float wscale = 1.0f / sqrtf(static_cast<float>(a.ih));
+  for (int i = threadIdx.x; i < a.ih * a.id; i += blockDim.x) qs[i] = a.iq[r * a.ldq + i];
+  for (int h = threadIdx.x; h < a.ih; h += blockDim.x) ws[h] = a.iw[r * a.ldw + h] * wscale;
+  __syncthreads();
+  const int64_t e = e0 + threadIdx.x;
+  if (e >= vis) return;
+  const int32_t slot = s.seqs[s.seq[r]].slot;
+  const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
+  float acc[kMaxIndexHeads];
+#pragma unroll
+  for (int h = 0; h < kMaxIndexHeads; ++h) acc[h] = 0.0f;
+  for (int d = 0; d < a.id; d += 4) {
+    const float4 kv = Load4(k, d);
+#pragma unroll
+    for (int h = 0; h < kMaxIndexHeads; ++h) {
+      if (h < a.ih) {
+        const float4 q = *reinterpret_cast<const float4*>(qs + h * a.id + d);
+        acc[h] = fmaf(q.x, kv.x, fmaf(q.y, kv.y, fmaf(q.z, kv.z, fmaf(q.w, kv.w, acc[h]))));
+      }
+    }
+  }
+  float score = 0.0f;
+#pragma unroll
+  for (int h = 0; h < kMaxIndexHeads; ++h) {
+    if (h < a.ih) score += ws[h] * fmaxf(acc[h], 0.0f);
+  }
+  scores[blockIdx.x * lds + e] = score * (1.0f / sqrtf(static_cast<float>(a.id)));
+}
+
+__device__ __forceinline__ uint32_t OrderKey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exact top-k per row: a 4-pass radix select finds the k-th largest key; larger keys are taken in any
+// order, equal keys in increasing entry order (the CPU's tie-break: lower index first).
+__global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t lds, StepDev s, int64_t r0, int rate,
+                                                  int topk, int32_t* sel) {
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t s_prefix, s_mask;
+  __shared__ int s_krem, s_cnt;
+  __shared__ int warp_tot[32];
+  const int64_t r = r0 + blockIdx.x;
+  const int64_t vis = (s.pos[r] + 1) / rate;
+  int32_t* out = sel + r * topk;
+  const float* sc = scores + blockIdx.x * lds;
+  if (vis <= topk) {
+    for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) out[e] = static_cast<int32_t>(e);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    s_prefix = 0;
+    s_mask = 0;
+    s_krem = topk;
+  }
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const uint32_t prefix = s_prefix, mask = s_mask;
+    for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) {
+      const uint32_t key = OrderKey(sc[e]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int cum = 0;
+      for (int b = 255; b >= 0; --b) {
+        const int h = static_cast<int>(hist[b]);
+        if (cum + h >= s_krem) {
+          s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+          s_mask = mask | (255u << shift);
+          s_krem -= cum;
+          break;
+        }
+        cum += h;
+      }
+    }
+    __syncthreads();
+  }
+  const uint32_t kth = s_prefix;
+  const int krem = s_krem;
+  if (threadIdx.x == 0) s_cnt = 0;
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) {
+    if (OrderKey(sc[e]) > kth) out[atomicAdd(&s_cnt, 1)] = static_cast<int32_t>(e);
+  }
+  __syncthreads();
+  const int base = s_cnt;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int taken = 0;
+  for (int64_t e0 = 0; e0 < vis && taken < krem; e0 += blockDim.x) {
+    const int64_t e = e0 + threadIdx.x;
+    const bool flag = e < vis && OrderKey(sc[e]) == kth;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, flag);
+    const int lpre = __popc(ballot & ((1u << lane) - 1u));
+    if (lane == 0) warp_tot[warp] = __popc(ballot);
+    __syncthreads();
+    int off = 0, total = 0;
+    for (int i = 0; i < nw; ++i) {
+      if (i < warp) off += warp_tot[i];
+      total += warp_tot[i];
+    }
+    if (flag && taken + off + lpre < krem) out[base + taken + off + lpre] = static_cast<int32_t>(e);
+    taken += total;
+    __syncthreads();
+  }
+}
+
+// ---- attention -------------------------------------------------------------------------------------------
+
+constexpr int kKT = 64;      // keys per tile
+constexpr int kMaxHG = 8;    // heads per block
+constexpr int kAttnThreads = 256;
+
+template <typename CacheT>
+__global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s, CacheDev cache, int HG) {
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);
+  float* ps = qs + HG * a.hd;
+  __shared__ const CacheT* kp[kKT];
+  __shared__ float m_s[kMaxHG], l_s[kMaxHG], al_s[kMaxHG];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t r = blockIdx.x;
+  const int h0 = blockIdx.y * HG;
+  const int64_t p = s.pos[r];
+  const StepSeq sq = s.seqs[s.seq[r]];
+  const int64_t nwin = min(static_cast<int64_t>(a.window), p + 1);
+  int64_t ncomp = 0;
+  if (a.type == 2) ncomp = (p + 1) / a.rate;
+  if (a.type == 1) ncomp = min(static_cast<int64_t>(a.topk), (p + 1) / a.rate);
+  const int64_t nk = nwin + ncomp;
+  const int hd = a.hd;
+  for (int i = tid; i < HG * hd; i += blockDim.x) qs[i] = a.q[r * a.ldq + static_cast<int64_t>(h0) * hd + i];
+  if (tid < HG) {
+    m_s[tid] = a.sink[h0 + tid];
+    l_s[tid] = 1.0f;  // the sink's exp(sink - m) with m = sink
+  }
+  float acc[kMaxHG][2];
+#pragma unroll
+  for (int h = 0; h < kMaxHG; ++h) acc[h][0] = acc[h][1] = 0.0f;
+  const CacheT* ring = SlotPtr<CacheT>(cache, sq.slot, a.ring_off);
+  const CacheT* kv_new = static_cast<const CacheT*>(a.kv_new);
+  __syncthreads();
+  for (int64_t j0 = 0; j0 < nk; j0 += kKT) {
+    if (tid < kKT) {
+      const int64_t j = j0 + tid;
+      const CacheT* ptr = nullptr;
+      if (j < nwin) {
+        const int64_t kpos = p - nwin + 1 + j;
+        ptr = kpos >= sq.start_pos ? kv_new + (sq.begin + (kpos - sq.start_pos)) * hd : ring + (kpos % a.window) * hd;
+      } else if (j < nk) {
+        const int64_t jj = j - nwin;
+        const int64_t e = a.type == 2 ? jj : a.sel[r * a.topk + jj];
+        ptr = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, hd, e);
+      }
+      kp[tid] = ptr;
+    }
+    __syncthreads();
+    for (int jj = warp; jj < kKT; jj += kAttnThreads / 32) {
+      float dot[kMaxHG];
+#pragma unroll
+      for (int h = 0; h < kMaxHG; ++h) dot[h] = 0.0f;
+      if (j0 + jj < nk) {
+        const CacheT* k = kp[jj];
+        for (int d = 2 * lane; d < hd; d += 64) {
+          const float2 k2 = Load2(k, d);
+#pragma unroll
+          for (int h = 0; h < kMaxHG; ++h) {
+            if (h < HG) dot[h] = fmaf(qs[h * hd + d], k2.x, fmaf(qs[h * hd + d + 1], k2.y, dot[h]));
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < kMaxHG; ++h) dot[h] = WarpSum(dot[h]);
+        if (lane == 0) {
+          for (int h = 0; h < HG; ++h) ps[h * kKT + jj] = dot[h] * a.scale;
+        }
+      } else if (lane == 0) {
+        for (int h = 0; h < HG; ++h) ps[h * kKT + jj] = -INFINITY;
+      }
+    }
+    __syncthreads();
+    if (warp < HG) {
+      const int h = warp;
+      const float v0 = ps[h * kKT + lane], v1 = ps[h * kKT + lane + 32];
+      const float m_old = m_s[h];
+      const float m_new = fmaxf(m_old, WarpMax(fmaxf(v0, v1)));
+      const float e0 = expf(v0 - m_new), e1 = expf(v1 - m_new);
+      ps[h * kKT + lane] = e0;
+      ps[h * kKT + lane + 32] = e1;
+      const float sum = WarpSum(e0 + e1);
+      if (lane == 0) {
+        const float alpha = expf(m_old - m_new);
+        al_s[h] = alpha;
+        l_s[h] = l_s[h] * alpha + sum;
+        m_s[h] = m_new;
+      }
+    }
+    __syncthreads();
+    if (2 * tid < hd) {
+#pragma unroll
+      for (int h = 0; h < kMaxHG; ++h) {
+        if (h < HG) {
+          acc[h][0] *= al_s[h];
+          acc[h][1] *= al_s[h];
+        }
+      }
+      const int jn = static_cast<int>(min(static_cast<int64_t>(kKT), nk - j0));
+      for (int jj = 0; jj < jn; ++jj) {
+        const float2 k2 = Load2(kp[jj], 2 * tid);
+#pragma unroll
+        for (int h = 0; h < kMaxHG; ++h) {
+          if (h < HG) {
+            const float pv = ps[h * kKT + jj];
+            acc[h][0] = fmaf(pv, k2.x, acc[h][0]);
+            acc[h][1] = fmaf(pv, k2.y, acc[h][1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (2 * tid < hd) {
+    const int d = 2 * tid, base = hd - a.rope_dim;
+    float cs = 1.0f, sn = 0.0f;
+    if (d >= base) {
+      const float ang = static_cast<float>(p) * a.inv_freq[(d - base) / 2];
+      cs = cosf(ang);
+      sn = sinf(ang);
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxHG; ++h) {
+      if (h < HG) {
+        const float o0 = acc[h][0] / l_s[h], o1 = acc[h][1] / l_s[h];
+        float* dst = a.out + r * a.ldo + static_cast<int64_t>(h0 + h) * hd + d;
+        if (d >= base) {  // de-rotate by the query position: angle -> -angle
+          dst[0] = o0 * cs + o1 * sn;
+          dst[1] = o1 * cs - o0 * sn;
+        } else {
+          dst[0] = o0;
+          dst[1] = o1;
+        }
+      }
+    }
+  }
+}
+
+template <typename CacheT>
+__global__ void RingUpdateKernel(const CacheT* kv_new, int hd, int window, int64_t ring_off, StepDev s,
+                                 CacheDev cache) {
+  const int64_t r = blockIdx.x;
+  const StepSeq sq = s.seqs[s.seq[r]];
+  if (r < sq.end - window) return;
+  CacheT* dst = SlotPtr<CacheT>(cache, sq.slot, ring_off) + (s.pos[r] % window) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = kv_new[r * hd + d];
+}
+
+int HeadsPerBlock(int heads) {
+  for (int hg = kMaxHG; hg > 1; hg /= 2) {
+    if (heads % hg == 0) return hg;
+  }
+  return 1;
+}
+
+}  // namespace
+
+template <typename CacheT>
+void CompressStep(const CompArgs& a, const StepDev& s, const CacheDev& cache, int max_windows, cudaStream_t stream) {
+  if (s.num_seqs <= 0) return;
+  if (max_windows > 0) {
+    const dim3 grid(static_cast<unsigned>(s.num_seqs), static_cast<unsigned>(max_windows));
+    CompEmitKernel<CacheT><<<grid, 256, static_cast<size_t>(a.dim) * sizeof(float), stream>>>(a, s, cache);
+  }
+  CompUpdateKernel<<<static_cast<unsigned>(s.num_seqs), 256, 0, stream>>>(a, s, cache);
+}
+
+template <typename CacheT>
+void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int64_t r0, int64_t rows, int64_t max_vis,
+               float* scores, int64_t lds, int32_t* sel, cudaStream_t stream) {
+  if (rows <= 0 || max_vis <= 0) return;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((max_vis + kScoreThreads - 1) / kScoreThreads));
+  const size_t smem = static_cast<size_t>(a.ih * a.id + a.ih) * sizeof(float);
+  IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, scores, lds);
+  TopKKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(scores, lds, s, r0, a.rate, a.topk, sel);
+}
+
+template <typename CacheT>
+void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream) {
+  if (s.n <= 0) return;
+  const int hg = HeadsPerBlock(a.heads);
+  const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / hg));
+  const size_t smem = static_cast<size_t>(hg * a.hd + hg * kKT) * sizeof(float);
+  AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg);
+}
+
+template <typename CacheT>
+void RingUpdate(const CacheT* kv_new, int hd, int window, int64_t ring_off, const StepDev& s, const CacheDev& cache,
+                cudaStream_t stream) {
+  if (s.n <= 0) return;
+  RingUpdateKernel<CacheT><<<static_cast<unsigned>(s.n), 128, 0, stream>>>(kv_new, hd, window, ring_off, s, cache);
+}
+
+#define NUMOE_INSTANTIATE(T)                                                                                   \
+  template void CompressStep<T>(const CompArgs&, const StepDev&, const CacheDev&, int, cudaStream_t);         \
+  template void IndexTopK<T>(const IndexArgs&, const StepDev&, const CacheDev&, int64_t, int64_t, int64_t,     \
+                             float*, int64_t, int32_t*, cudaStream_t);                                         \
+  template void Attention<T>(const AttnArgs&, const StepDev&, const CacheDev&, cudaStream_t);                 \
+  template void RingUpdate<T>(const T*, int, int, int64_t, const StepDev&, const CacheDev&, cudaStream_t);
+NUMOE_INSTANTIATE(float)
+NUMOE_INSTANTIATE(__nv_bfloat16)
+#undef NUMOE_INSTANTIATE
+
+}  // namespace numoe::cuda

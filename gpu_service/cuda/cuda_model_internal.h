@@ -1,0 +1,203 @@
+// Internal structures of the CUDA backend (cuda_model.cc, cuda_model_setup.cc): per-GPU weights, state
+// layout and scratch. Not a public header.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/config.h"
+#include "gpu_service/cuda/cuda_model.h"
+#include "gpu_service/cuda/device_memory.h"
+#include "gpu_service/cuda/kernels.h"
+#include "gpu_service/cuda/weights.h"
+
+namespace numoe::cuda {
+
+Status NcclError(ncclResult_t r, const char* what, const char* file, int line);
+#define NUMOE_NCCL_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                            \
+    const ncclResult_t numoe_nccl_r_ = (expr);                                    \
+    if (numoe_nccl_r_ != ncclSuccess) {                                           \
+      return ::numoe::cuda::NcclError(numoe_nccl_r_, #expr, __FILE__, __LINE__);  \
+    }                                                                             \
+  } while (0)
+
+// Where one layer's state lives: byte offsets inside a sequence slot, CacheT offsets inside a page.
+struct LayerState {
+  int64_t ring_off = 0;
+  int64_t c_pend_kv = 0, c_pend_gate = 0, c_prev_kv = 0, c_prev_gate = 0;
+  int64_t i_pend_kv = 0, i_pend_gate = 0, i_prev_kv = 0, i_prev_gate = 0;
+  int64_t c_page_off = 0, i_page_off = 0;
+  int32_t epp = 0;  // entries per page of this layer's rate
+};
+
+struct LayerDev {
+  AttnType type = AttnType::kSliding;
+  int rate = 0;
+  bool qkv_fused = false;  // [wq_a; wkv] stacked into wq_a
+  DevW wq_a, wkv, wq_b, wo_a, wo_b;  // wq_b: local heads; wo_a: ONE group (rows R); wo_b: local columns
+  DevW comp;                          // [comp.wkv; comp.wgate; (CSA) idx.wkv; idx.wgate; idx.weights_proj]
+  int64_t comp_width = 0, c_kv_col = 0, c_gate_col = 0, i_kv_col = 0, i_gate_col = 0, iw_col = 0;
+  DevW index_wq_b;
+  DevW gate;
+  bool sh_fused = false;  // [w1; w3] stacked into sh_w1
+  DevW sh_w1, sh_w3, sh_w2;  // local slices of the shared expert
+  DevW hc_attn_fn, hc_ffn_fn;
+  const float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *kv_norm = nullptr, *sink = nullptr;
+  const float *c_ape = nullptr, *c_norm = nullptr, *i_ape = nullptr, *i_norm = nullptr, *bias = nullptr;
+  const float *hc_attn_base = nullptr, *hc_attn_scale = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
+  const int32_t* tid2eid = nullptr;
+  LayerState st;
+};
+
+// Device scratch for up to `rows` rows per pass (fixed addresses: CUDA graphs capture them).
+struct Scratch {
+  float *X = nullptr, *xn = nullptr, *y = nullptr, *mix = nullptr, *inv = nullptr, *post = nullptr, *comb = nullptr;
+  float *qa = nullptr, *kv = nullptr, *q = nullptr, *o = nullptr, *z = nullptr, *comp = nullptr, *iq = nullptr;
+  float *scores = nullptr, *glog = nullptr, *wts = nullptr, *shg = nullptr, *shh = nullptr, *sh = nullptr;
+  float *routed = nullptr, *logits = nullptr, *hsel = nullptr;
+  void* kvT = nullptr;
+  int32_t *sel = nullptr, *ids = nullptr, *meta = nullptr, *greedy = nullptr;
+  int64_t qa_ld = 0, kv_ld = 0, shg_ld = 0;
+  int64_t score_rows = 0, score_ld = 0;  // indexer scores buffer [score_rows, score_ld]
+};
+
+struct Rank {
+  int index = 0;
+  int device = 0;
+  int sms = 0;
+  cudaStream_t stream = nullptr;
+  ncclComm_t comm = nullptr;
+  std::vector<DeviceMem> keep;  // weights and small tensors
+  DevW embed, head, hc_head_fn;
+  const float *norm = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
+  const float *inv_main = nullptr, *inv_compress = nullptr;
+  std::vector<LayerDev> layers;
+  DeviceMem fixed, pages, table, scratch_mem;
+  Scratch sc;
+  std::vector<cudaEvent_t> ev_begin, ev_end;
+  int64_t weight_bytes = 0;  // read per decode step
+  ~Rank();
+};
+
+}  // namespace numoe::cuda
+
+namespace numoe::cuda {
+
+// Sizes of one device pass (either the real ones, or capacity-based ones for a CUDA graph).
+struct PassDims {
+  int64_t n = 0;            // rows
+  int64_t num_seqs = 0;
+  int max_windows_csa = 0;  // windows closing per sequence in this pass (emission grid)
+  int max_windows_hca = 0;
+  int64_t max_vis = 0;      // indexer entries visible to the furthest row (score grid)
+  int64_t logit_rows = 0;   // rows whose logits are needed
+  bool greedy = false;      // argmax on the device instead of copying logits
+};
+
+class CudaModel final : public CudaBackend {
+ public:
+  // ckpt == nullptr: synthetic weights for `cfg` (benchmarks).
+  static StatusOr<std::unique_ptr<CudaModel>> Create(const Checkpoint* ckpt, const ModelConfig& cfg,
+                                                     const CudaOptions& opt, uint64_t seed);
+  ~CudaModel() override;
+
+  StatusOr<SequenceId> CreateSequence() override;
+  Status ReleaseSequence(SequenceId seq) override;
+  Status Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
+                 std::vector<SequenceLogits>* out) override;
+  StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
+  // Speculative steps are not supported on the device yet: Forward rejects them and Rollback is Unimplemented.
+  Status Rollback(SequenceId seq, int64_t num_tokens) override;
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+
+  Status ForwardGreedy(std::span<const SequenceStep> steps, ExpertBackend* experts,
+                       std::vector<int32_t>* tokens) override;
+  void set_collect_stats(bool on) override { collect_stats_ = on; }
+  CudaStepStats last_stats() const override { return stats_; }
+  int64_t weight_bytes_per_step() const override;
+  Status FillRandomContext(SequenceId seq, int64_t position, uint64_t seed) override;
+  std::string Describe() const override;
+  void set_hidden_hook(HiddenHook hook) override { hidden_hook_ = std::move(hook); }
+
+ private:
+  struct Seq {
+    int32_t slot = 0;
+    int64_t position = 0;
+    std::vector<int32_t> pages;
+  };
+  // One sequence's share of a device pass.
+  struct PassSeq {
+    Seq* seq;
+    size_t step;        // index into the caller's steps
+    const int32_t* tokens;
+    int64_t count;
+    bool logits_all;    // logits for every row of this chunk
+    bool logits_last;   // logits for the last row (the step's last token)
+    int64_t offset;     // index of the first token within the step
+  };
+
+  CudaModel(const ModelConfig& cfg, const CudaOptions& opt);
+  Status Setup(const Checkpoint* ckpt, uint64_t seed);
+  Status SetupRank(Rank& r, const WeightSource& src, uint64_t seed);
+  Status SetupLayer(Rank& r, const WeightSource& src, int64_t l, uint64_t seed);
+  Status SetupState(Rank& r);
+  void ComputeLayout();
+  int64_t PagesFor(int64_t position) const;
+
+  Status ValidateSteps(std::span<const SequenceStep> steps, std::vector<Seq*>* seqs) const;
+  Status EnsurePages(const std::vector<Seq*>& seqs, const std::vector<int64_t>& new_positions);
+  Status RunSteps(std::span<const SequenceStep> steps, ExpertBackend* experts, std::vector<SequenceLogits>* out,
+                  std::vector<int32_t>* greedy);
+  Status RunPass(const std::vector<PassSeq>& pass, ExpertBackend* experts, bool greedy,
+                 std::vector<SequenceLogits>* out, std::vector<int32_t>* tokens);
+
+  template <typename T>
+  void EnqueueSegment(Rank& r, int seg, const PassDims& d);
+  template <typename T>
+  void PhaseAttention(Rank& r, int l, const PassDims& d);
+  void PhaseFfnPre(Rank& r, int l, const PassDims& d);
+  void PhaseSharedAndRouted(Rank& r, int l, const PassDims& d);
+  void PhaseFfnPost(Rank& r, const PassDims& d);
+  void PhaseHead(Rank& r, const PassDims& d, int64_t row0, int64_t rows);
+  Status AllReduce(float* Scratch::*buf, int64_t count);
+  Status RunSegment(int seg, const PassDims& d, bool use_graph);
+  Status CheckLaunches();
+  void EmitHidden(Rank& r, int64_t layer, const PassDims& d);
+
+  StepDev StepOf(const Rank& r, const PassDims& d) const;
+  CacheDev CacheOf(const Rank& r) const;
+  void Gemm(Rank& r, const DevW& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
+            bool tensor_cores = true);
+
+  ModelConfig cfg_;
+  CudaOptions opt_;
+  bool bf16_cache_ = true;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  // Layout (identical on every rank).
+  int64_t hc_ = 4, D_ = 0, hd_ = 0, Hl_ = 0, Gl_ = 0, Il_ = 0, max_context_ = 0;
+  int64_t page_tokens_ = 0, page_elems_ = 0, max_pages_ = 0, num_pages_ = 0, slot_bytes_ = 0;
+  int64_t fixed_bytes_per_seq_ = 0;
+  int64_t rows_cap_ = 0, logit_rows_cap_ = 0;
+  std::vector<LayerState> layout_;
+  // Sequences.
+  std::map<SequenceId, Seq> seqs_;
+  std::vector<int32_t> free_slots_, free_pages_;
+  SequenceId next_id_ = 1;
+  // Host staging (pinned).
+  PinnedMem meta_h_, y_h_, ids_h_, wts_h_, routed_h_, logits_h_, greedy_h_, table_h_;
+  // CUDA graphs of decode passes: key (rows, greedy) -> one executable per segment.
+  std::map<std::pair<int64_t, bool>, std::vector<cudaGraphExec_t>> graphs_;
+  bool graphs_broken_ = false;
+  bool collect_stats_ = false;
+  HiddenHook hidden_hook_;
+  CudaStepStats stats_;
+};
+
+}  // namespace numoe::cuda

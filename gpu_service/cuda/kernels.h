@@ -1,0 +1,222 @@
+// Host-callable launchers of the CUDA backend's kernels (gemm.cu, sm80_gemm_mma.cu, ops.cu, attention.cu).
+//
+// Conventions: row-major; a weight is [out, in] as in the checkpoint, so a linear layer is
+// y[n, out] = x[n, in] · Wᵀ. Activations are fp32 in device memory; caches (window ring, compressed
+// entries, indexer keys) are `CacheT` = float (fp32 mode) or bf16. Launchers enqueue on `stream` and never
+// synchronise; the caller checks cudaGetLastError() once per segment.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define NUMOE_HOST_DEVICE __host__ __device__
+#else
+#define NUMOE_HOST_DEVICE
+#endif
+
+namespace numoe::cuda {
+
+// ---- weights -------------------------------------------------------------------------------------------
+
+enum class WType : int32_t { kF32 = 0, kBF16 = 1, kFP8 = 2 };
+const char* WTypeName(WType t);
+int64_t WTypeBytes(WType t);  // per element (FP8: 1, scales not counted)
+
+// A weight matrix [out, in] in device memory, `in` contiguous. FP8 (E4M3) weights carry the fp32 block-scale
+// grid of the WHOLE checkpoint tensor ([ceil(rows/bo), scale_cols]); (row_base, col_base) place this matrix
+// (possibly a tensor-parallel slice) inside that grid: W[r, c] = fp8(data[r, c]) · scale[(row_base + r) / bo,
+// (col_base + c) / bi].
+struct DevW {
+  WType type = WType::kF32;
+  const void* data = nullptr;
+  const float* scale = nullptr;
+  int64_t out = 0, in = 0;
+  int64_t row_base = 0, col_base = 0;
+  int32_t bo = 128, bi = 128;
+  int64_t scale_cols = 0;
+  int64_t data_bytes() const { return out * in * WTypeBytes(type); }
+  // Rows [r0, r0 + count) as a matrix of their own (same scale grid).
+  DevW Rows(int64_t r0, int64_t count) const;
+};
+
+// y = x · Wᵀ for `groups` independent groups: group g reads x columns [g·x_group_cols, ...), weight rows
+// [g·w.out, (g+1)·w.out) of the underlying storage (w describes ONE group: w.out rows) and writes y columns
+// [g·y_group_cols, ...). `tensor_cores`: bf16 mma with fp32 accumulation (BF16/FP8 weights only), else fp32
+// SIMT. `sms` = multiprocessor count (for split-K sizing).
+struct GemmCall {
+  const DevW* w = nullptr;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int64_t n = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int groups = 1;
+  int64_t x_group_cols = 0;
+  int64_t y_group_cols = 0;
+  // Tensor-core path: multiply x as a bf16 (hi, lo) pair, two products per step (~16 mantissa bits of x
+  // instead of 8; weights are exact in bf16 either way). Decode is bandwidth-bound, so this costs nothing.
+  bool split_x = true;
+};
+void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream);
+// The tensor-core path (sm80_gemm_mma.cu); `ksplit` > 1 accumulates with atomics into a zeroed y.
+void GemmMma(const GemmCall& c, int ksplit, cudaStream_t stream);
+
+// ---- step metadata ---------------------------------------------------------------------------------------
+
+// One sequence's part of a device pass: rows [begin, end) hold its new tokens at positions start_pos...
+struct StepSeq {
+  int32_t slot;
+  int32_t begin;
+  int32_t end;
+  int32_t start_pos;
+};
+
+struct StepDev {
+  const int32_t* token = nullptr;  // [n]
+  const int32_t* pos = nullptr;    // [n]
+  const int32_t* seq = nullptr;    // [n] index into seqs
+  const StepSeq* seqs = nullptr;   // [num_seqs]
+  int32_t n = 0;
+  int32_t num_seqs = 0;
+};
+
+// Where a sequence's state lives. Fixed state: slot s at fixed + s·slot_bytes (window rings, pending
+// compressor windows, overlap halves). Compressed entries: pages of `page_tokens` tokens shared by all
+// layers; page k of slot s is pages[table[s·max_pages + k]], `page_elems` CacheT values each.
+struct CacheDev {
+  char* fixed = nullptr;
+  int64_t slot_bytes = 0;
+  void* pages = nullptr;
+  int64_t page_elems = 0;
+  const int32_t* table = nullptr;
+  int32_t max_pages = 0;
+};
+
+// ---- row kernels (ops.cu) -------------------------------------------------------------------------------
+
+// X[r, j, :] = table[token[r], :] for j < hc.
+void Embed(const DevW& table, const int32_t* token, int64_t n, int hc, float* X, cudaStream_t stream);
+// inv[r] = 1 / sqrt(mean(x[r, :len]²) + eps).
+void RowInvRms(const float* x, int64_t n, int64_t len, float eps, float* inv, cudaStream_t stream);
+
+// mHC pre-step from mixraw = X·fnᵀ (unnormalised) and inv (RowInvRms of X): pre/post/Sinkhorn comb, the
+// collapsed u = Σ pre_j X_j and xn = RMSNorm_w(u). head_mode: hc_head (pre only; post/comb unused).
+struct HcPreArgs {
+  const float* mixraw = nullptr;  // [n, m]
+  const float* inv = nullptr;     // [n]
+  const float* base = nullptr;    // [m]
+  const float* scale = nullptr;   // [3] ([1] in head mode)
+  const float* X = nullptr;       // [n, hc, D]
+  const float* norm_w = nullptr;  // [D]
+  float* post = nullptr;          // [n, hc]
+  float* comb = nullptr;          // [n, hc, hc]
+  float* xn = nullptr;            // [n, D]
+  int64_t n = 0, D = 0;
+  int hc = 4, iters = 20;
+  float hc_eps = 1e-6f, rms_eps = 1e-6f;
+  bool head_mode = false;
+};
+void HcPre(const HcPreArgs& a, cudaStream_t stream);
+// X[r, k] = post[r, k]·y[r] + Σ_j comb[r, j, k]·X[r, j].
+void HcPost(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc, int64_t D,
+            cudaStream_t stream);
+
+// In place on x[r, h·hd ...] (row stride ld): optional RMSNorm (weighted when w != nullptr), optional rope on
+// the trailing rope_dim channels at pos[r] (inv_freq != nullptr), optional copy of the result to
+// copy_out[r, h·hd ...] (CacheT, row stride heads·hd).
+template <typename CacheT>
+void NormRope(float* x, int64_t n, int heads, int hd, int64_t ld, const float* w, bool norm, float eps,
+              int rope_dim, const float* inv_freq, const int32_t* pos, CacheT* copy_out, cudaStream_t stream);
+
+// Router: scores from logits [n, E] (scoring 0 sqrtsoftplus, 1 softmax, 2 sigmoid); ids from tid2eid[token]
+// (hash layers, tid2eid != nullptr) or top-k of score + bias; weights = renormalised scores · route_scale.
+void MoeGate(const float* logits, int64_t n, int E, int K, int scoring, const float* bias, const int32_t* tid2eid,
+             const int32_t* token, float route_scale, int32_t* ids, float* weights, cudaStream_t stream);
+// h = silu(min(g, lim)) · clamp(u, -lim, lim) (no clamp when lim <= 0); g, u, h [n, I] with row strides.
+void SwiGlu(const float* g, const float* u, int64_t ldgu, float* h, int64_t n, int64_t I, float lim,
+            cudaStream_t stream);
+void AddInPlace(float* y, const float* a, int64_t count, cudaStream_t stream);
+void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, float* dst, cudaStream_t stream);
+// out[r] = argmax(logits[r, :V]) (ties -> lowest id).
+void ArgmaxRows(const float* logits, int64_t m, int64_t V, int32_t* out, cudaStream_t stream);
+
+// Deterministic pseudo-random fills (synthetic weights and benchmark caches).
+void FillUniformF32(float* p, int64_t count, float lo, float hi, uint64_t seed, cudaStream_t stream);
+void FillUniformBf16(__nv_bfloat16* p, int64_t count, float amp, uint64_t seed, cudaStream_t stream);
+// FP8 E4M3 codes of magnitude in [1/64, 1.875] with random signs (never NaN).
+void FillFp8(uint8_t* p, int64_t count, uint64_t seed, cudaStream_t stream);
+void FillInt32Mod(int32_t* p, int64_t count, int32_t mod, uint64_t seed, cudaStream_t stream);
+void ConvertF32ToBf16(const float* src, __nv_bfloat16* dst, int64_t count, cudaStream_t stream);
+
+// ---- compressors, indexer, attention (attention.cu) --------------------------------------------------------
+
+// One compressor (CSA / HCA main, or the CSA indexer's) of one layer. Projections of the step's rows:
+// kv at ckv[r·ld + c], gate at cg[r·ld + c], c < coff·dim.
+struct CompArgs {
+  int rate = 0, dim = 0;
+  bool overlap = false;
+  const float* ckv = nullptr;
+  const float* cg = nullptr;
+  int64_t ld = 0;
+  const float* ape = nullptr;     // [rate, coff·dim]
+  const float* norm_w = nullptr;  // [dim]
+  float eps = 1e-6f;
+  int rope_dim = 0;
+  const float* inv_freq = nullptr;
+  int64_t pend_kv_off = 0, pend_gate_off = 0;  // bytes in the slot: fp32 [rate, coff·dim]
+  int64_t prev_kv_off = 0, prev_gate_off = 0;  // overlap only: fp32 [rate, dim]
+  int64_t page_off = 0;  // CacheT offset of this store inside a page
+  int32_t epp = 0;       // entries per page
+  NUMOE_HOST_DEVICE int coff() const { return overlap ? 2 : 1; }
+};
+// Emits every window that closes in this pass (grid: seqs x max_windows) and then updates the pending and
+// overlap state. Must run before attention reads the entries.
+template <typename CacheT>
+void CompressStep(const CompArgs& a, const StepDev& s, const CacheDev& cache, int max_windows, cudaStream_t stream);
+
+struct IndexArgs {
+  const float* iq = nullptr;  // [n, ih·id] roped
+  int64_t ldq = 0;
+  const float* iw = nullptr;  // [n, ih] (unscaled weights_proj output)
+  int64_t ldw = 0;
+  int ih = 0, id = 0, rate = 0, topk = 0;
+  int64_t page_off = 0;
+  int32_t epp = 0;
+};
+// Scores rows [r0, r0 + rows) against their visible indexer keys (scores [rows, lds]; max_vis bounds the
+// grid) and selects the top-k entry ids into sel[r, :topk] (count = min(topk, visible)).
+template <typename CacheT>
+void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int64_t r0, int64_t rows,
+               int64_t max_vis, float* scores, int64_t lds, int32_t* sel, cudaStream_t stream);
+
+struct AttnArgs {
+  const float* q = nullptr;  // [n, heads·hd] (local heads)
+  int64_t ldq = 0;
+  int heads = 0, hd = 0;
+  const void* kv_new = nullptr;  // CacheT [n, hd]: this pass's keys (= values)
+  int64_t ring_off = 0;          // bytes in the slot: CacheT [window, hd]
+  int window = 0;
+  int type = 0;  // 0 sliding, 1 CSA, 2 HCA
+  int rate = 0;
+  int64_t page_off = 0;
+  int32_t epp = 0;
+  const int32_t* sel = nullptr;  // CSA: [n, topk]
+  int topk = 0;
+  const float* sink = nullptr;  // [heads]
+  float scale = 0;
+  int rope_dim = 0;
+  const float* inv_freq = nullptr;
+  float* out = nullptr;  // [n, heads·hd], de-roped
+  int64_t ldo = 0;
+};
+template <typename CacheT>
+void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream);
+// ring[pos % window] = kv_new[r] for each sequence's last `window` rows.
+template <typename CacheT>
+void RingUpdate(const CacheT* kv_new, int hd, int window, int64_t ring_off, const StepDev& s, const CacheDev& cache,
+                cudaStream_t stream);
+
+}  // namespace numoe::cuda

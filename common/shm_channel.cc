@@ -295,6 +295,11 @@ Status Channel::Unlink() {
   return absl::OkStatus();
 }
 
+Status Channel::RemoveName(const std::string& name) {
+  if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) return ErrnoError(absl::StrCat("shm_unlink(", name, ")"));
+  return absl::OkStatus();
+}
+
 // ---- accessors ----
 
 Channel::Header* Channel::header() const { return reinterpret_cast<Header*>(base_ + layout_.header); }

@@ -153,6 +153,9 @@ class Channel {
 
   // Removes the shared-memory name (existing mappings stay valid). Idempotent.
   Status Unlink();
+  // The same for a name this process did not create: the worker removes the name as soon as it has
+  // attached, so nothing is left in /dev/shm even if numoe-gpu is killed. A missing name is not an error.
+  static Status RemoveName(const std::string& name);
 
   Side side() const { return side_; }
   const Geometry& geometry() const { return geometry_; }

@@ -1,12 +1,46 @@
-// numoe-worker: one per NUMA node: holds the routed experts and computes them on the CPU.
+// numoe-worker: one per NUMA node. Holds the routed experts in node-local memory, computes them on the
+// CPU for numoe-gpu's per-layer requests, and runs the continuous-batching engine behind worker.proto.
 #include <cstdio>
 
 #include "common/args.h"
+#include "worker/service/worker_app.h"
 
 int main(int argc, char** argv) {
-  numoe::ArgParser parser("numoe-worker", "one per NUMA node: holds the routed experts and computes them on the CPU.\nThe multi-process runtime is not implemented yet (issue #4).");
+  numoe::worker::WorkerAppConfig c;
+  std::string numa_nodes;
+  numoe::ArgParser p("numoe-worker", "one per NUMA node: holds the routed experts, computes them on the CPU and "
+                                     "batches sequences for numoe-gpu.");
+  p.AddString("model", "DIR", "checkpoint directory (the same one numoe-gpu loads)", &c.model_dir, true);
+  p.AddString("gpu", "HOST:PORT", "numoe-gpu's gRPC address", &c.gpu_address);
+  p.AddString("host", "ADDR", "address to listen on", &c.host);
+  p.AddInt("port", "N", "gRPC port of the Worker service (0 = any free port)", &c.port, 0, 65535);
+  p.AddString("numa-node", "N[,N...]", "bind threads and memory to these NUMA node(s) (several: interleaved)",
+              &numa_nodes);
+  p.AddFlag("no-numa-bind", "do not bind (machines or containers without NUMA rights)", &c.no_numa_bind);
+  p.AddInt("threads", "N", "expert kernel threads (0 = every CPU of the bound nodes)", &c.threads, 0, 4096);
+  p.AddInt("max-seqs", "N", "sequences running at once", &c.max_seqs, 1, 4096);
+  p.AddInt("max-step-tokens", "N", "token budget of one step (decode tokens + prefill chunks)", &c.max_step_tokens, 1,
+           65536);
+  p.AddInt("prefill-chunk", "N", "prompt tokens of one sequence per step (0 = up to the budget)", &c.prefill_chunk, 0,
+           65536);
+  p.AddInt("max-queue", "N", "requests waiting beyond the running ones (then RESOURCE_EXHAUSTED)", &c.max_queue, 0,
+           1000000);
+  p.AddInt("default-max-tokens", "N", "max_new_tokens of requests that leave it 0", &c.default_max_tokens, 1,
+           10000000);
+  p.AddString("worker-id", "ID", "name reported to numoe-gpu and in stats (default worker-n<node>-<pid>)",
+              &c.worker_id);
+  p.AddInt("gpu-wait-ms", "MS", "keep retrying registration this long while numoe-gpu starts", &c.gpu_wait_ms, 0,
+           3600000);
+  p.AddString("experts", "auto|reference", "routed-expert backend (reference: fp32, small models only)", &c.experts);
   int rc = 0;
-  if (!parser.ParseOrExit(argc, argv, &rc)) return rc;
-  std::fprintf(stderr, "numoe-worker: not implemented yet (issue #4)\n");
-  return 1;
+  if (!p.ParseOrExit(argc, argv, &rc)) return rc;
+  if (!numa_nodes.empty() && !c.no_numa_bind) {
+    auto nodes = numoe::ParseIntList(numa_nodes, "--numa-node");
+    if (!nodes.ok()) {
+      std::fprintf(stderr, "numoe-worker: %s\n", std::string(nodes.status().message()).c_str());
+      return 2;
+    }
+    for (int64_t n : *nodes) c.numa_nodes.push_back(static_cast<int>(n));
+  }
+  return numoe::worker::RunWorkerApp(c);
 }

@@ -1,0 +1,288 @@
+// Real numoe-gpu + numoe-worker processes on loopback, tiny-v4: greedy token ids through the Worker gRPC
+// API equal the transformers goldens with several concurrent streams over two workers; a client that
+// cancels frees its sequence in numoe-gpu; a full queue answers RESOURCE_EXHAUSTED; bad input names the
+// field; a worker killed with SIGKILL mid-stream has its sequences and channel freed in numoe-gpu; a
+// worker with a different model is refused.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "numoe/v1/gpu.grpc.pb.h"
+#include "numoe/v1/worker.grpc.pb.h"
+#include "tests/integration/process_util.h"
+#include "tests/unit/runtime/runtime_test_util.h"
+
+namespace numoe::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string finish_reason;
+  int messages = 0;
+};
+
+StreamResult Generate(v1::Worker::Stub& stub, const v1::WorkerGenerateRequest& req, int timeout_s = 120) {
+  StreamResult r;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(timeout_s));
+  auto reader = stub.Generate(&ctx, req);
+  v1::WorkerGenerateResponse resp;
+  while (reader->Read(&resp)) {
+    ++r.messages;
+    r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+    if (!resp.finish_reason().empty()) r.finish_reason = resp.finish_reason();
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+v1::WorkerGenerateRequest GreedyRequest(const GoldenPrompt& g, int max_new = 0) {
+  v1::WorkerGenerateRequest req;
+  for (int32_t t : g.input_ids) req.add_prompt_ids(t);
+  req.set_max_new_tokens(max_new > 0 ? max_new : static_cast<uint32_t>(g.greedy.size()));
+  req.set_ignore_eos(true);
+  req.set_request_id(g.name);
+  return req;
+}
+
+v1::GpuStats GpuStats(v1::GpuService::Stub& gpu) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GpuStats s;
+  EXPECT_TRUE(gpu.Stats(&ctx, v1::GpuStatsRequest(), &s).ok());
+  return s;
+}
+
+v1::WorkerStats WorkerStats(v1::Worker::Stub& w) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::WorkerStats s;
+  EXPECT_TRUE(w.Stats(&ctx, v1::WorkerStatsRequest(), &s).ok());
+  return s;
+}
+
+// Polls `pred` for up to `ms`.
+template <typename F>
+bool Eventually(F pred, int ms = 20000) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  while (Clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+class Runtime : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    goldens_ = LoadGoldens(TinyDir());
+    ASSERT_EQ(goldens_.size(), 4u);
+    gpu_ = std::make_unique<Child>("numoe-gpu",
+                                   std::vector<std::string>{"--model", TinyDir(), "--port", "0", "--heartbeat-ms", "100"},
+                                   TempPath("gpu.log"));
+    gpu_addr_ = gpu_->WaitReady();
+    ASSERT_FALSE(gpu_addr_.empty()) << gpu_->Log();
+    gpu_stub_ = v1::GpuService::NewStub(grpc::CreateChannel(gpu_addr_, grpc::InsecureChannelCredentials()));
+  }
+
+  // Starts a worker; returns its index in workers_.
+  size_t StartWorker(std::vector<std::string> extra = {}, const std::string& model = "") {
+    std::vector<std::string> args = {"--model",        model.empty() ? TinyDir() : model,
+                                     "--gpu",          gpu_addr_,
+                                     "--port",         "0",
+                                     "--no-numa-bind", "--threads",
+                                     "1",              "--max-step-tokens",
+                                     "64",             "--prefill-chunk",
+                                     "32"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const size_t i = workers_.size();
+    workers_.push_back(std::make_unique<Child>("numoe-worker", args, TempPath("worker" + std::to_string(i) + ".log")));
+    const std::string addr = workers_.back()->WaitReady();
+    addrs_.push_back(addr);
+    stubs_.push_back(addr.empty() ? nullptr
+                                  : v1::Worker::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials())));
+    return i;
+  }
+
+  std::vector<GoldenPrompt> goldens_;
+  std::unique_ptr<Child> gpu_;
+  std::string gpu_addr_;
+  std::unique_ptr<v1::GpuService::Stub> gpu_stub_;
+  std::vector<std::unique_ptr<Child>> workers_;
+  std::vector<std::string> addrs_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+};
+
+TEST_F(Runtime, ConcurrentGreedyStreamsOverTwoWorkersMatchGoldens) {
+  for (int i = 0; i < 2; ++i) {
+    StartWorker();
+    ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
+  }
+  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).workers() == 2; }));
+
+  // 12 streams at once: every prompt 3 times, spread over both workers.
+  constexpr int kCopies = 3;
+  std::vector<StreamResult> results(goldens_.size() * kCopies);
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < results.size(); ++k) {
+    threads.emplace_back([&, k] {
+      const GoldenPrompt& g = goldens_[k % goldens_.size()];
+      results[k] = Generate(*stubs_[k % 2], GreedyRequest(g));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t k = 0; k < results.size(); ++k) {
+    const GoldenPrompt& g = goldens_[k % goldens_.size()];
+    ASSERT_TRUE(results[k].status.ok()) << g.name << ": " << results[k].status.error_message();
+    EXPECT_EQ(results[k].tokens, g.greedy) << g.name << " on worker " << k % 2;
+    EXPECT_EQ(results[k].finish_reason, "length");
+    EXPECT_GE(results[k].messages, 2);  // streamed, not one reply at the end
+  }
+
+  const v1::GpuStats gs = GpuStats(*gpu_stub_);
+  EXPECT_EQ(gs.workers(), 2u);
+  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; })) << GpuStats(*gpu_stub_).DebugString();
+  EXPECT_GT(gs.layer_hops(), 0u);
+  EXPECT_GT(gs.layer_hop_p50_us(), 0.0);
+  EXPECT_EQ(gs.backend(), "cpu");
+  uint64_t tokens = 0;
+  for (int i = 0; i < 2; ++i) {
+    const v1::WorkerStats ws = WorkerStats(*stubs_[i]);
+    EXPECT_EQ(ws.active_sequences(), 0u);
+    EXPECT_EQ(ws.outstanding_tokens(), 0u);
+    EXPECT_EQ(ws.max_step_tokens(), 64u);
+    tokens += ws.tokens_generated();
+  }
+  EXPECT_EQ(tokens, results.size() * 32);
+}
+
+TEST_F(Runtime, CancelQueueFullAndBadInput) {
+  StartWorker({"--max-seqs", "1", "--max-queue", "1"});
+  ASSERT_FALSE(addrs_[0].empty()) << workers_[0]->Log();
+  v1::Worker::Stub& w = *stubs_[0];
+
+  // Bad input names the field.
+  v1::WorkerGenerateRequest bad = GreedyRequest(goldens_[0]);
+  bad.set_prompt_ids(2, 4096);
+  StreamResult r = Generate(w, bad);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("prompt_ids[2]"), std::string::npos) << r.status.error_message();
+  bad = GreedyRequest(goldens_[0]);
+  bad.mutable_sampling()->set_temperature(-1);
+  r = Generate(w, bad);
+  EXPECT_NE(r.status.error_message().find("sampling.temperature"), std::string::npos) << r.status.error_message();
+
+  // One long stream runs, one waits, the third is refused; then the client cancels the running one.
+  v1::WorkerGenerateRequest longreq = GreedyRequest(goldens_[0], 100000);
+  grpc::ClientContext running_ctx;
+  auto running = w.Generate(&running_ctx, longreq);
+  v1::WorkerGenerateResponse first;
+  ASSERT_TRUE(running->Read(&first));
+  EXPECT_EQ(first.token_ids(0), goldens_[0].greedy[0]);
+  grpc::ClientContext waiting_ctx;
+  auto waiting = w.Generate(&waiting_ctx, GreedyRequest(goldens_[2], 4));
+  ASSERT_TRUE(Eventually([&] { return WorkerStats(w).queued_sequences() == 1; }));
+  r = Generate(w, GreedyRequest(goldens_[2], 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << r.status.error_message();
+  EXPECT_EQ(GpuStats(*gpu_stub_).sequences(), 1u);
+
+  running_ctx.TryCancel();
+  v1::WorkerGenerateResponse rest;
+  while (running->Read(&rest)) {
+  }
+  EXPECT_EQ(running->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The waiting request now runs to completion, then nothing is left anywhere.
+  std::vector<int32_t> got;
+  while (waiting->Read(&rest)) got.insert(got.end(), rest.token_ids().begin(), rest.token_ids().end());
+  EXPECT_TRUE(waiting->Finish().ok());
+  EXPECT_EQ(got, std::vector<int32_t>(goldens_[2].greedy.begin(), goldens_[2].greedy.begin() + 4));
+  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; }));
+  EXPECT_TRUE(Eventually([&] { return WorkerStats(w).active_sequences() == 0; }));
+}
+
+TEST_F(Runtime, KilledWorkerIsFreedInGpu) {
+  StartWorker();
+  StartWorker();
+  ASSERT_FALSE(addrs_[0].empty()) << workers_[0]->Log();
+  ASSERT_FALSE(addrs_[1].empty()) << workers_[1]->Log();
+  // Three long streams on worker 0, one on worker 1.
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::WorkerGenerateResponse>>> readers;
+  for (int i = 0; i < 4; ++i) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(stubs_[i < 3 ? 0 : 1]->Generate(ctxs.back().get(), GreedyRequest(goldens_[i % 4], 100000)));
+    v1::WorkerGenerateResponse resp;
+    ASSERT_TRUE(readers.back()->Read(&resp));
+  }
+  v1::GpuStats before = GpuStats(*gpu_stub_);
+  EXPECT_EQ(before.workers(), 2u);
+  EXPECT_EQ(before.sequences(), 4u);
+
+  workers_[0]->Signal(SIGKILL);
+  // numoe-gpu notices the dead process and frees its sequences and channel; worker 1 is untouched.
+  EXPECT_TRUE(Eventually([&] {
+    v1::GpuStats s = GpuStats(*gpu_stub_);
+    return s.workers() == 1 && s.sequences() == 1;
+  })) << GpuStats(*gpu_stub_).DebugString();
+  v1::WorkerGenerateResponse resp;
+  while (readers[0]->Read(&resp)) {  // what was in flight, then the broken connection
+  }
+  EXPECT_EQ(readers[0]->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(readers[3]->Read(&resp));  // worker 1 still streams
+  ctxs[3]->TryCancel();
+  while (readers[3]->Read(&resp)) {
+  }
+  (void)readers[3]->Finish();
+  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; }));
+  // No channel left behind by the dead worker.
+  const std::string prefix = "numoe-gpu-" + std::to_string(gpu_->pid()) + "-";
+  int left = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) ++left;
+  }
+  EXPECT_EQ(left, 0);
+
+  // A new worker registers and serves.
+  const size_t k = StartWorker();
+  ASSERT_FALSE(addrs_[k].empty()) << workers_[k]->Log();
+  StreamResult r = Generate(*stubs_[k], GreedyRequest(goldens_[2]));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, goldens_[2].greedy);
+}
+
+TEST_F(Runtime, WorkerWithAnotherModelIsRefused) {
+  StartWorker({}, std::string(NUMOE_TEST_DATA) + "/demo-v4");
+  EXPECT_TRUE(addrs_[0].empty());
+  const int status = workers_[0]->Reap(60000);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_NE(workers_[0]->Log().find("model_fingerprint"), std::string::npos) << workers_[0]->Log();
+  EXPECT_EQ(GpuStats(*gpu_stub_).workers(), 0u);
+}
+
+TEST_F(Runtime, GpuGoneMakesTheWorkerExit) {
+  StartWorker();
+  ASSERT_FALSE(addrs_[0].empty()) << workers_[0]->Log();
+  const pid_t gpu_pid = gpu_->pid();
+  gpu_->Signal(SIGKILL);
+  const int status = workers_[0]->Reap(30000);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << workers_[0]->Log();
+  EXPECT_NE(workers_[0]->Log().find("lost numoe-gpu"), std::string::npos) << workers_[0]->Log();
+  // The worker removed the channel's name once attached: a killed numoe-gpu leaves nothing in /dev/shm.
+  const std::string prefix = "numoe-gpu-" + std::to_string(gpu_pid) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_NE(e.path().filename().string().rfind(prefix, 0), 0u) << e.path();
+  }
+}
+
+}  // namespace
+}  // namespace numoe::test

@@ -1,0 +1,146 @@
+#include "worker/service/worker_app.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+
+#include "common/checkpoint.h"
+#include "common/log.h"
+#include "common/shm_channel.h"
+#include "common/thread_pool.h"
+#include "gpu_service/cpu/reference_experts.h"
+#include "gpu_service/service/runtime_util.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/remote_executor.h"
+#include "worker/service/gpu_client.h"
+#include "worker/service/numa_bind.h"
+#include "worker/service/progress.h"
+#include "worker/service/worker_service.h"
+
+namespace numoe::worker {
+
+namespace {
+
+// Loads the routed experts of every main layer into this (bound) process's memory.
+StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, const Checkpoint& ckpt, ThreadPool*,
+                                                     const NumaBinding&) {
+  const int64_t total = StoredFootprint(ckpt).routed_expert_bytes;
+  ProgressBar bar("loading routed experts", total);
+  bar.Update(0);
+  if (c.experts != "auto" && c.experts != "reference") {
+    return absl::InvalidArgumentError(absl::StrCat("--experts must be auto or reference (got '", c.experts, "')"));
+  }
+  // The packed MXFP4 kernels (worker/experts, InProcessExperts) replace this fp32 reference once they
+  // are linked in; until then both choices load the reference.
+  ASSIGN_OR_RETURN(auto experts, cpu::ReferenceExperts::Load(ckpt));
+  bar.Done(total);
+  return std::unique_ptr<ExpertBackend>(std::move(experts));
+}
+
+std::string DefaultWorkerId(const std::vector<int>& nodes) {
+  std::string id = "worker";
+  for (int n : nodes) id += "-n" + std::to_string(n);
+  return absl::StrCat(id, "-", getpid());
+}
+
+}  // namespace
+
+int RunWorkerApp(const WorkerAppConfig& c) {
+  BlockShutdownSignals();
+  auto fail = [](const Status& st) {
+    NLOG(ERROR) << "numoe-worker: " << st;
+    return 1;
+  };
+  // 1. NUMA: threads and memory on the node(s), before anything big is allocated.
+  NumaBinding binding;
+  if (c.no_numa_bind || c.numa_nodes.empty()) {
+    binding = Unbound(static_cast<int>(c.threads));
+  } else {
+    auto b = BindToNumaNodes(c.numa_nodes, static_cast<int>(c.threads));
+    if (!b.ok()) return fail(b.status());
+    binding = std::move(*b);
+  }
+  NLOG(INFO) << "numoe-worker: " << binding.description;
+  auto pool = ThreadPool::Create({.num_threads = binding.threads, .cpus = binding.cpus});
+  if (!pool.ok()) return fail(pool.status());
+
+  // 2. The model's routed experts.
+  auto ckpt = Checkpoint::Open(c.model_dir);
+  if (!ckpt.ok()) return fail(ckpt.status());
+  auto fingerprint = ModelFingerprint(c.model_dir);
+  if (!fingerprint.ok()) return fail(fingerprint.status());
+  auto experts = LoadExperts(c, **ckpt, pool->get(), binding);
+  if (!experts.ok()) return fail(experts.status());
+
+  // 3. numoe-gpu: register, attach the channel, keep the lease.
+  const std::string worker_id = c.worker_id.empty() ? DefaultWorkerId(binding.nodes) : c.worker_id;
+  v1::RegisterRequest reg;
+  reg.set_worker_id(worker_id);
+  reg.set_pid(static_cast<uint32_t>(getpid()));
+  reg.set_model_fingerprint(*fingerprint);
+  reg.set_max_sequences(static_cast<uint32_t>(c.max_seqs));
+  reg.set_max_step_tokens(static_cast<uint32_t>(c.max_step_tokens));
+  auto gpu = GpuClient::Register(c.gpu_address, reg, c.gpu_wait_ms);
+  if (!gpu.ok()) return fail(gpu.status());
+  const v1::RegisterResponse& r = (*gpu)->registration();
+  auto channel = shm::Channel::Attach(r.shm_name());
+  if (!channel.ok()) return fail(channel.status());
+  (void)shm::Channel::RemoveName(r.shm_name());  // mapped: the name is no longer needed by anyone
+  (*gpu)->StartHeartbeats();
+  NLOG(INFO) << "numoe-worker: registered with numoe-gpu at " << c.gpu_address << " (lease " << r.lease() << ", "
+             << r.backend() << " backend, channel " << r.shm_name() << ", " << r.max_sequences() << " sequences x "
+             << r.max_step_tokens() << " tokens per step)";
+
+  // 4. The engine over the remote executor.
+  engine::RemoteExecutor executor(channel->get(), experts->get());
+  engine::EngineOptions eo{.max_seqs = c.max_seqs,
+                           .max_step_tokens = c.max_step_tokens,
+                           .prefill_chunk = c.prefill_chunk,
+                           .max_queue = c.max_queue,
+                           .eos_token_id = (*ckpt)->config().eos_token_id,
+                           .max_context = (*ckpt)->config().max_position_embeddings};
+  if (Status st = engine::ValidateEngineOptions(eo); !st.ok()) return fail(st);
+  engine::Engine engine(&executor, eo);
+  engine.Start();
+
+  // 5. The Worker service.
+  WorkerGrpcService service(&engine, WorkerServiceOptions{.worker_id = worker_id,
+                                                          .numa_nodes = binding.nodes,
+                                                          .default_max_tokens = c.default_max_tokens});
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string addr = absl::StrCat(c.host, ":", c.port);
+  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", addr, " (port in use?)")));
+  }
+  const std::string bound = absl::StrCat(c.host, ":", port);
+  NLOG(INFO) << "numoe-worker " << worker_id << ": serving Worker on " << bound << " (max " << eo.max_seqs
+             << " sequences, " << engine.options().max_step_tokens << " tokens per step, prefill chunk "
+             << eo.prefill_chunk << ")";
+  NotifyReady(bound);
+
+  // 6. Until a signal, or until numoe-gpu is gone.
+  GpuClient* g = gpu->get();
+  const int sig = WaitForShutdownSignal([&] { return g->lost() || !engine.healthy(); });
+  int rc = 0;
+  if (sig != 0) {
+    NLOG(INFO) << "numoe-worker: signal " << sig << ", shutting down";
+  } else {
+    NLOG(ERROR) << "numoe-worker: lost numoe-gpu ("
+                << (g->lost() ? g->lost_status() : absl::UnavailableError("the channel failed")) << "); exiting";
+    rc = 1;
+  }
+  engine.Stop();  // ends every stream (UNAVAILABLE) and flushes closes to numoe-gpu
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (rc == 0) (void)g->Release();
+  return rc;
+}
+
+}  // namespace numoe::worker

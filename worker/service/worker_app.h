@@ -1,0 +1,34 @@
+// numoe-worker as a program: bind to the NUMA node(s), load the routed experts (with a progress bar),
+// register with numoe-gpu and attach its shared-memory channel, run the batching engine, serve
+// worker.proto over gRPC; stop on SIGINT/SIGTERM, or exit with an error when numoe-gpu goes away (the
+// launcher restarts the worker, which then registers afresh). worker/main.cc fills WorkerAppConfig.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace numoe::worker {
+
+struct WorkerAppConfig {
+  std::string model_dir;
+  std::string gpu_address = "127.0.0.1:50051";  // numoe-gpu's gRPC address
+  std::string host = "127.0.0.1";               // this worker's gRPC listen address
+  int64_t port = 50061;                         // 0 = any free port (logged, and sent to NUMOE_NOTIFY_FD)
+  std::vector<int> numa_nodes;                  // empty = not bound
+  bool no_numa_bind = false;
+  int64_t threads = 0;                          // kernel threads; 0 = the bound nodes' CPUs (all usable CPUs)
+  int64_t max_seqs = 16;
+  int64_t max_step_tokens = 512;
+  int64_t prefill_chunk = 256;
+  int64_t max_queue = 256;
+  int64_t default_max_tokens = 256;
+  std::string worker_id;                        // default "worker-<nodes>-<pid>"
+  int64_t gpu_wait_ms = 60000;                  // how long to retry registering while numoe-gpu starts
+  std::string experts = "auto";                 // "auto" | "reference" (fp32, for debugging small models)
+};
+
+// Runs until a signal (exit code 0) or a fatal error (1, logged).
+int RunWorkerApp(const WorkerAppConfig& config);
+
+}  // namespace numoe::worker

@@ -1,0 +1,178 @@
+#include "worker/service/worker_service.h"
+
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "gpu_service/service/runtime_util.h"
+
+namespace numoe::worker {
+
+StatusOr<engine::EngineRequest> ToEngineRequest(const v1::WorkerGenerateRequest& request, int64_t default_max_tokens) {
+  engine::EngineRequest r;
+  r.prompt.assign(request.prompt_ids().begin(), request.prompt_ids().end());
+  r.max_new_tokens = request.max_new_tokens() == 0 ? default_max_tokens : request.max_new_tokens();
+  const v1::WorkerSampling& s = request.sampling();
+  r.sampling.temperature = s.temperature();
+  r.sampling.top_p = s.top_p() == 0.0f ? 1.0 : s.top_p();
+  r.sampling.top_k = s.top_k();
+  r.sampling.seed = s.seed();
+  r.ignore_eos = request.ignore_eos();
+  r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  r.request_id = request.request_id();
+  return r;
+}
+
+namespace {
+
+// One Generate stream. The engine's scheduling thread feeds it through Sink; gRPC's threads call the
+// On* reactions. Both sides meet under mu_. Lifetime: gRPC deletes nothing; OnDone deletes the reactor
+// after detaching the sink, which the engine may still hold (then its calls are dropped).
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerateResponse> {
+ public:
+  GenerateReactor(engine::Engine* engine, const v1::WorkerGenerateRequest& request, int64_t default_max_tokens)
+      : engine_(engine), sink_(std::make_shared<Sink>(this)) {
+    auto req = ToEngineRequest(request, default_max_tokens);
+    if (!req.ok()) {
+      FinishNow(req.status());
+      return;
+    }
+    auto id = engine_->Submit(std::move(*req), sink_);
+    if (!id.ok()) {
+      FinishNow(id.status());
+      return;
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    id_ = *id;
+    submitted_ = true;
+    if (cancelled_) engine_->Cancel(id_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    writing_ = false;
+    if (!ok) {  // the stream broke: stop generating for nobody
+      if (submitted_) engine_->Cancel(id_);
+      if (!finished_) {
+        finished_ = true;
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the stream to the client broke"));
+      }
+      return;
+    }
+    MaybeWriteLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    cancelled_ = true;
+    if (submitted_) engine_->Cancel(id_);  // the engine answers with OnError(CANCELLED) -> Finish
+  }
+
+  void OnDone() override {
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  class Sink final : public engine::TokenSink {
+   public:
+    explicit Sink(GenerateReactor* r) : r_(r) {}
+    void OnTokens(std::span<const int32_t> tokens, std::string_view reason) override {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (r_ != nullptr) r_->Push(tokens, reason);
+    }
+    void OnError(const Status& status) override {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (r_ != nullptr) r_->PushError(status);
+    }
+    void Detach() {
+      std::lock_guard<std::mutex> lk(mu_);
+      r_ = nullptr;
+    }
+
+   private:
+    std::mutex mu_;
+    GenerateReactor* r_;
+  };
+
+  void FinishNow(const Status& status) {
+    std::lock_guard<std::mutex> lk(mu_);
+    finished_ = true;
+    Finish(ToGrpcStatus(status));
+  }
+
+  void Push(std::span<const int32_t> tokens, std::string_view reason) {
+    std::lock_guard<std::mutex> lk(mu_);
+    // Coalesce into the not-yet-started last response when the client reads slower than we produce.
+    if (pending_.empty() || !pending_.back().finish_reason().empty()) pending_.emplace_back();
+    v1::WorkerGenerateResponse& r = pending_.back();
+    for (int32_t t : tokens) r.add_token_ids(t);
+    if (!reason.empty()) {
+      r.set_finish_reason(std::string(reason));
+      final_ = grpc::Status::OK;
+      final_ready_ = true;
+    }
+    MaybeWriteLocked();
+  }
+
+  void PushError(const Status& status) {
+    std::lock_guard<std::mutex> lk(mu_);
+    final_ = ToGrpcStatus(status);
+    final_ready_ = true;
+    MaybeWriteLocked();
+  }
+
+  void MaybeWriteLocked() {
+    if (finished_ || writing_) return;
+    if (!pending_.empty()) {
+      current_ = std::move(pending_.front());
+      pending_.pop_front();
+      writing_ = true;
+      StartWrite(&current_);
+      return;
+    }
+    if (final_ready_) {
+      finished_ = true;
+      Finish(final_);
+    }
+  }
+
+  engine::Engine* engine_;
+  std::shared_ptr<Sink> sink_;
+  std::mutex mu_;
+  engine::RequestId id_ = 0;
+  bool submitted_ = false, cancelled_ = false;
+  std::deque<v1::WorkerGenerateResponse> pending_;
+  v1::WorkerGenerateResponse current_;
+  bool writing_ = false, final_ready_ = false, finished_ = false;
+  grpc::Status final_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::WorkerGenerateResponse>* WorkerGrpcService::Generate(
+    grpc::CallbackServerContext*, const v1::WorkerGenerateRequest* request) {
+  return new GenerateReactor(engine_, *request, options_.default_max_tokens);
+}
+
+grpc::ServerUnaryReactor* WorkerGrpcService::Stats(grpc::CallbackServerContext* ctx, const v1::WorkerStatsRequest*,
+                                                   v1::WorkerStats* response) {
+  const engine::EngineStats s = engine_->stats();
+  response->set_worker_id(options_.worker_id);
+  for (int n : options_.numa_nodes) response->add_numa_nodes(n);
+  response->set_active_sequences(static_cast<uint32_t>(s.active));
+  response->set_queued_sequences(static_cast<uint32_t>(s.queued));
+  response->set_max_sequences(static_cast<uint32_t>(s.max_seqs));
+  response->set_decode_tokens_per_s(s.decode_tokens_per_s);
+  response->set_tokens_generated(static_cast<uint64_t>(s.tokens_generated));
+  response->set_prompt_tokens(static_cast<uint64_t>(s.prompt_tokens));
+  response->set_outstanding_tokens(static_cast<uint64_t>(s.outstanding_tokens));
+  response->set_steps(static_cast<uint64_t>(s.steps));
+  response->set_max_step_tokens(static_cast<uint32_t>(engine_->options().max_step_tokens));
+  response->set_queue_capacity(static_cast<uint32_t>(engine_->options().max_queue));
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace numoe::worker

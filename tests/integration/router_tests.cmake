@@ -1,0 +1,18 @@
+# numoe-router's integration tests (label integration): the router against fake workers over loopback.
+if(NOT TARGET numoe_router)  # the router library is not in this tree yet
+  return()
+endif()
+numoe_add_binary(router_fake_worker SOURCES router_fake_worker.cc LIBS numoe_tokenizer numoe_proto numoe_common)
+
+numoe_add_test(router_integration_test
+  SOURCES router_integration_test.cc router_test_util.cc
+  LIBS numoe_proto numoe_common nlohmann_json::nlohmann_json
+  LABELS integration TIMEOUT 300)
+add_dependencies(router_integration_test numoe-router router_fake_worker)
+
+# The REST API through the official `openai` npm client (skipped, exit 77, when node/npm or the registry is
+# unreachable).
+add_test(NAME router_openai_node
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/node/run_openai_test.sh $<TARGET_FILE:numoe-router>
+          $<TARGET_FILE:router_fake_worker> ${NUMOE_TEST_DATA}/tiny-v4 ${CMAKE_CURRENT_BINARY_DIR}/node)
+set_tests_properties(router_openai_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)

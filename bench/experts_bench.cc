@@ -1,16 +1,308 @@
+// numoe-bench experts: routed-expert kernel bandwidth against the machine's streaming-read bandwidth.
+//
+// Each run measures, on the same pinned threads and the same memory: (1) a streaming read over all packed
+// expert weights (read_gbps), (2) MoE steps of T tokens with random top-k routing per token and layer,
+// cycling through the layers (kernel_gbps = unique expert bytes streamed per second of MoeCompute::Run),
+// then (3) the read again. read_gbps of a run averages its two read passes. Reported: medians over runs.
+// The last line is one JSON object: {"isa","tokens","threads","kernel_gbps","read_gbps","ratio","tflops"}.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "bench/commands.h"
 #include "common/args.h"
+#include "common/log.h"
+#include "common/numa.h"
+#include "common/thread_pool.h"
+#include "worker/experts/expert_layer.h"
+#include "worker/experts/isa.h"
+#include "worker/experts/kernel_ops.h"
+#include "worker/experts/moe_compute.h"
 
 namespace numoe::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Preset {
+  const char* name;
+  int64_t hidden, inter, experts, top_k;
+};
+
+constexpr Preset kPresets[] = {
+    {"v4-flash", 4096, 2048, 256, 6},  // DeepSeek-V4-Flash routed experts
+    {"small", 512, 256, 32, 6},        // smoke tests
+};
+
+int64_t LastLevelCacheBytes() {
+  int64_t best = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+    std::string s;
+    if (!(f >> s) || s.empty()) continue;
+    int64_t v = std::atoll(s.c_str());
+    if (s.back() == 'K') v <<= 10;
+    if (s.back() == 'M') v <<= 20;
+    best = std::max(best, v);
+  }
+  return best > 0 ? best : (32 << 20);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One streaming pass over [data, data + bytes): every thread sums its contiguous share with 8 independent
+// 64-bit lanes (vectorised loads), prefetching ahead like the kernel does. Returns seconds.
+double ReadPass(ThreadPool& pool, const uint8_t* data, size_t bytes, uint64_t* sink) {
+  std::vector<uint64_t> sums(pool.size() * 8, 0);
+  const auto t0 = Clock::now();
+  pool.RunOnAll([&](int t) {
+    const size_t per = bytes / pool.size() / 64 * 64;
+    const uint8_t* p = data + per * t;
+    const size_t n = (t == pool.size() - 1) ? bytes - per * t : per;
+    uint64_t acc[8] = {};
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+      __builtin_prefetch(p + i + 2048, 0, 3);
+      uint64_t v[8];
+      std::memcpy(v, p + i, 64);
+      for (int j = 0; j < 8; ++j) acc[j] += v[j];
+    }
+    for (int j = 0; j < 8; ++j) sums[t * 8 + j] = acc[j];
+  });
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (uint64_t v : sums) *sink += v;
+  return s;
+}
+
+}  // namespace
 
 int RunExpertsBench(int argc, char** argv) {
-  ArgParser parser(argv[0], "Not implemented yet.");
+  ArgParser parser(argv[0],
+                   "Routed-expert kernel GB/s against the machine's streaming-read GB/s (same threads, same run).");
+  std::string preset_name = "v4-flash", isa_name, precision_name = "high";
+  int64_t tokens = 1, threads = 0, layers = 0, runs = 5, seed = 1, amx_min_rows = -1;
+  double seconds = 1.0;
+  bool json = false, peak = false;
+  parser.AddString("preset", "NAME", "expert shapes: v4-flash (4096x2048, 256 experts, top-6) or small", &preset_name);
+  parser.AddInt("tokens", "T", "tokens per step (each routed to top-k random experts per layer)", &tokens, 1, 1 << 20);
+  parser.AddInt("threads", "N", "kernel threads, pinned to the first N CPUs of NUMA node 0 (default: all)", &threads,
+                0, 4096);
+  parser.AddInt("layers", "L", "layers of distinct weights (default: enough for >= 4x LLC and >= 2 GiB)", &layers, 0,
+                1000);
+  parser.AddInt("runs", "R", "runs; medians are reported", &runs, 1, 1000);
+  parser.AddDouble("seconds", "S", "kernel time per run (at least 3 steps)", &seconds, 0.0, 3600.0);
+  parser.AddString("isa", "ISA", "generic|avx2|avx512|amx (default: NUMOE_ISA or the best available)", &isa_name);
+  parser.AddString("precision", "P", "activation precision of the fast kernels: high (default) or low", &precision_name);
+  parser.AddInt("seed", "N", "routing and data seed", &seed);
+  parser.AddInt("amx-min-rows", "N", "with --isa amx: experts with fewer rows use AVX-512 (default: MoeCompute's)",
+                &amx_min_rows, -1, 1 << 20);
+  parser.AddFlag("peak", "also measure the multiply instruction's register-resident peak on the same threads", &peak);
+  parser.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json);
+  parser.AddEpilog("\nExample: numoe-bench experts --preset v4-flash --tokens 1 --threads 2 --runs 5\n");
   int rc = 0;
   if (!parser.ParseOrExit(argc, argv, &rc)) return rc;
-  std::fprintf(stderr, "%s: not implemented yet\n", argv[0]);
-  return 1;
+  const auto fail = [&](const Status& st) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(st.message()).c_str());
+    return 1;
+  };
+
+  const Preset* preset = nullptr;
+  for (const auto& p : kPresets)
+    if (preset_name == p.name) preset = &p;
+  if (preset == nullptr) return fail(absl::InvalidArgumentError("unknown --preset '" + preset_name + "'"));
+  Isa isa;
+  if (isa_name.empty()) {
+    auto selected = SelectIsa();
+    if (!selected.ok()) return fail(selected.status());
+    isa = *selected;
+  } else {
+    auto parsed = ParseIsa(isa_name);
+    if (!parsed.ok()) return fail(parsed.status());
+    if (!IsaAvailable(*parsed)) return fail(absl::FailedPreconditionError("--isa " + isa_name + " is not available"));
+    isa = *parsed;
+  }
+  MoeComputeOptions moe_options;
+  if (amx_min_rows >= 0) moe_options.amx_min_rows = amx_min_rows;
+  if (precision_name == "low") {
+    moe_options.precision = ActivationPrecision::kLow;
+  } else if (precision_name != "high") {
+    return fail(absl::InvalidArgumentError("--precision must be high or low"));
+  }
+
+  auto topo = GetNumaTopology();
+  if (!topo.ok()) return fail(topo.status());
+  auto placement = PlaceWorker(*topo, 0, static_cast<int>(threads));
+  if (!placement.ok()) return fail(placement.status());
+  if (threads > static_cast<int64_t>(placement->cpus.size())) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--threads ", threads, " but node 0 has ",
+                                                        placement->cpus.size(), " usable CPUs")));
+  }
+  auto pool_or = ThreadPool::Create({.num_threads = static_cast<int>(placement->cpus.size()), .cpus = placement->cpus});
+  if (!pool_or.ok()) return fail(pool_or.status());
+  ThreadPool& pool = **pool_or;
+
+  // Source experts in checkpoint format: a few distinct ones, reused by every packed expert slot (the
+  // packed copies are distinct memory, which is what the measurement is about).
+  const experts::PackedExpertShape shape{preset->hidden, preset->inter};
+  const int64_t layer_bytes = shape.stride() * preset->experts;
+  const int64_t llc = LastLevelCacheBytes();
+  if (layers == 0) {
+    const int64_t want = std::max<int64_t>(4 * llc, int64_t{2} << 30);
+    layers = preset->experts >= 64 ? std::max<int64_t>(1, (want + layer_bytes - 1) / layer_bytes) : 1;
+  }
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  constexpr int kSources = 8;
+  struct Source {
+    std::vector<uint8_t> packed[3], scales[3];
+  };
+  std::vector<Source> sources(kSources);
+  const int64_t rows[3] = {preset->inter, preset->inter, preset->hidden};
+  const int64_t cols[3] = {preset->hidden, preset->hidden, preset->inter};
+  // Scales around 2^-6: V4-Flash-like magnitudes, inside bf16's exact range so AMX is eligible.
+  std::uniform_int_distribution<int> scale_dist(118, 124);
+  for (auto& s : sources) {
+    for (int m = 0; m < 3; ++m) {
+      s.packed[m].resize(rows[m] * cols[m] / 2);
+      s.scales[m].resize(rows[m] * (cols[m] / 32));
+      for (size_t i = 0; i < s.packed[m].size(); i += 8) {
+        const uint64_t r = rng();
+        std::memcpy(s.packed[m].data() + i, &r, std::min<size_t>(8, s.packed[m].size() - i));
+      }
+      for (auto& b : s.scales[m]) b = static_cast<uint8_t>(scale_dist(rng));
+    }
+  }
+  std::vector<ExpertWeightsRef> refs(preset->experts);
+  for (int64_t e = 0; e < preset->experts; ++e) {
+    const Source& s = sources[e % kSources];
+    Mxfp4Matrix m[3];
+    for (int i = 0; i < 3; ++i) m[i] = Mxfp4Matrix{s.packed[i].data(), s.scales[i].data(), rows[i], cols[i]};
+    refs[e] = ExpertWeightsRef{m[0], m[1], m[2]};
+  }
+  const auto pack_t0 = Clock::now();
+  std::vector<std::unique_ptr<ExpertLayer>> packed;
+  {
+    // Packing is load-time work: use every CPU of the node, not just the measured threads.
+    ThreadPool pack_pool(static_cast<int>(topo->cpus[0].size()));
+    for (int64_t l = 0; l < layers; ++l) {
+      auto layer = ExpertLayer::Pack(preset->hidden, preset->inter, refs, isa,
+                                     {.numa_node = placement->memory_node, .pool = &pack_pool});
+      if (!layer.ok()) return fail(layer.status());
+      packed.push_back(std::move(*layer));
+    }
+  }
+  sources.clear();
+  const double pack_s = std::chrono::duration<double>(Clock::now() - pack_t0).count();
+  const double weight_gb = static_cast<double>(layer_bytes) * layers / 1e9;
+  if (!json) {
+    std::printf("preset %s: hidden %ld, inter %ld, %ld experts/layer, top-%ld; %ld layer(s), %.2f GB of packed "
+                "weights (LLC %.0f MiB), %s pages, packed in %.1f s\n",
+                preset->name, preset->hidden, preset->inter, preset->experts, preset->top_k, layers, weight_gb,
+                llc / 1048576.0, packed[0]->page_mode().c_str(), pack_s);
+    std::printf("isa %s, precision %s, %d threads on CPUs", IsaName(isa), precision_name.c_str(), pool.size());
+    for (int c : pool.cpus()) std::printf(" %d", c);
+    std::printf(", tokens %ld\n", tokens);
+  }
+
+  if (peak && (isa == Isa::kAmx || isa == Isa::kAvx512)) {
+    std::vector<double> per_thread(pool.size());
+    pool.RunOnAll([&](int t) {
+      per_thread[t] = isa == Isa::kAmx ? experts::AmxBf16PeakFlops(0.5) : experts::Avx512VnniPeakFlops(0.5);
+    });
+    double total = 0;
+    for (double f : per_thread) total += f;
+    if (!json) {
+      std::printf("peak %.3f TFLOP/s on %d threads (%s, register-resident)\n", total / 1e12, pool.size(),
+                  isa == Isa::kAmx ? "AMX TDPBF16PS bf16" : "AVX-512 VPDPBUSD int8");
+    }
+  }
+  MoeCompute moe(&pool, isa, moe_options);
+  std::vector<float> x(tokens * preset->hidden), out(tokens * preset->hidden), w(tokens * preset->top_k);
+  std::vector<int32_t> ids(tokens * preset->top_k);
+  std::uniform_real_distribution<float> ux(-1.0f, 1.0f), uw(0.1f, 1.0f);
+  for (auto& v : x) v = ux(rng);
+  for (auto& v : w) v = uw(rng);
+  std::vector<int32_t> perm(preset->experts);
+  std::vector<char> used(preset->experts);
+  const auto route = [&]() -> int64_t {  // random top-k (distinct) per token; returns unique experts
+    std::fill(used.begin(), used.end(), 0);
+    int64_t unique = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t k = 0; k < preset->top_k; ++k) {  // partial Fisher-Yates
+        if (k == 0) std::iota(perm.begin(), perm.end(), 0);
+        std::uniform_int_distribution<int64_t> pick(k, preset->experts - 1);
+        std::swap(perm[k], perm[pick(rng)]);
+        ids[t * preset->top_k + k] = perm[k];
+        if (!used[perm[k]]) used[perm[k]] = 1, ++unique;
+      }
+    }
+    return unique;
+  };
+  // Warm up: touch every layer once (first touch of guest memory is slow) and the kernel's scratch.
+  uint64_t sink = 0;
+  for (const auto& l : packed) ReadPass(pool, l->expert_data(0), l->bytes(), &sink);
+  route();
+  if (Status st = moe.Run(*packed[0], 10.0f, MoeBatch{tokens, preset->top_k, x.data(), ids.data(), w.data(), out.data()});
+      !st.ok()) {
+    return fail(st);
+  }
+
+  std::vector<double> kernel_gbps, read_gbps, tflops;
+  for (int64_t run = 0; run < runs; ++run) {
+    double read_s = 0, read_bytes = 0;
+    for (const auto& l : packed) {
+      read_s += ReadPass(pool, l->expert_data(0), l->bytes(), &sink);
+      read_bytes += static_cast<double>(l->bytes());
+    }
+    double kernel_s = 0, bytes = 0, flops = 0;
+    int64_t steps = 0;
+    while (steps < 3 || kernel_s < seconds) {
+      const ExpertLayer& layer = *packed[steps % layers];
+      const int64_t unique = route();
+      const auto t0 = Clock::now();
+      Status st = moe.Run(layer, 10.0f, MoeBatch{tokens, preset->top_k, x.data(), ids.data(), w.data(), out.data()});
+      kernel_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!st.ok()) return fail(st);
+      bytes += static_cast<double>(unique * layer.expert_stream_bytes());
+      flops += 6.0 * tokens * preset->top_k * preset->hidden * preset->inter;
+      ++steps;
+    }
+    for (const auto& l : packed) {
+      read_s += ReadPass(pool, l->expert_data(0), l->bytes(), &sink);
+      read_bytes += static_cast<double>(l->bytes());
+    }
+    kernel_gbps.push_back(bytes / kernel_s / 1e9);
+    read_gbps.push_back(read_bytes / read_s / 1e9);
+    tflops.push_back(flops / kernel_s / 1e12);
+    if (!json) {
+      std::printf("run %ld: %ld steps, %.3f ms/step, kernel %.2f GB/s, read %.2f GB/s, ratio %.3f, %.4f TFLOP/s\n",
+                  run + 1, steps, 1e3 * kernel_s / steps, kernel_gbps.back(), read_gbps.back(),
+                  kernel_gbps.back() / read_gbps.back(), tflops.back());
+    }
+  }
+  const double k = Median(kernel_gbps), r = Median(read_gbps);
+  std::vector<double> ratios;
+  for (size_t i = 0; i < kernel_gbps.size(); ++i) ratios.push_back(kernel_gbps[i] / read_gbps[i]);
+  if (!json) {
+    std::printf("medians over %ld runs: kernel %.2f GB/s, read %.2f GB/s, ratio of medians %.3f (median of ratios "
+                "%.3f), %.4f TFLOP/s (checksum %llu)\n",
+                runs, k, r, k / r, Median(ratios), Median(tflops), static_cast<unsigned long long>(sink & 0xff));
+  }
+  std::printf("{\"isa\":\"%s\",\"tokens\":%ld,\"threads\":%d,\"kernel_gbps\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.4f,"
+              "\"tflops\":%.5f}\n",
+              IsaName(isa), tokens, pool.size(), k, r, k / r, Median(tflops));
+  return 0;
 }
 
 }  // namespace numoe::bench

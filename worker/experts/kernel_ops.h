@@ -46,4 +46,9 @@ const KernelOps& AmxKernelOps(ActivationPrecision precision);
 // needs only AVX-512 BW/VBMI/BF16. For tests on machines without AMX.
 const KernelOps& AmxEmulatedKernelOps(ActivationPrecision precision);
 
+// Register-resident loops of the kernels' multiply instruction (no memory traffic), for numoe-bench's
+// peak figures; run on the calling thread for about `seconds`. Return flop/s (2 per multiply-add).
+double Avx512VnniPeakFlops(double seconds);  // VPDPBUSD, int8 (needs IsaAvailable(kAvx512))
+double AmxBf16PeakFlops(double seconds);     // TDPBF16PS (needs IsaAvailable(kAmx))
+
 }  // namespace numoe::experts

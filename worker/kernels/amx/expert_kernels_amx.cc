@@ -6,9 +6,10 @@
 // E2M1 value has 2 significant bits, so fp4 * 2^(e-127) is exact in bf16 (for e in [2, 252], which
 // Pack checks; layers outside that range run on AVX-512 instead), and the tile accumulates over all of K.
 //
-// Per 16-row tile: decode all of K into B tiles (VNNI pairs: pair-row p holds columns 2p, 2p+1 of the 16
-// rows) in a per-thread scratch, then stream 64-row blocks of bf16 activations through 4 accumulator
-// tiles. Error (against exact weights, fp32 activations): activations rounded to bf16 (RNE), so per output
+// Work goes in groups of 4 accumulator tiles: 16 activation rows x 4 weight tiles (64 outputs), or 32 rows
+// x 2 weight tiles. For each 32-column block the group's weight tiles are decoded into B tiles (VNNI
+// pairs: pair-row p holds columns 2p, 2p+1 of 16 rows) in a small L1 ring, one block ahead of the tile
+// products, so the activation tiles are reused across weight tiles and nothing round-trips through L2. Error (against exact weights, fp32 activations): activations rounded to bf16 (RNE), so per output
 //   |y - y_exact| <= 2^-9 * sum_c |W_c| |x_c|   (+ fp32 accumulation rounding)
 // which is below the int8 paths' bound (int8_tiles.h).
 //
@@ -18,6 +19,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <ctime>
+#include <utility>
 
 #include "worker/experts/kernel_ops.h"
 #include "worker/experts/packed_layout.h"
@@ -132,7 +135,9 @@ void PrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp, uin
   }
 }
 
-size_t ScratchBytes(int64_t kp) { return static_cast<size_t>(kp / 32 * kBTileBytes + 16 * 64 + 64); }
+// Per thread: a ring of decoded B tiles (2 blocks x up to 4 weight tiles), the C staging tile, the config.
+constexpr int64_t kRingBytes = 2 * 4 * kBTileBytes;
+size_t ScratchBytes(int64_t) { return static_cast<size_t>(kRingBytes + 16 * 64 + 64); }
 
 // Expands 32 nibble indices (bytes) to scaled bf16 words and stores one 64-byte B-tile row.
 inline void EmitPairRow(__m256i nibbles, __m512i lut, __m512i scale_add, uint8_t* dst) {
@@ -143,101 +148,140 @@ inline void EmitPairRow(__m256i nibbles, __m512i lut, __m512i scale_add, uint8_t
   _mm512_store_si512(dst, w);
 }
 
-// One packed 16-row tile -> kp/32 B tiles of 16 pair-rows x 64 bytes.
-void DecodeTile(const uint8_t* tile, int64_t supers, uint8_t* dst) {
+// Turns one 32-column block of a packed 16-row tile into a B tile: 16 pair-rows x 64 bytes, pair-row p
+// holding columns (2p, 2p+1) of rows 0..15 as scaled bf16.
+class Decoder {
+ public:
+  Decoder()
+      : order_(_mm512_load_si512(kPairOrder)),
+        lut_(_mm512_load_si512(kLut)),
+        dup_(_mm512_load_si512(kDup)),
+        m4_(_mm512_set1_epi8(0x0F)) {}
+
+  void Block(const uint8_t* tile, int64_t kb, uint8_t* dst) const {
+    const uint8_t* p = tile + (kb / 4) * kSuperBytes;
+    const int b = static_cast<int>(kb % 4);
+    if (b == 0) {  // weights come from DRAM in prefill too: fetch the super-block after next
+      for (int l = 0; l < kSuperBytes / 64; ++l) __builtin_prefetch(p + 2 * kSuperBytes + 64 * l, 0, 3);
+    }
+    __m256i e = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kSuperNibbleBytes + 16 * b)));
+    e = _mm256_slli_epi16(_mm256_sub_epi16(e, _mm256_set1_epi16(127)), 7);
+    const __m512i scale_add = _mm512_permutexvar_epi16(dup_, _mm512_castsi256_si512(e));
+    for (int g = 0; g < 4; ++g) {
+      // Chunk g: byte i = row i/4, low nibble column 4g + i%4, high nibble column 16 + 4g + i%4.
+      const __m512i v = _mm512_permutexvar_epi8(order_, _mm512_load_si512(p + 256 * b + 64 * g));
+      const __m512i lo = _mm512_and_si512(v, m4_);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4_);
+      EmitPairRow(_mm512_castsi512_si256(lo), lut_, scale_add, dst + (2 * g) * 64);
+      EmitPairRow(_mm512_extracti64x4_epi64(lo, 1), lut_, scale_add, dst + (2 * g + 1) * 64);
+      EmitPairRow(_mm512_castsi512_si256(hi), lut_, scale_add, dst + (8 + 2 * g) * 64);
+      EmitPairRow(_mm512_extracti64x4_epi64(hi, 1), lut_, scale_add, dst + (9 + 2 * g) * 64);
+    }
+  }
+
+ private:
+  // Bytes of a chunk reordered so the first 32 are (row, column 0/1) pairs and the last 32 (row, 2/3).
   alignas(64) static constexpr uint8_t kPairOrder[64] = {
       0,  1,  4,  5,  8,  9,  12, 13, 16, 17, 20, 21, 24, 25, 28, 29, 32, 33, 36, 37, 40, 41,
       44, 45, 48, 49, 52, 53, 56, 57, 60, 61, 2,  3,  6,  7,  10, 11, 14, 15, 18, 19, 22, 23,
       26, 27, 30, 31, 34, 35, 38, 39, 42, 43, 46, 47, 50, 51, 54, 55, 58, 59, 62, 63};
+  // bf16 of the 16 E2M1 values.
   alignas(64) static constexpr uint16_t kLut[32] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080,
                                                     0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040,
                                                     0xC080, 0xC0C0};
   alignas(64) static constexpr uint16_t kDup[32] = {0, 0, 1, 1, 2,  2,  3,  3,  4,  4,  5,  5,  6,  6,  7,  7,
                                                     8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15};
-  const __m512i order = _mm512_load_si512(kPairOrder);
-  const __m512i lut = _mm512_load_si512(kLut);
-  const __m512i dup = _mm512_load_si512(kDup);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* p = tile + s * kSuperBytes;
-    for (int b = 0; b < 4; ++b) {
-      __m256i e = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kSuperNibbleBytes + 16 * b)));
-      e = _mm256_slli_epi16(_mm256_sub_epi16(e, _mm256_set1_epi16(127)), 7);
-      const __m512i scale_add = _mm512_permutexvar_epi16(dup, _mm512_castsi256_si512(e));
-      uint8_t* d = dst + (4 * s + b) * kBTileBytes;
-      for (int g = 0; g < 4; ++g) {
-        const __m512i v = _mm512_permutexvar_epi8(order, _mm512_load_si512(p + 256 * b + 64 * g));
-        const __m512i lo = _mm512_and_si512(v, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        EmitPairRow(_mm512_castsi512_si256(lo), lut, scale_add, d + (2 * g) * 64);
-        EmitPairRow(_mm512_extracti64x4_epi64(lo, 1), lut, scale_add, d + (2 * g + 1) * 64);
-        EmitPairRow(_mm512_castsi512_si256(hi), lut, scale_add, d + (8 + 2 * g) * 64);
-        EmitPairRow(_mm512_extracti64x4_epi64(hi, 1), lut, scale_add, d + (9 + 2 * g) * 64);
+  __m512i order_, lut_, dup_, m4_;
+};
+
+template <int... Is, class F>
+inline void StaticFor(std::integer_sequence<int, Is...>, F&& f) {
+  (f(std::integral_constant<int, Is>{}), ...);
+}
+
+// One 32-column block for MT activation tiles x NN weight tiles; accumulator of (n, m) is tile n*MT + m.
+// Tile registers: 0-3 accumulators, 4/5 activations (x_hi/x_lo), 6/7 weights.
+template <class T, int kLevels, int MT, int NN>
+inline void ComputeBlock(const uint8_t* b, const uint8_t* a, int64_t lda, int64_t plane) {
+  if constexpr (MT == 1) {  // up to 4 weight tiles share one activation tile
+    T::template Load<4>(a, lda);
+    if constexpr (kLevels == 2) T::template Load<5>(a + plane, lda);
+    StaticFor(std::make_integer_sequence<int, NN>{}, [&](auto n) {
+      constexpr int kN = decltype(n)::value, kB = 6 + (kN & 1);
+      T::template Load<kB>(b + kN * kBTileBytes, 64);
+      T::template Dot<kN, 4, kB>();
+      if constexpr (kLevels == 2) T::template Dot<kN, 5, kB>();
+    });
+  } else {  // 2 activation tiles x up to 2 weight tiles
+    static_assert(MT == 2 && NN <= 2);
+    T::template Load<6>(b, 64);
+    if constexpr (NN > 1) T::template Load<7>(b + kBTileBytes, 64);
+    StaticFor(std::make_integer_sequence<int, MT>{}, [&](auto m) {
+      constexpr int kM = decltype(m)::value;
+      T::template Load<4>(a + kM * 16 * lda, lda);
+      T::template Dot<kM, 4, 6>();
+      if constexpr (NN > 1) T::template Dot<MT + kM, 4, 7>();
+      if constexpr (kLevels == 2) {
+        T::template Load<5>(a + plane + kM * 16 * lda, lda);
+        T::template Dot<kM, 5, 6>();
+        if constexpr (NN > 1) T::template Dot<MT + kM, 5, 7>();
       }
+    });
+  }
+}
+
+// Output rows [m0, m0 + 16 MT) x weight tiles [t0, t0 + NN) over all of K. Each block of the NN weight
+// tiles is decoded into an L1 ring one block ahead of the products that use it.
+template <class T, int kLevels, int MT, int NN>
+void TileGroup(const Decoder& dec, const TileArgs& a, int64_t t0, int64_t m0, uint8_t* ring, float* stage) {
+  const int64_t kp = a.supers * kSuperCols;
+  const int64_t nblocks = kp / 32;
+  const int64_t lda = kp * 2;
+  const int64_t plane = PaddedRows(a.m) * lda;  // x_lo follows x_hi
+  const uint8_t* arows = a.acts + m0 * lda;
+  StaticFor(std::make_integer_sequence<int, MT * NN>{}, [&](auto c) { T::template Zero<decltype(c)::value>(); });
+  const auto decode = [&](int64_t kb) {
+    for (int n = 0; n < NN; ++n) {
+      dec.Block(a.tiles + (t0 + n) * a.tile_stride, kb, ring + ((kb & 1) * NN + n) * kBTileBytes);
+    }
+  };
+  decode(0);
+  for (int64_t kb = 0; kb < nblocks; ++kb) {
+    if (kb + 1 < nblocks) decode(kb + 1);
+    ComputeBlock<T, kLevels, MT, NN>(ring + (kb & 1) * NN * kBTileBytes, arows + kb * 64, lda, plane);
+  }
+  StaticFor(std::make_integer_sequence<int, MT * NN>{}, [&](auto c) {
+    constexpr int kC = decltype(c)::value, kN = kC / MT, kM = kC % MT;
+    T::template Store<kC>(stage, 64);
+    const int64_t rows = a.m - m0 - 16 * kM < 16 ? a.m - m0 - 16 * kM : 16;
+    float* out = a.out + (m0 + 16 * kM) * a.ldo + 16 * (t0 + kN);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * a.ldo, stage + 16 * r, 64);
+  });
+}
+
+template <class T, int kLevels, int MT>
+void TileGroups(const Decoder& dec, const TileArgs& a, int64_t m0, uint8_t* ring, float* stage) {
+  constexpr int kNN = MT == 1 ? 4 : 2;
+  for (int64_t t0 = 0; t0 < a.num_tiles; t0 += kNN) {
+    switch (a.num_tiles - t0 < kNN ? a.num_tiles - t0 : kNN) {
+      case 1: TileGroup<T, kLevels, MT, 1>(dec, a, t0, m0, ring, stage); break;
+      case 2: TileGroup<T, kLevels, MT, 2>(dec, a, t0, m0, ring, stage); break;
+      case 3:
+        if constexpr (kNN > 2) TileGroup<T, kLevels, MT, 3>(dec, a, t0, m0, ring, stage);
+        break;
+      default:
+        if constexpr (kNN > 3) TileGroup<T, kLevels, MT, 4>(dec, a, t0, m0, ring, stage);
+        break;
     }
   }
-}
-
-// C[MT] += A rows [16 MT, 16 MT + 16) of this block (both levels) x B tile BT.
-template <class T, int kLevels, int MT, int BT>
-inline void Step(const uint8_t* a, int64_t lda, int64_t plane) {
-  T::template Load<6>(a + MT * 16 * lda, lda);
-  T::template Dot<MT, 6, BT>();
-  if constexpr (kLevels == 2) {
-    T::template Load<7>(a + plane + MT * 16 * lda, lda);
-    T::template Dot<MT, 7, BT>();
-  }
-}
-
-template <class T, int kLevels, int NT, int BT>
-inline void Steps(const uint8_t* a, int64_t lda, int64_t plane) {
-  Step<T, kLevels, 0, BT>(a, lda, plane);
-  if constexpr (NT > 1) Step<T, kLevels, 1, BT>(a, lda, plane);
-  if constexpr (NT > 2) Step<T, kLevels, 2, BT>(a, lda, plane);
-  if constexpr (NT > 3) Step<T, kLevels, 3, BT>(a, lda, plane);
-}
-
-template <class T, int MT>
-inline void Flush(float* stage, int64_t rows_left, float* out, int64_t ldo) {
-  T::template Store<MT>(stage, 64);
-  const int64_t rows = rows_left - 16 * MT < 16 ? rows_left - 16 * MT : 16;
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + (16 * MT + r) * ldo, stage + 16 * r, 64);
-}
-
-// C[0..NT) = activation rows [m0, m0 + 16 NT) x all decoded B tiles; writes the valid rows to out.
-// B tiles alternate between registers 4 and 5 so a load never waits for the previous block's products.
-template <class T, int kLevels, int NT>
-void RowBlock(const uint8_t* bbuf, int64_t nblocks, const uint8_t* a, int64_t lda, int64_t plane,
-              int64_t rows_left, float* out, int64_t ldo, float* stage) {
-  T::template Zero<0>();
-  if constexpr (NT > 1) T::template Zero<1>();
-  if constexpr (NT > 2) T::template Zero<2>();
-  if constexpr (NT > 3) T::template Zero<3>();
-  for (int64_t kb = 0; kb < nblocks; kb += 2) {
-    const uint8_t* b0 = bbuf + kb * kBTileBytes;
-    T::template Load<4>(b0, 64);
-    Steps<T, kLevels, NT, 4>(a + kb * 64, lda, plane);
-    if (kb + 1 < nblocks) {
-      T::template Load<5>(b0 + kBTileBytes, 64);
-      Steps<T, kLevels, NT, 5>(a + kb * 64 + 64, lda, plane);
-    }
-  }
-  Flush<T, 0>(stage, rows_left, out, ldo);
-  if constexpr (NT > 1) Flush<T, 1>(stage, rows_left, out, ldo);
-  if constexpr (NT > 2) Flush<T, 2>(stage, rows_left, out, ldo);
-  if constexpr (NT > 3) Flush<T, 3>(stage, rows_left, out, ldo);
 }
 
 template <class T, int kLevels>
 void AmxTiles(const TileArgs& a) {
-  const int64_t kp = a.supers * kSuperCols;
-  const int64_t nblocks = kp / 32;
   const int64_t mp = PaddedRows(a.m);
-  const int64_t lda = kp * 2;
-  const int64_t plane = mp * lda;  // x_lo follows x_hi
-  uint8_t* bbuf = a.scratch;
-  float* stage = reinterpret_cast<float*>(a.scratch + nblocks * kBTileBytes);
-  TileConfig* cfg = reinterpret_cast<TileConfig*>(a.scratch + nblocks * kBTileBytes + 16 * 64);
+  uint8_t* ring = a.scratch;
+  float* stage = reinterpret_cast<float*>(a.scratch + kRingBytes);
+  TileConfig* cfg = reinterpret_cast<TileConfig*>(a.scratch + kRingBytes + 16 * 64);
   std::memset(cfg, 0, sizeof(*cfg));
   cfg->palette_id = 1;
   for (int t = 0; t < 8; ++t) {
@@ -245,18 +289,15 @@ void AmxTiles(const TileArgs& a) {
     cfg->colsb[t] = 64;
   }
   T::Configure(cfg);
-  for (int64_t t = 0; t < a.num_tiles; ++t) {
-    DecodeTile(a.tiles + t * a.tile_stride, a.supers, bbuf);
-    for (int64_t m0 = 0; m0 < mp; m0 += 64) {
-      const int64_t nt = (mp - m0) / 16 < 4 ? (mp - m0) / 16 : 4;
-      const uint8_t* arows = a.acts + m0 * lda;
-      float* out = a.out + m0 * a.ldo + 16 * t;
-      const int64_t rows_left = a.m - m0;
-      switch (nt) {
-        case 1: RowBlock<T, kLevels, 1>(bbuf, nblocks, arows, lda, plane, rows_left, out, a.ldo, stage); break;
-        case 2: RowBlock<T, kLevels, 2>(bbuf, nblocks, arows, lda, plane, rows_left, out, a.ldo, stage); break;
-        case 3: RowBlock<T, kLevels, 3>(bbuf, nblocks, arows, lda, plane, rows_left, out, a.ldo, stage); break;
-        default: RowBlock<T, kLevels, 4>(bbuf, nblocks, arows, lda, plane, rows_left, out, a.ldo, stage); break;
+  const Decoder dec;
+  if (mp == 16) {
+    TileGroups<T, kLevels, 1>(dec, a, 0, ring, stage);
+  } else {
+    for (int64_t m0 = 0; m0 < mp; m0 += 32) {
+      if (mp - m0 >= 32) {
+        TileGroups<T, kLevels, 2>(dec, a, m0, ring, stage);
+      } else {
+        TileGroups<T, kLevels, 1>(dec, a, m0, ring, stage);
       }
     }
   }
@@ -270,7 +311,49 @@ constexpr KernelOps kEmulatedOps[2] = {
     {"amx-emulated", ActBytes<2>, PrepareActs<2>, ScratchBytes, AmxTiles<EmulatedTiles, 2>},
     {"amx-emulated-bf16x1", ActBytes<1>, PrepareActs<1>, ScratchBytes, AmxTiles<EmulatedTiles, 1>}};
 
+double Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
+
+double AmxBf16PeakFlops(double seconds) {
+  alignas(64) static thread_local uint8_t buf[2][16][64];  // operand tiles: bf16 ones (values do not matter)
+  std::memset(buf, 0x3f, sizeof(buf));
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  HardwareTiles::Configure(&cfg);
+  HardwareTiles::Load<4>(buf[0], 64);
+  HardwareTiles::Load<5>(buf[1], 64);
+  HardwareTiles::Load<6>(buf[0], 64);
+  HardwareTiles::Load<7>(buf[1], 64);
+  HardwareTiles::Zero<0>();
+  HardwareTiles::Zero<1>();
+  HardwareTiles::Zero<2>();
+  HardwareTiles::Zero<3>();
+  const double t0 = Now();
+  double t = t0;
+  int64_t iters = 0;
+  while (t - t0 < seconds) {
+    for (int r = 0; r < 1000; ++r) {  // four independent accumulators, as in RowBlock
+      HardwareTiles::Dot<0, 6, 4>();
+      HardwareTiles::Dot<1, 7, 4>();
+      HardwareTiles::Dot<2, 6, 5>();
+      HardwareTiles::Dot<3, 7, 5>();
+    }
+    iters += 4000;
+    t = Now();
+  }
+  HardwareTiles::Release();
+  return static_cast<double>(iters) * 16 * 16 * 32 * 2 / (t - t0);
+}
 
 const KernelOps& AmxKernelOps(ActivationPrecision precision) {
   return kOps[precision == ActivationPrecision::kHigh ? 0 : 1];

@@ -9,6 +9,8 @@
 // multiply-adds per instruction, so it falls below the DRAM rate (~12 GB/s per core) already at T=4,
 // while int8 stays above it up to T=8 (speculative decode routes up to ~6 rows to an expert).
 // Cost: activations are quantised to int8 per 32 columns; the bound is in int8_tiles.h.
+#include <ctime>
+
 #include "worker/kernels/avx512/simd_avx512.h"
 #include "worker/kernels/int8_tiles.h"
 
@@ -20,7 +22,33 @@ constexpr KernelOps kOpsHigh = {"avx512", Int8ActBytes<2>, Int8PrepareActsFor<Si
 constexpr KernelOps kOpsLow = {"avx512-int8", Int8ActBytes<1>, Int8PrepareActsFor<SimdAvx512, 1>, Int8ScratchBytes,
                                Int8Tiles<SimdAvx512, 1>};
 
+double Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
+
+double Avx512VnniPeakFlops(double seconds) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  const double t0 = Now();
+  double t = t0;
+  int64_t iters = 0;
+  while (t - t0 < seconds) {
+    for (int r = 0; r < 10000; ++r) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    }
+    iters += 10000;
+    t = Now();
+  }
+  volatile int sink = 0;
+  for (int i = 0; i < 12; ++i) sink = sink + _mm512_reduce_add_epi32(acc[i]);
+  return static_cast<double>(iters) * 12 * 64 * 2 / (t - t0);
+}
 
 const KernelOps& Avx512KernelOps(ActivationPrecision precision) {
   return precision == ActivationPrecision::kHigh ? kOpsHigh : kOpsLow;

@@ -16,6 +16,10 @@ int main(int argc, char** argv) {
   p.AddInt("lease-ms", "MS", "silence after which a worker is freed (0 = 4 x heartbeat)", &c.lease_ms, 0, 3600000);
   p.AddInt("max-workers", "N", "workers served at once", &c.max_workers, 1, 4096);
   p.AddInt("spin-us", "US", "busy-poll on the shared-memory doorbell before sleeping", &c.spin_us, 0, 100000);
+  p.AddInt("max-sequences", "N", "sequences one worker may run at once (and the CUDA backend's total)",
+           &c.max_sequences, 1, 65536);
+  p.AddInt("cuda-device", "N", "--backend cuda: first GPU", &c.cuda_device, 0, 1024);
+  p.AddInt("tp", "N", "--backend cuda: tensor-parallel GPUs", &c.tp, 1, 64);
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   return numoe::gpu::RunGpuApp(c);

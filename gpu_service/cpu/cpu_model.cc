@@ -1,5 +1,7 @@
 #include "gpu_service/cpu/cpu_model.h"
 
+#include "gpu_service/cpu/cpu_model_state.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -135,44 +137,58 @@ StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ck) {
   return w;
 }
 
-// ---- per-sequence state ----------------------------------------------------------------------------
+StatusOr<std::unique_ptr<DsparkW>> LoadDsparkWeights(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  const int64_t S = ck.mtp_stages(), D = c.hidden_size, hc = c.hc_mult, r = c.dspark_markov_rank;
+  if (S == 0 || c.dspark_block_size <= 0 || ck.store().Find("mtp.0.main_proj.weight") == nullptr) {
+    return absl::NotFoundError("this checkpoint has no DSpark drafter (mtp.0.main_proj and dspark_* config keys)");
+  }
+  auto w = std::make_unique<DsparkW>();
+  w->target_layers = c.dspark_target_layer_ids;
+  for (int64_t t : w->target_layers) {
+    if (t < 0 || t >= c.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("dspark_target_layer_ids: layer ", t, " is out of range"));
+    }
+  }
+  if (c.dspark_noise_token_id < 0 || c.dspark_noise_token_id >= c.vocab_size) {
+    return absl::InvalidArgumentError("dspark_noise_token_id is out of the vocabulary");
+  }
+  w->noise_token = static_cast<int32_t>(c.dspark_noise_token_id);
+  const int64_t T = static_cast<int64_t>(w->target_layers.size());
+  ASSIGN_OR_RETURN(w->main_proj, LoadLinear(ck, "mtp.0.main_proj.weight", D, T * D));
+  ASSIGN_OR_RETURN(w->main_norm, LoadVec(ck, "mtp.0.main_norm.weight", D));
+  for (int64_t s = 0; s < S; ++s) {
+    ASSIGN_OR_RETURN(LayerW L, LoadLayer(ck, absl::StrCat("mtp.", s, "."), AttnType::kSliding, 0, MoeType::kScored));
+    w->stages.push_back(std::move(L));
+  }
+  const std::string last = absl::StrCat("mtp.", S - 1, ".");
+  ASSIGN_OR_RETURN(w->norm, LoadVec(ck, last + "norm.weight", D));
+  ASSIGN_OR_RETURN(w->hc_head, LoadHyper(ck, last + "hc_head_", hc, hc * D, 1));
+  ASSIGN_OR_RETURN(w->markov_w1, LoadLinear(ck, last + "markov_head.markov_w1.weight", c.vocab_size, r));
+  ASSIGN_OR_RETURN(w->markov_w2, LoadLinear(ck, last + "markov_head.markov_w2.weight", c.vocab_size, r));
+  ASSIGN_OR_RETURN(w->confidence, LoadVec(ck, last + "confidence_head.proj.weight", D + r));
+  return w;
+}
 
-struct CpuModel::SeqState {
-  struct Layer {
-    std::vector<float> ring;  // [W, hd]: kv of position p at slot p % W
-    std::unique_ptr<CompressorState> comp, index_comp;
-    // Speculative step: ring slots as they were before the step wrote them (position, old kv).
-    std::vector<std::pair<int64_t, std::vector<float>>> ring_undo;
-  };
-  int64_t position = 0;
-  int64_t undo_from = -1;  // first position of the last step when it was speculative, else -1
-  std::vector<Layer> layers;
-};
-
-// The rows of one step: all sequences' new tokens concatenated.
-struct CpuModel::Rows {
-  struct Seq {
-    SeqState* state;
-    int64_t begin, end;  // row range
-    int64_t start_pos;   // position of the first new token
-  };
-  std::vector<Seq> seqs;
-  std::vector<int64_t> pos;
-  std::vector<int32_t> token;
-  int64_t n = 0;
-};
-
-CpuModel::CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, ThreadPool* pool)
-    : cfg_(std::move(cfg)), w_(std::move(w)), pool_(pool) {
+CpuModel::CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<DsparkW> dspark, ThreadPool* pool)
+    : cfg_(std::move(cfg)), w_(std::move(w)), dspark_(std::move(dspark)), pool_(pool) {
   inv_freq_main_ = RopeInvFreq(cfg_.rope_main, cfg_.rope_dim);
   inv_freq_compress_ = RopeInvFreq(cfg_.rope_compress, cfg_.rope_dim);
 }
 
 CpuModel::~CpuModel() = default;
 
-StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const Checkpoint& ckpt, ThreadPool* pool) {
+StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const Checkpoint& ckpt, ThreadPool* pool,
+                                                      const CpuModelOptions& options) {
+  if (ckpt.config().hc_mult > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("hc_mult ", ckpt.config().hc_mult, " > 16 is not supported"));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ModelW> w, LoadDenseWeights(ckpt));
-  return std::unique_ptr<CpuModel>(new CpuModel(ckpt.config(), std::move(w), pool));
+  std::unique_ptr<DsparkW> dspark;
+  if (options.drafter) {
+    ASSIGN_OR_RETURN(dspark, LoadDsparkWeights(ckpt));
+  }
+  return std::unique_ptr<CpuModel>(new CpuModel(ckpt.config(), std::move(w), std::move(dspark), pool));
 }
 
 std::unique_ptr<CpuModel::SeqState> CpuModel::NewState() const {
@@ -200,6 +216,11 @@ std::unique_ptr<CpuModel::SeqState> CpuModel::NewState() const {
         L.index_comp = std::make_unique<CompressorState>(p);
       }
     }
+  }
+  if (dspark_) {
+    st->drafter_rings.assign(dspark_->stages.size(),
+                             std::vector<float>(static_cast<size_t>(cfg_.sliding_window * cfg_.head_dim), 0.0f));
+    st->drafter_undo.resize(dspark_->stages.size());
   }
   return st;
 }
@@ -229,6 +250,7 @@ StatusOr<SequenceMemory> CpuModel::Memory(SequenceId seq) const {
       m.capacity_bytes += c->entries().capacity_bytes();
     }
   }
+  for (const auto& r : it->second->drafter_rings) m.fixed_bytes += static_cast<int64_t>(r.size() * sizeof(float));
   m.capacity_bytes += m.fixed_bytes;
   return m;
 }
@@ -253,6 +275,14 @@ Status CpuModel::Rollback(SequenceId seq, int64_t num_tokens) {
     }
     if (L.comp) L.comp->RewindTo(to);
     if (L.index_comp) L.index_comp->RewindTo(to);
+  }
+  for (size_t s = 0; s < st.drafter_rings.size(); ++s) {
+    auto& log = st.drafter_undo[s];
+    while (!log.empty() && log.back().first >= to) {
+      std::memcpy(&st.drafter_rings[s][(log.back().first % W) * hd], log.back().second.data(),
+                  static_cast<size_t>(hd) * sizeof(float));
+      log.pop_back();
+    }
   }
   st.position = to;
   return absl::OkStatus();
@@ -322,6 +352,22 @@ void CpuModel::HyperPost(const float* y, const float* post, const float* comb, i
         xr[i * D + d] = s;
       }
     }
+  }
+}
+
+void CpuModel::CollapseStreams(const HyperConnW& hh, const float* x, float* h) const {
+  const int64_t k = cfg_.hc_mult, D = cfg_.hidden_size;
+  std::vector<float> flat(static_cast<size_t>(k * D));
+  RmsNorm(x, nullptr, k * D, static_cast<float>(cfg_.rms_norm_eps), flat.data());
+  float pre[16];
+  for (int64_t j = 0; j < k; ++j) {
+    pre[j] = Sigmoid(Dot(flat.data(), &hh.fn[j * k * D], k * D) * hh.scale[0] + hh.base[j]) +
+             static_cast<float>(cfg_.hc_eps);
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    float s = 0;
+    for (int64_t j = 0; j < k; ++j) s += pre[j] * x[j * D + d];
+    h[d] = s;
   }
 }
 
@@ -564,6 +610,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     const SequenceStep& st = steps[i];
     SeqState* state = rows.seqs[i].state;
     state->undo_from = st.speculative ? state->position : -1;
+    for (auto& log : state->drafter_undo) log.clear();
     for (auto& L : state->layers) {
       L.ring_undo.clear();
       for (CompressorState* c : {L.comp.get(), L.index_comp.get()}) {
@@ -587,8 +634,21 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
   std::vector<float> u(static_cast<size_t>(n * D)), xn(u.size()), y(u.size());
   std::vector<float> post(static_cast<size_t>(n * k)), comb(static_cast<size_t>(n * k * k));
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  std::vector<float> features;  // DSpark target features [n, T·D]
+  const int64_t T = dspark_ ? static_cast<int64_t>(dspark_->target_layers.size()) : 0;
+  if (T > 0) features.assign(static_cast<size_t>(n * T * D), 0.0f);
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const LayerW& L = w_->layers[static_cast<size_t>(l)];
+    for (int64_t t = 0; t < T; ++t) {
+      if (dspark_->target_layers[static_cast<size_t>(t)] != l) continue;
+      for (int64_t r = 0; r < n; ++r) {  // mean over the streams of the layer's input
+        float* f = &features[(r * T + t) * D];
+        for (int64_t j = 0; j < k; ++j) {
+          for (int64_t d = 0; d < D; ++d) f[d] += X[(r * k + j) * D + d];
+        }
+        for (int64_t d = 0; d < D; ++d) f[d] /= static_cast<float>(k);
+      }
+    }
     HyperPre(L.hc_attn, X.data(), n, u.data(), post.data(), comb.data());
     for (int64_t r = 0; r < n; ++r) RmsNorm(&u[r * D], L.attn_norm.data(), D, eps, &xn[r * D]);
     RETURN_IF_ERROR(Attention(l, rows, xn.data(), y.data()));
@@ -600,6 +660,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     HyperPost(y.data(), post.data(), comb.data(), n, X.data());
     if (hidden_hook_) hidden_hook_(l, X);
   }
+  if (T > 0) FeedDrafter(rows, features);
   for (const Rows::Seq& s : rows.seqs) s.state->position += s.end - s.begin;
 
   // Head: collapse the streams with hc_head, final norm, logits for the rows asked for.
@@ -608,23 +669,11 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     const Rows::Seq& s = rows.seqs[i];
     for (int64_t r = steps[i].all_logits ? s.begin : s.end - 1; r < s.end; ++r) need[r] = 1;
   }
-  const HyperConnW& hh = w_->hc_head;
-  std::vector<float> flat(static_cast<size_t>(k * D)), h(static_cast<size_t>(n * D), 0.0f);
+  std::vector<float> h(static_cast<size_t>(n * D), 0.0f);
   for (int64_t r = 0; r < n; ++r) {
     if (!need[r]) continue;
-    const float* xr = &X[r * k * D];
-    RmsNorm(xr, nullptr, k * D, eps, flat.data());
-    float pre[16];
-    for (int64_t j = 0; j < k; ++j) {
-      pre[j] = Sigmoid(Dot(flat.data(), &hh.fn[j * k * D], k * D) * hh.scale[0] + hh.base[j]) +
-               static_cast<float>(cfg_.hc_eps);
-    }
     float* hr = &h[r * D];
-    for (int64_t d = 0; d < D; ++d) {
-      float s = 0;
-      for (int64_t j = 0; j < k; ++j) s += pre[j] * xr[j * D + d];
-      hr[d] = s;
-    }
+    CollapseStreams(w_->hc_head, &X[r * k * D], hr);
     RmsNorm(hr, w_->norm.data(), D, eps, hr);
   }
   if (hidden_hook_) hidden_hook_(cfg_.num_hidden_layers, h);

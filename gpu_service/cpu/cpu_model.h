@@ -67,13 +67,34 @@ struct ModelW {
   std::vector<LayerW> layers;
 };
 
+// The DSpark drafter's dense weights (stages mtp.0..S-1; docs/dsv4-architecture.md §4.2).
+struct DsparkW {
+  Linear main_proj;               // [D, T·D], T = number of target layers
+  std::vector<float> main_norm;   // [D]
+  std::vector<LayerW> stages;     // sliding attention (main rope) + scored MoE
+  std::vector<float> norm;        // last stage: final norm [D]
+  HyperConnW hc_head;             // last stage
+  Linear markov_w1, markov_w2;    // [V, r]
+  std::vector<float> confidence;  // [D + r]
+  std::vector<int64_t> target_layers;
+  int32_t noise_token = 0;
+};
+
 // Loads the dense (non-routed-expert) weights of the main layers as fp32.
 StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ckpt);
+// Loads the DSpark stages; NotFound when the checkpoint has none.
+StatusOr<std::unique_ptr<DsparkW>> LoadDsparkWeights(const Checkpoint& ckpt);
+
+struct CpuModelOptions {
+  // Load the DSpark drafter (when the checkpoint has one) and keep its per-sequence state up to date.
+  bool drafter = false;
+};
 
 class CpuModel final : public ModelBackend {
  public:
   // `pool` may be null (single-threaded); it must outlive the model.
-  static StatusOr<std::unique_ptr<CpuModel>> Create(const Checkpoint& ckpt, ThreadPool* pool);
+  static StatusOr<std::unique_ptr<CpuModel>> Create(const Checkpoint& ckpt, ThreadPool* pool,
+                                                    const CpuModelOptions& options = {});
   ~CpuModel() override;
 
   StatusOr<SequenceId> CreateSequence() override;
@@ -83,6 +104,9 @@ class CpuModel final : public ModelBackend {
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
+  bool HasDrafter() const override { return dspark_ != nullptr; }
+  Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
+               std::vector<DraftResult>* out) override;
 
   const ModelConfig& config() const { return cfg_; }
   // Debug/test hook: called with the residual streams [rows, hc, D] after the embedding (layer -1) and
@@ -93,10 +117,14 @@ class CpuModel final : public ModelBackend {
  private:
   struct SeqState;
   struct Rows;
-  CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, ThreadPool* pool);
+  CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<DsparkW> dspark, ThreadPool* pool);
+  // DSpark: the target features of n rows ([n, T·D] layer-input stream means) -> each stage's ring.
+  void FeedDrafter(const Rows& rows, const std::vector<float>& features);
   std::unique_ptr<SeqState> NewState() const;
   void HyperPre(const HyperConnW& hc, const float* x, int64_t n, float* u, float* post, float* comb) const;
   void HyperPost(const float* y, const float* post, const float* comb, int64_t n, float* x) const;
+  // hc_head: collapses one row's streams x[hc, D] into h[D] (before the final norm).
+  void CollapseStreams(const HyperConnW& hh, const float* x, float* h) const;
   Status Attention(int64_t layer, const Rows& rows, const float* x, float* out);
   void ProjectQueryKv(const AttentionW& a, const float* x, int64_t n, const int64_t* pos, const float* inv, float* qa,
                       float* q, float* kv) const;
@@ -107,6 +135,7 @@ class CpuModel final : public ModelBackend {
 
   ModelConfig cfg_;
   std::unique_ptr<ModelW> w_;
+  std::unique_ptr<DsparkW> dspark_;
   ThreadPool* pool_;
   std::vector<float> inv_freq_main_, inv_freq_compress_;
   std::map<SequenceId, std::unique_ptr<SeqState>> seqs_;

@@ -13,8 +13,9 @@ namespace numoe::cpu {
 
 class ReferenceExperts final : public ExpertBackend {
  public:
-  // Dequantizes every routed expert of the main layers (fp32: only for small models).
-  static StatusOr<std::unique_ptr<ReferenceExperts>> Load(const Checkpoint& ckpt);
+  // Dequantizes every routed expert of the main layers (fp32: only for small models); with
+  // `include_drafter`, also the MTP/DSpark stages' experts as layers num_hidden_layers + stage.
+  static StatusOr<std::unique_ptr<ReferenceExperts>> Load(const Checkpoint& ckpt, bool include_drafter = false);
   Status RunRouted(const MoeRequest& request) override;
 
  private:

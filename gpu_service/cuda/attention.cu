@@ -3,6 +3,7 @@
 // (docs/dsv4-architecture.md §2.6-2.9).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpu_service/cuda/device_util.cuh"
@@ -121,19 +122,23 @@ __global__ void CompUpdateKernel(CompArgs a, StepDev s, CacheDev cache) {
   const bool closed = end / a.rate > start / a.rate;
   const int64_t last = end / a.rate - 1;
   const int64_t open_start = (end / a.rate) * a.rate;
-  for (int idx = threadIdx.x; idx < a.rate * cw; idx += blockDim.x) {
-    const int t = idx / cw, c = idx % cw;
-    if (a.overlap && closed && c < a.dim) {
-      float kv, g;
-      Src(a, sq, st, last * a.rate + t, 0, c, kv, g);
-      st.prev_kv[t * a.dim + c] = kv;
-      st.prev_gate[t * a.dim + c] = g;
-    }
+  for (int t = 0; t < a.rate; ++t) {  // block-uniform skip of the slots this pass leaves alone
     const int64_t q = open_start + t;
-    if (q < end && q >= start) {
-      const int64_t row = sq.begin + (q - start);
-      st.pend_kv[t * cw + c] = a.ckv[row * a.ld + c];
-      st.pend_gate[t * cw + c] = a.cg[row * a.ld + c] + a.ape[t * cw + c];
+    const bool pend = q < end && q >= start;
+    const bool prev = a.overlap && closed;
+    if (!pend && !prev) continue;
+    for (int c = threadIdx.x; c < cw; c += blockDim.x) {
+      if (prev && c < a.dim) {
+        float kv, g;
+        Src(a, sq, st, last * a.rate + t, 0, c, kv, g);
+        st.prev_kv[t * a.dim + c] = kv;
+        st.prev_gate[t * a.dim + c] = g;
+      }
+      if (pend) {
+        const int64_t row = sq.begin + (q - start);
+        st.pend_kv[t * cw + c] = a.ckv[row * a.ld + c];
+        st.pend_gate[t * cw + c] = a.cg[row * a.ld + c] + a.ape[t * cw + c];
+      }
     }
   }
 }
@@ -190,8 +195,11 @@ __device__ __forceinline__ uint32_t OrderKey(float f) {
 
 // Exact top-k per row: a 4-pass radix select finds the k-th largest key; larger keys are taken in any
 // order, equal keys in increasing entry order (the CPU's tie-break: lower index first).
+constexpr int64_t kTopKSmemEntries = 24576;  // 96 KiB: scores up to ~98K tokens of context stay on chip
+
 __global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t lds, StepDev s, int64_t r0, int rate,
-                                                  int topk, int32_t* sel) {
+                                                  int topk, int32_t* sel, bool use_smem) {
+  extern __shared__ float sc_s[];
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_krem, s_cnt;
@@ -203,6 +211,11 @@ __global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t l
   if (vis <= topk) {
     for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) out[e] = static_cast<int32_t>(e);
     return;
+  }
+  if (use_smem) {  // the radix passes read the scores six times
+    for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) sc_s[e] = sc[e];
+    __syncthreads();
+    sc = sc_s;
   }
   if (threadIdx.x == 0) {
     s_prefix = 0;
@@ -219,17 +232,28 @@ __global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t l
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int cum = 0;
-      for (int b = 255; b >= 0; --b) {
-        const int h = static_cast<int>(hist[b]);
-        if (cum + h >= s_krem) {
-          s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-          s_mask = mask | (255u << shift);
-          s_krem -= cum;
-          break;
-        }
-        cum += h;
+    {
+      // Find the bin holding the k-th largest key: an inclusive scan over the bins in descending order, one
+      // bin per thread (blockDim == 256); exactly one thread sees the running count cross s_krem.
+      const int b = 255 - static_cast<int>(threadIdx.x);
+      const int v = static_cast<int>(hist[b]);
+      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+      int x = v;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      if (lane == 31) warp_tot[warp] = x;
+      __syncthreads();
+      int off = 0;
+      for (int i = 0; i < warp; ++i) off += warp_tot[i];
+      const int incl = x + off, excl = incl - v;
+      const int krem_now = s_krem;
+      __syncthreads();
+      if (excl < krem_now && incl >= krem_now) {
+        s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+        s_mask = mask | (255u << shift);
+        s_krem = krem_now - excl;
       }
     }
     __syncthreads();
@@ -269,8 +293,13 @@ constexpr int kKT = 64;      // keys per tile
 constexpr int kMaxHG = 8;    // heads per block
 constexpr int kAttnThreads = 256;
 
+// One block per (row, group of HG heads, key split). Keys (= values) are shared by all heads (MQA), so each
+// key is read once per block for HG heads. Online softmax over tiles of kKT keys. With splits == 1 the block
+// folds in the sink, normalises, de-ropes and writes the output; with splits > 1 it writes (max, sum,
+// unnormalised accumulator) for AttnCombineKernel, which spreads decode rows over the whole GPU.
 template <typename CacheT>
-__global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s, CacheDev cache, int HG) {
+__global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s, CacheDev cache, int HG, int splits,
+                                                           float* part) {
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ps = qs + HG * a.hd;
@@ -279,6 +308,7 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t r = blockIdx.x;
   const int h0 = blockIdx.y * HG;
+  const int z = blockIdx.z;
   const int64_t p = s.pos[r];
   const StepSeq sq = s.seqs[s.seq[r]];
   const int64_t nwin = min(static_cast<int64_t>(a.window), p + 1);
@@ -286,11 +316,14 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   if (a.type == 2) ncomp = (p + 1) / a.rate;
   if (a.type == 1) ncomp = min(static_cast<int64_t>(a.topk), (p + 1) / a.rate);
   const int64_t nk = nwin + ncomp;
+  const int64_t per = (nk + splits - 1) / splits;
+  const int64_t jb = min(nk, z * per), je = min(nk, jb + per);
   const int hd = a.hd;
   for (int i = tid; i < HG * hd; i += blockDim.x) qs[i] = a.q[r * a.ldq + static_cast<int64_t>(h0) * hd + i];
   if (tid < HG) {
-    m_s[tid] = a.sink[h0 + tid];
-    l_s[tid] = 1.0f;  // the sink's exp(sink - m) with m = sink
+    // Without splits the sink is folded in up front: exp(sink - m) = 1 with m = sink.
+    m_s[tid] = splits == 1 ? a.sink[h0 + tid] : -INFINITY;
+    l_s[tid] = splits == 1 ? 1.0f : 0.0f;
   }
   float acc[kMaxHG][2];
 #pragma unroll
@@ -298,27 +331,31 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   const CacheT* ring = SlotPtr<CacheT>(cache, sq.slot, a.ring_off);
   const CacheT* kv_new = static_cast<const CacheT*>(a.kv_new);
   __syncthreads();
-  for (int64_t j0 = 0; j0 < nk; j0 += kKT) {
+  for (int64_t j0 = jb; j0 < je; j0 += kKT) {
     if (tid < kKT) {
       const int64_t j = j0 + tid;
       const CacheT* ptr = nullptr;
-      if (j < nwin) {
-        const int64_t kpos = p - nwin + 1 + j;
-        ptr = kpos >= sq.start_pos ? kv_new + (sq.begin + (kpos - sq.start_pos)) * hd : ring + (kpos % a.window) * hd;
-      } else if (j < nk) {
-        const int64_t jj = j - nwin;
-        const int64_t e = a.type == 2 ? jj : a.sel[r * a.topk + jj];
-        ptr = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, hd, e);
+      if (j < je) {
+        if (j < nwin) {
+          const int64_t kpos = p - nwin + 1 + j;
+          ptr = kpos >= sq.start_pos ? kv_new + (sq.begin + (kpos - sq.start_pos)) * hd : ring + (kpos % a.window) * hd;
+        } else {
+          const int64_t jj = j - nwin;
+          const int64_t e = a.type == 2 ? jj : a.sel[r * a.topk + jj];
+          ptr = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, hd, e);
+        }
       }
       kp[tid] = ptr;
     }
     __syncthreads();
+    const int jn = static_cast<int>(min(static_cast<int64_t>(kKT), je - j0));
     for (int jj = warp; jj < kKT; jj += kAttnThreads / 32) {
-      float dot[kMaxHG];
+      if (jj < jn) {
+        float dot[kMaxHG];
 #pragma unroll
-      for (int h = 0; h < kMaxHG; ++h) dot[h] = 0.0f;
-      if (j0 + jj < nk) {
+        for (int h = 0; h < kMaxHG; ++h) dot[h] = 0.0f;
         const CacheT* k = kp[jj];
+#pragma unroll 4
         for (int d = 2 * lane; d < hd; d += 64) {
           const float2 k2 = Load2(k, d);
 #pragma unroll
@@ -328,11 +365,14 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
         }
 #pragma unroll
         for (int h = 0; h < kMaxHG; ++h) dot[h] = WarpSum(dot[h]);
-        if (lane == 0) {
-          for (int h = 0; h < HG; ++h) ps[h * kKT + jj] = dot[h] * a.scale;
+        if (lane < HG) {
+          float mine = 0.0f;
+#pragma unroll
+          for (int h = 0; h < kMaxHG; ++h) mine = lane == h ? dot[h] : mine;
+          ps[lane * kKT + jj] = mine * a.scale;
         }
-      } else if (lane == 0) {
-        for (int h = 0; h < HG; ++h) ps[h * kKT + jj] = -INFINITY;
+      } else if (lane < HG) {
+        ps[lane * kKT + jj] = -INFINITY;
       }
     }
     __syncthreads();
@@ -341,12 +381,13 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
       const float v0 = ps[h * kKT + lane], v1 = ps[h * kKT + lane + 32];
       const float m_old = m_s[h];
       const float m_new = fmaxf(m_old, WarpMax(fmaxf(v0, v1)));
-      const float e0 = expf(v0 - m_new), e1 = expf(v1 - m_new);
+      const float ms = m_new == -INFINITY ? 0.0f : m_new;  // no (-inf) - (-inf) when nothing is visible yet
+      const float e0 = expf(v0 - ms), e1 = expf(v1 - ms);
       ps[h * kKT + lane] = e0;
       ps[h * kKT + lane + 32] = e1;
       const float sum = WarpSum(e0 + e1);
       if (lane == 0) {
-        const float alpha = expf(m_old - m_new);
+        const float alpha = expf(m_old - ms);
         al_s[h] = alpha;
         l_s[h] = l_s[h] * alpha + sum;
         m_s[h] = m_new;
@@ -361,8 +402,24 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
           acc[h][1] *= al_s[h];
         }
       }
-      const int jn = static_cast<int>(min(static_cast<int64_t>(kKT), nk - j0));
-      for (int jj = 0; jj < jn; ++jj) {
+      int jj = 0;
+      for (; jj + 4 <= jn; jj += 4) {  // four independent loads in flight
+        float2 k2[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) k2[u] = Load2(kp[jj + u], 2 * tid);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+          for (int h = 0; h < kMaxHG; ++h) {
+            if (h < HG) {
+              const float pv = ps[h * kKT + jj + u];
+              acc[h][0] = fmaf(pv, k2[u].x, acc[h][0]);
+              acc[h][1] = fmaf(pv, k2[u].y, acc[h][1]);
+            }
+          }
+        }
+      }
+      for (; jj < jn; ++jj) {
         const float2 k2 = Load2(kp[jj], 2 * tid);
 #pragma unroll
         for (int h = 0; h < kMaxHG; ++h) {
@@ -375,6 +432,21 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
       }
     }
     __syncthreads();
+  }
+  if (splits > 1) {
+    const int64_t stride = hd + 2;
+    for (int h = 0; h < HG; ++h) {
+      float* dst = part + ((r * a.heads + h0 + h) * splits + z) * stride;
+      if (tid == 0) {
+        dst[0] = m_s[h];
+        dst[1] = l_s[h];
+      }
+      if (2 * tid < hd) {
+        dst[2 + 2 * tid] = acc[h][0];
+        dst[3 + 2 * tid] = acc[h][1];
+      }
+    }
+    return;
   }
   if (2 * tid < hd) {
     const int d = 2 * tid, base = hd - a.rope_dim;
@@ -397,6 +469,41 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
           dst[1] = o1;
         }
       }
+    }
+  }
+}
+
+// Merges the key splits of one (row, head) with the sink, normalises and de-ropes.
+__global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float* part) {
+  const int64_t r = blockIdx.x;
+  const int h = blockIdx.y;
+  const int hd = a.hd;
+  const int64_t stride = hd + 2;
+  const float* base_p = part + (r * a.heads + h) * splits * stride;
+  float M = a.sink[h];
+  for (int z = 0; z < splits; ++z) M = fmaxf(M, base_p[z * stride]);
+  float L = expf(a.sink[h] - M);
+  for (int z = 0; z < splits; ++z) L += base_p[z * stride + 1] * expf(base_p[z * stride] - M);
+  const int64_t p = s.pos[r];
+  const int rbase = hd - a.rope_dim;
+  for (int d = 2 * threadIdx.x; d < hd; d += 2 * blockDim.x) {
+    float o0 = 0.0f, o1 = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+      const float w = expf(base_p[z * stride] - M);  // exp(-inf) = 0 for empty splits
+      o0 = fmaf(w, base_p[z * stride + 2 + d], o0);
+      o1 = fmaf(w, base_p[z * stride + 3 + d], o1);
+    }
+    o0 /= L;
+    o1 /= L;
+    float* dst = a.out + r * a.ldo + static_cast<int64_t>(h) * hd + d;
+    if (d >= rbase) {
+      const float ang = static_cast<float>(p) * a.inv_freq[(d - rbase) / 2];
+      const float cs = cosf(ang), sn = sinf(ang);
+      dst[0] = o0 * cs + o1 * sn;
+      dst[1] = o1 * cs - o0 * sn;
+    } else {
+      dst[0] = o0;
+      dst[1] = o1;
     }
   }
 }
@@ -437,16 +544,27 @@ void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int6
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((max_vis + kScoreThreads - 1) / kScoreThreads));
   const size_t smem = static_cast<size_t>(a.ih * a.id + a.ih) * sizeof(float);
   IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, scores, lds);
-  TopKKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(scores, lds, s, r0, a.rate, a.topk, sel);
+  const bool use_smem = max_vis <= kTopKSmemEntries;
+  const size_t tk_smem = use_smem ? static_cast<size_t>(max_vis) * sizeof(float) : 0;
+  if (tk_smem > 48 * 1024) {
+    cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tk_smem));
+  }
+  TopKKernel<<<static_cast<unsigned>(rows), 256, tk_smem, stream>>>(scores, lds, s, r0, a.rate, a.topk, sel,
+                                                                   use_smem);
 }
 
 template <typename CacheT>
 void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream) {
   if (s.n <= 0) return;
   const int hg = HeadsPerBlock(a.heads);
-  const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / hg));
+  const int splits = a.part != nullptr ? std::max(1, a.splits) : 1;
+  const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / hg), static_cast<unsigned>(splits));
   const size_t smem = static_cast<size_t>(hg * a.hd + hg * kKT) * sizeof(float);
-  AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg);
+  AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg, splits, a.part);
+  if (splits > 1) {
+    const dim3 cgrid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads));
+    AttnCombineKernel<<<cgrid, 128, 0, stream>>>(a, s, splits, a.part);
+  }
 }
 
 template <typename CacheT>

@@ -8,6 +8,7 @@
 //   seg L:      shared(L-1) + routed(L-1); ffn-post(L-1); head
 // With tensor parallelism the attention output and the MoE output are all-reduced across ranks. With one GPU,
 // decode passes (one token per sequence) replay each segment as a CUDA graph captured once per batch size.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -180,6 +181,14 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   aa.inv_freq = inv;
   aa.out = s.o;
   aa.ldo = Hl_ * hd_;
+  if (n <= kSplitRows) {
+    // Few rows: split each row's keys so that the blocks fill the GPU about twice over.
+    int hg = 8;
+    while (hg > 1 && Hl_ % hg != 0) hg /= 2;
+    const int64_t blocks = n * (Hl_ / hg);
+    aa.splits = static_cast<int>(std::clamp<int64_t>((2 * r.sms + blocks - 1) / blocks, 1, kMaxSplits));
+    aa.part = aa.splits > 1 ? s.attn_part : nullptr;
+  }
   Attention<T>(aa, step, cache, r.stream);
   RingUpdate<T>(static_cast<const T*>(s.kvT), static_cast<int>(hd_), aa.window, L.st.ring_off, step, cache, r.stream);
 

@@ -62,11 +62,16 @@ struct Scratch {
   float *qa = nullptr, *kv = nullptr, *q = nullptr, *o = nullptr, *z = nullptr, *comp = nullptr, *iq = nullptr;
   float *scores = nullptr, *glog = nullptr, *wts = nullptr, *shg = nullptr, *shh = nullptr, *sh = nullptr;
   float *routed = nullptr, *logits = nullptr, *hsel = nullptr;
+  float* attn_part = nullptr;  // attention key-split partials for up to kSplitRows rows
   void* kvT = nullptr;
   int32_t *sel = nullptr, *ids = nullptr, *meta = nullptr, *greedy = nullptr;
   int64_t qa_ld = 0, kv_ld = 0, shg_ld = 0;
   int64_t score_rows = 0, score_ld = 0;  // indexer scores buffer [score_rows, score_ld]
 };
+
+// Attention splits keys across blocks for passes of at most kSplitRows rows (decode), up to kMaxSplits ways.
+constexpr int64_t kSplitRows = 16;
+constexpr int64_t kMaxSplits = 16;
 
 struct Rank {
   int index = 0;

@@ -42,7 +42,7 @@ Rank::~Rank() {
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
 }
 
-CudaModel::CudaModel(const ModelConfig& cfg, const CudaOptions& opt) : cfg_(cfg), opt_(opt), bf16_cache_(!opt.fp32) {}
+CudaModel::CudaModel(const ModelConfig& cfg, const CudaOptions& opt) : cfg_(cfg), opt_(opt), bf16_cache_(!opt.fp32 && opt.bf16_cache) {}
 
 CudaModel::~CudaModel() {
   for (auto& [key, execs] : graphs_) {
@@ -64,7 +64,8 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Checkpoint* ckpt, c
   }
   if (opt.tp < 1) return absl::InvalidArgumentError(absl::StrCat("CudaOptions::tp must be >= 1 (got ", opt.tp, ")"));
   if (opt.device < 0 || opt.device + opt.tp > devices) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaOptions: devices ", opt.device, "..", opt.device + opt.tp - 1,
+    return absl::InvalidArgumentError(absl::StrCat("CudaOptions::device = ", opt.device, ", CudaOptions::tp = ", opt.tp,
+                                                   ": devices ", opt.device, "..", opt.device + opt.tp - 1,
                                                    " requested but ", devices, " CUDA device(s) are visible"));
   }
   if (cfg.num_attention_heads % opt.tp != 0 || cfg.o_groups % opt.tp != 0 || cfg.moe_intermediate_size % opt.tp != 0) {
@@ -441,6 +442,7 @@ Status CudaModel::SetupState(Rank& r) {
       {reinterpret_cast<void**>(&s.routed), NR * D_ * f},
       {reinterpret_cast<void**>(&s.hsel), NR * D_ * f},
       {reinterpret_cast<void**>(&s.logits), LR * c.vocab_size * f},
+      {reinterpret_cast<void**>(&s.attn_part), std::min(NR, kSplitRows) * Hl_ * kMaxSplits * (hd_ + 2) * f},
       {&s.kvT, NR * hd_ * tsize},
       {reinterpret_cast<void**>(&s.sel), NR * std::max<int64_t>(c.index_topk, 1) * 4},
       {reinterpret_cast<void**>(&s.ids), NR * c.num_experts_per_tok * 4},
@@ -478,7 +480,7 @@ std::string CudaModel::Describe() const {
   cudaDeviceProp prop{};
   (void)cudaGetDeviceProperties(&prop, ranks_.empty() ? 0 : ranks_[0]->device);
   os << opt_.tp << "x " << prop.name << " (sm_" << prop.major << prop.minor << ", " << ranks_[0]->sms << " SMs), "
-     << (opt_.fp32 ? "fp32" : "bf16") << " mode, dense weights "
+     << (opt_.fp32 ? "fp32" : "bf16") << " mode, " << (bf16_cache_ ? "bf16" : "fp32") << " caches, dense weights "
      << (opt_.fp8_weights && cfg_.fp8_dense ? "fp8 (weight-only GEMM)" : "dequantized") << ", "
      << (weight_bytes_per_step() >> 20) << " MiB read per decode step; " << opt_.max_sequences << " slots x "
      << (slot_bytes_ >> 10) << " KiB fixed state, " << num_pages_ << " pages x " << page_tokens_ << " tokens ("

@@ -104,17 +104,19 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   if (c.n <= 0 || w.out <= 0) return;
   const bool mma = tensor_cores && w.type != WType::kF32;
   // Tiles of the output; when they cannot fill the GPU twice over, split the reduction dimension and
-  // accumulate with atomics (only for a dense, ungrouped y, which can be zeroed in one memset).
+  // accumulate with atomics (only when y is dense, so one memset zeroes it).
   const int64_t tile_out = 64, tile_n = mma ? (c.n <= 8 ? 8 : c.n <= 16 ? 16 : 32) : kBN;
   const int64_t k_chunk = mma ? 128 : kBK;
   const int64_t tiles = CeilDiv(w.out, tile_out) * CeilDiv(c.n, tile_n) * c.groups;
   int64_t ksplit = 1;
-  if (c.groups == 1 && c.ldy == w.out && tiles < 2 * sms) {
+  // (Groups whose outputs tile y exactly, like the grouped output projection, zero in one memset too.)
+  const bool dense_y = c.groups == 1 ? c.ldy == w.out : (c.y_group_cols == w.out && c.ldy == w.out * c.groups);
+  if (dense_y && tiles < 2 * sms) {
     ksplit = std::min(CeilDiv(2 * sms, tiles), CeilDiv(w.in, std::max<int64_t>(k_chunk, 256)));
   }
   int64_t kspan = CeilDiv(CeilDiv(w.in, ksplit), k_chunk) * k_chunk;
   ksplit = CeilDiv(w.in, kspan);
-  if (ksplit > 1) cudaMemsetAsync(c.y, 0, static_cast<size_t>(c.n * w.out) * sizeof(float), stream);
+  if (ksplit > 1) cudaMemsetAsync(c.y, 0, static_cast<size_t>(c.n * c.ldy) * sizeof(float), stream);
   if (mma) {
     GemmMma(c, static_cast<int>(ksplit), stream);
     return;

@@ -211,6 +211,10 @@ struct AttnArgs {
   const float* inv_freq = nullptr;
   float* out = nullptr;  // [n, heads·hd], de-roped
   int64_t ldo = 0;
+  // Key splits per (row, head group): > 1 spreads few rows over many blocks (decode); `part` holds
+  // [n, heads, splits, hd + 2] floats of partial results.
+  int splits = 1;
+  float* part = nullptr;
 };
 template <typename CacheT>
 void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream);

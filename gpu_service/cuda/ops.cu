@@ -39,10 +39,44 @@ __global__ void HcPreKernel(HcPreArgs a) {
   __shared__ float pre[kMaxHc], post[kMaxHc], C[kMaxHc * kMaxHc];
   const int64_t r = blockIdx.x;
   const int k = a.hc;
-  if (threadIdx.x == 0) {
-    const int m = a.head_mode ? k : (2 + k) * k;
-    const float* mr = a.mixraw + r * m;
-    const float inv = a.inv[r];
+  const int m = a.head_mode ? k : (2 + k) * k;
+  const float* mr = a.mixraw + r * m;
+  const float inv = a.inv[r];
+  if (k == 4 && !a.head_mode) {
+    // hc = 4: the 4x4 Sinkhorn on 16 lanes of warp 0 (element t = row j * 4 + column i; row sums over lane
+    // xor 1, 2, column sums over xor 4, 8), instead of one thread doing ~700 divisions.
+    if (threadIdx.x < 32) {
+      const int t = threadIdx.x & 15, j = t >> 2;
+      if (threadIdx.x < 4) {
+        pre[t] = Sigmoid(mr[t] * inv * a.scale[0] + a.base[t]) + a.hc_eps;
+        post[t] = 2.0f * Sigmoid(mr[4 + t] * inv * a.scale[1] + a.base[4 + t]);
+      }
+      const float v = mr[8 + t] * inv * a.scale[2] + a.base[8 + t];
+      auto rsum = [](float x) {
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        return x + __shfl_xor_sync(0xffffffffu, x, 2);
+      };
+      auto csum = [](float x) {
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        return x + __shfl_xor_sync(0xffffffffu, x, 8);
+      };
+      float mx = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float e = expf(v - mx);
+      float c = e / rsum(e) + a.hc_eps;
+      c = c / (csum(c) + a.hc_eps);
+      for (int it = 1; it < a.iters; ++it) {
+        c = c / (rsum(c) + a.hc_eps);
+        c = c / (csum(c) + a.hc_eps);
+      }
+      (void)j;
+      if (threadIdx.x < 16) {
+        C[t] = c;
+        a.comb[r * 16 + t] = c;
+      }
+      if (threadIdx.x < 4) a.post[r * 4 + t] = post[t];
+    }
+  } else if (threadIdx.x == 0) {
     for (int j = 0; j < k; ++j) pre[j] = Sigmoid(mr[j] * inv * a.scale[0] + a.base[j]) + a.hc_eps;
     if (!a.head_mode) {
       for (int j = 0; j < k; ++j) post[j] = 2.0f * Sigmoid(mr[k + j] * inv * a.scale[1] + a.base[k + j]);
@@ -93,8 +127,8 @@ __global__ void HcPreKernel(HcPreArgs a) {
     ss = fmaf(u, u, ss);
   }
   ss = BlockSum(ss, red);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.D) + a.rms_eps);
-  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.xn[r * a.D + d] = us[d] * inv * a.norm_w[d];
+  const float inv_u = 1.0f / sqrtf(ss / static_cast<float>(a.D) + a.rms_eps);
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.xn[r * a.D + d] = us[d] * inv_u * a.norm_w[d];
 }
 
 __global__ void HcPostKernel(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc,

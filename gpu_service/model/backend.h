@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "gpu_service/model/sampling.h"
 
 namespace numoe {
 
@@ -59,6 +60,22 @@ struct SequenceMemory {
   int64_t capacity_bytes = 0;     // allocated (>= used; chunked storage)
 };
 
+// A request for the model's own drafter (DSpark): `next_token` was just sampled for the position after
+// the sequence's last consumed token; propose `depth` tokens after it.
+struct DraftRequest {
+  SequenceId seq = 0;
+  int32_t next_token = 0;
+  int64_t depth = 0;
+  Sampler* sampler = nullptr;  // draws the drafts (the Markov correction is sequential); null = greedy
+};
+
+struct DraftResult {
+  SequenceId seq = 0;
+  std::vector<int32_t> tokens;     // [depth]
+  std::vector<float> logits;       // [depth, vocab]: the distributions the drafts were drawn from
+  std::vector<float> confidence;   // [depth]: raw confidence logits
+};
+
 class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
@@ -72,6 +89,14 @@ class ModelBackend {
   // speculative: every cache (windows, compressor pending buffers, overlap state, compressed and indexer
   // entries) is left exactly as if those tokens had never run.
   virtual Status Rollback(SequenceId seq, int64_t num_tokens) = 0;
+  // The checkpoint's own drafter (DSpark stages), when the backend loaded it.
+  virtual bool HasDrafter() const { return false; }
+  virtual Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out) {
+    (void)requests;
+    (void)experts;
+    (void)out;
+    return absl::UnimplementedError("this backend has no model drafter");
+  }
   virtual int64_t vocab_size() const = 0;
 };
 

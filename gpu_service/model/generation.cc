@@ -29,93 +29,221 @@ struct Active {
   Sampler sampler;
   size_t fed = 0;  // prompt tokens fed so far
   bool done = false;
-  int32_t next = -1;  // sampled, not yet fed
+  int32_t next = -1;             // sampled, not yet fed
+  std::vector<int32_t> history;  // prompt + generated (n-gram drafter)
+  std::vector<int32_t> drafts;   // this step's drafts
+  std::vector<float> draft_logits;  // [drafts, vocab] (DSpark) or empty (deterministic drafter)
+  int64_t depth = 0;
+};
+
+class Loop {
+ public:
+  Loop(ModelBackend& model, ExpertBackend& experts, const std::vector<GenerateRequest>& requests,
+       const TokenCallback& on_token, const SpecConfig& spec)
+      : model_(model), experts_(experts), reqs_(requests), on_token_(on_token), spec_(spec),
+        V_(model.vocab_size()), results_(requests.size()) {}
+
+  StatusOr<std::vector<GenerateResult>> Run() {
+    for (const auto& r : reqs_) RETURN_IF_ERROR(ValidateRequest(r, V_));
+    if (spec_.method != SpecMethod::kNone) RETURN_IF_ERROR(ValidateSpec(spec_));
+    if (spec_.method == SpecMethod::kDspark && !model_.HasDrafter()) {
+      return absl::FailedPreconditionError("--spec dspark: the model has no DSpark drafter loaded");
+    }
+    if (spec_.method == SpecMethod::kMtp) {
+      return absl::UnimplementedError("--spec mtp: the MTP drafter is not implemented yet (use dspark or ngram)");
+    }
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      auto seq = model_.CreateSequence();
+      if (!seq.ok()) {
+        ReleaseAll();
+        return seq.status();
+      }
+      act_.push_back(Active{i, *seq, Sampler(reqs_[i].sampling)});
+      act_.back().history = reqs_[i].prompt;
+      act_.back().depth = spec_.depth;
+      if (reqs_[i].max_new_tokens == 0) act_.back().done = true;
+    }
+    Status st = Steps();
+    ReleaseAll();
+    if (!st.ok()) return st;
+    for (auto& r : results_) {
+      if (r.finish_reason.empty()) r.finish_reason = "length";
+    }
+    return std::move(results_);
+  }
+
+ private:
+  void ReleaseAll() {
+    for (auto& a : act_) (void)model_.ReleaseSequence(a.seq);
+  }
+
+  // Emits one token for `a`; returns false when the sequence is finished.
+  bool Emit(Active& a, int32_t tok, const float* logits) {
+    const GenerateRequest& r = reqs_[a.index];
+    GenerateResult& res = results_[a.index];
+    if (r.keep_logits) res.step_logits.insert(res.step_logits.end(), logits, logits + V_);
+    res.tokens.push_back(tok);
+    a.history.push_back(tok);
+    a.next = tok;
+    if (on_token_) on_token_(a.index, tok);
+    if (!r.ignore_eos && tok == r.eos_token_id) {
+      res.finish_reason = "stop";
+      a.done = true;
+    } else if (static_cast<int64_t>(res.tokens.size()) >= r.max_new_tokens) {
+      res.finish_reason = "length";
+      a.done = true;
+    }
+    return !a.done;
+  }
+
+  Status Propose() {
+    std::vector<DraftRequest> dreqs;
+    std::vector<size_t> owners;
+    for (size_t k = 0; k < act_.size(); ++k) {
+      Active& a = act_[k];
+      a.drafts.clear();
+      a.draft_logits.clear();
+      if (a.done || a.fed < reqs_[a.index].prompt.size()) continue;
+      // Never draft past what may still be emitted.
+      const int64_t left = reqs_[a.index].max_new_tokens - static_cast<int64_t>(results_[a.index].tokens.size());
+      const int64_t depth = std::min(a.depth, left - 1);
+      if (depth <= 0) continue;
+      if (spec_.method == SpecMethod::kNgram) {
+        a.drafts = NgramPropose(a.history, depth, spec_.ngram_max, spec_.ngram_min);
+      } else if (spec_.method == SpecMethod::kDspark) {
+        dreqs.push_back(DraftRequest{a.seq, a.next, depth, &a.sampler});
+        owners.push_back(k);
+      }
+    }
+    if (dreqs.empty()) return absl::OkStatus();
+    std::vector<DraftResult> out;
+    RETURN_IF_ERROR(model_.Draft(dreqs, &experts_, &out));
+    for (size_t i = 0; i < out.size(); ++i) {
+      act_[owners[i]].drafts = std::move(out[i].tokens);
+      act_[owners[i]].draft_logits = std::move(out[i].logits);
+    }
+    return absl::OkStatus();
+  }
+
+  // Accepts drafts of `a` against the target logits rows [1 + drafts, V]; returns drafts kept.
+  int64_t Verify(Active& a, const float* rows) {
+    const int64_t k = static_cast<int64_t>(a.drafts.size());
+    SpecStats& st = results_[a.index].spec;
+    st.steps++;
+    st.drafted += k;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const float* lt = rows + i * V_;
+      a.sampler.Distribution(lt, V_, &p_);
+      const int32_t d = a.drafts[i];
+      double qd = 1.0;  // deterministic drafters propose with probability 1
+      if (!a.draft_logits.empty()) {
+        a.sampler.Distribution(a.draft_logits.data() + i * V_, V_, &q_);
+        qd = q_[d];
+      } else {
+        q_.assign(static_cast<size_t>(V_), 0.0);
+        q_[d] = 1.0;
+      }
+      const double ratio = qd > 0 ? p_[d] / qd : 0.0;
+      const bool greedy = reqs_[a.index].sampling.temperature == 0.0;
+      const bool accept = greedy ? p_[d] > 0.5 : a.sampler.Uniform() < std::min(1.0, ratio);
+      if (accept) {
+        ++kept;
+        st.accepted++;
+        if (!Emit(a, d, lt)) return kept;
+        continue;
+      }
+      double mass = 0.0;
+      for (int64_t v = 0; v < V_; ++v) {
+        p_[v] = std::max(0.0, p_[v] - q_[v]);
+        mass += p_[v];
+      }
+      const int32_t tok = mass > 0 ? a.sampler.SampleFrom(p_) : a.sampler.Sample(lt, V_);
+      Emit(a, tok, lt);
+      return kept;
+    }
+    const float* bonus = rows + k * V_;
+    Emit(a, a.sampler.Sample(bonus, V_), bonus);
+    return kept;
+  }
+
+  Status Steps() {
+    std::vector<SequenceStep> steps;
+    std::vector<size_t> owner;
+    std::vector<SequenceLogits> out;
+    std::vector<std::vector<int32_t>> feed(act_.size());
+    for (;;) {
+      if (spec_.method != SpecMethod::kNone) RETURN_IF_ERROR(Propose());
+      steps.clear();
+      owner.clear();
+      for (size_t k = 0; k < act_.size(); ++k) {
+        Active& a = act_[k];
+        if (a.done) continue;
+        const GenerateRequest& r = reqs_[a.index];
+        SequenceStep s;
+        s.seq = a.seq;
+        if (a.fed < r.prompt.size()) {
+          size_t n = r.prompt.size() - a.fed;
+          if (r.prefill_chunk > 0) n = std::min(n, static_cast<size_t>(r.prefill_chunk));
+          s.tokens = std::span<const int32_t>(r.prompt.data() + a.fed, n);
+          s.all_logits = r.keep_logits;
+          a.fed += n;
+        } else {
+          feed[k].assign(1, a.next);
+          feed[k].insert(feed[k].end(), a.drafts.begin(), a.drafts.end());
+          s.tokens = feed[k];
+          s.all_logits = !a.drafts.empty();
+          s.speculative = !a.drafts.empty();
+        }
+        steps.push_back(s);
+        owner.push_back(k);
+      }
+      if (steps.empty()) return absl::OkStatus();
+      RETURN_IF_ERROR(model_.Forward(steps, &experts_, &out));
+      for (size_t i = 0; i < steps.size(); ++i) {
+        Active& a = act_[owner[i]];
+        const GenerateRequest& r = reqs_[a.index];
+        GenerateResult& res = results_[a.index];
+        const SequenceLogits& lg = out[i];
+        if (steps[i].speculative) {
+          const int64_t kept = Verify(a, lg.logits.data());
+          const int64_t drop = static_cast<int64_t>(a.drafts.size()) - kept;
+          if (!a.done) RETURN_IF_ERROR(model_.Rollback(a.seq, drop));
+          if (spec_.adaptive && !a.done) {
+            if (drop == 0) a.depth = std::min(a.depth + 1, spec_.depth);
+            if (kept == 0) a.depth = std::max<int64_t>(a.depth - 1, 1);
+          }
+          continue;
+        }
+        const bool prefill = res.tokens.empty() && a.next < 0;
+        if (prefill && r.keep_logits) {
+          res.prefill_logits.insert(res.prefill_logits.end(), lg.logits.begin(), lg.logits.end());
+        }
+        if (a.fed < r.prompt.size()) continue;  // more prompt chunks to feed
+        const float* last = lg.logits.data() + (lg.rows - 1) * V_;
+        Emit(a, a.sampler.Sample(last, V_), last);
+      }
+    }
+  }
+
+  ModelBackend& model_;
+  ExpertBackend& experts_;
+  const std::vector<GenerateRequest>& reqs_;
+  const TokenCallback& on_token_;
+  SpecConfig spec_;
+  int64_t V_;
+  std::vector<GenerateResult> results_;
+  std::vector<Active> act_;
+  std::vector<double> p_, q_;
 };
 
 }  // namespace
 
 StatusOr<std::vector<GenerateResult>> GenerateBatch(ModelBackend& model, ExpertBackend& experts,
                                                     const std::vector<GenerateRequest>& requests,
-                                                    const TokenCallback& on_token) {
-  const int64_t V = model.vocab_size();
-  for (const auto& r : requests) RETURN_IF_ERROR(ValidateRequest(r, V));
-  std::vector<GenerateResult> results(requests.size());
-  std::vector<Active> act;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    auto seq = model.CreateSequence();
-    if (!seq.ok()) {
-      for (auto& a : act) (void)model.ReleaseSequence(a.seq);
-      return seq.status();
-    }
-    act.push_back(Active{i, *seq, Sampler(requests[i].sampling)});
-    if (requests[i].max_new_tokens == 0) act.back().done = true;
-  }
-  auto release_all = [&] {
-    for (auto& a : act) (void)model.ReleaseSequence(a.seq);
-  };
-
-  std::vector<SequenceStep> steps;
-  std::vector<size_t> owner;
-  std::vector<SequenceLogits> out;
-  std::vector<int32_t> one(act.size());
-  for (;;) {
-    steps.clear();
-    owner.clear();
-    for (size_t k = 0; k < act.size(); ++k) {
-      Active& a = act[k];
-      if (a.done) continue;
-      const GenerateRequest& r = requests[a.index];
-      SequenceStep s;
-      s.seq = a.seq;
-      if (a.fed < r.prompt.size()) {
-        size_t n = r.prompt.size() - a.fed;
-        if (r.prefill_chunk > 0) n = std::min(n, static_cast<size_t>(r.prefill_chunk));
-        s.tokens = std::span<const int32_t>(r.prompt.data() + a.fed, n);
-        s.all_logits = r.keep_logits;
-        a.fed += n;
-      } else {
-        one[k] = a.next;
-        s.tokens = std::span<const int32_t>(&one[k], 1);
-      }
-      steps.push_back(s);
-      owner.push_back(k);
-    }
-    if (steps.empty()) break;
-    Status st = model.Forward(steps, &experts, &out);
-    if (!st.ok()) {
-      release_all();
-      return st;
-    }
-    for (size_t i = 0; i < steps.size(); ++i) {
-      Active& a = act[owner[i]];
-      const GenerateRequest& r = requests[a.index];
-      GenerateResult& res = results[a.index];
-      const SequenceLogits& lg = out[i];
-      const bool prefill = res.tokens.empty() && a.next < 0;
-      if (prefill && r.keep_logits) {
-        res.prefill_logits.insert(res.prefill_logits.end(), lg.logits.begin(), lg.logits.end());
-      }
-      if (a.fed < r.prompt.size()) continue;  // more prompt chunks to feed
-      const float* last = lg.logits.data() + (lg.rows - 1) * V;
-      const int32_t tok = a.sampler.Sample(last, V);
-      if (r.keep_logits) res.step_logits.insert(res.step_logits.end(), last, last + V);
-      res.tokens.push_back(tok);
-      a.next = tok;
-      if (on_token) on_token(a.index, tok);
-      if (!r.ignore_eos && tok == r.eos_token_id) {
-        res.finish_reason = "stop";
-        a.done = true;
-      } else if (static_cast<int64_t>(res.tokens.size()) >= r.max_new_tokens) {
-        res.finish_reason = "length";
-        a.done = true;
-      }
-    }
-  }
-  for (auto& a : act) {
-    if (results[a.index].finish_reason.empty()) results[a.index].finish_reason = "length";
-  }
-  release_all();
-  return results;
+                                                    const TokenCallback& on_token, const SpecConfig& spec) {
+  Loop loop(model, experts, requests, on_token, spec);
+  return loop.Run();
 }
 
 }  // namespace numoe

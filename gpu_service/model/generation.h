@@ -10,6 +10,7 @@
 
 #include "gpu_service/model/backend.h"
 #include "gpu_service/model/sampling.h"
+#include "gpu_service/model/spec.h"
 
 namespace numoe {
 
@@ -28,6 +29,7 @@ struct GenerateResult {
   std::string finish_reason;    // "stop" (EOS) or "length"
   std::vector<float> prefill_logits;  // [prompt, vocab] when keep_logits
   std::vector<float> step_logits;     // [tokens, vocab]: step_logits[t] chose tokens[t] (keep_logits)
+  SpecStats spec;                     // speculative decoding counters (zero without speculation)
 };
 
 // Called for every generated token: (request index, token id).
@@ -36,8 +38,11 @@ using TokenCallback = std::function<void(size_t, int32_t)>;
 // Errors name the field (empty prompt, ids >= vocab, negative max_new_tokens, bad sampling values).
 Status ValidateRequest(const GenerateRequest& r, int64_t vocab_size);
 
+// With `spec.method` != kNone, decode steps verify drafts (see spec.h); kDspark needs a model whose
+// HasDrafter() is true.
 StatusOr<std::vector<GenerateResult>> GenerateBatch(ModelBackend& model, ExpertBackend& experts,
                                                     const std::vector<GenerateRequest>& requests,
-                                                    const TokenCallback& on_token = nullptr);
+                                                    const TokenCallback& on_token = nullptr,
+                                                    const SpecConfig& spec = {});
 
 }  // namespace numoe

@@ -64,4 +64,54 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   return idx_[keep - 1];
 }
 
+void Sampler::Distribution(const float* logits, int64_t vocab, std::vector<double>* probs) {
+  probs->assign(static_cast<size_t>(vocab), 0.0);
+  if (p_.temperature == 0.0) {
+    (*probs)[static_cast<size_t>(Argmax(logits, vocab))] = 1.0;
+    return;
+  }
+  idx_.resize(static_cast<size_t>(vocab));
+  std::iota(idx_.begin(), idx_.end(), 0);
+  int64_t keep = p_.top_k > 0 ? std::min<int64_t>(p_.top_k, vocab) : vocab;
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(idx_.begin(), idx_.begin() + keep, idx_.end(), by_logit);
+  const double m = logits[idx_[0]];
+  double sum = 0.0;
+  for (int64_t i = 0; i < keep; ++i) {
+    const double e = std::exp((static_cast<double>(logits[idx_[i]]) - m) / p_.temperature);
+    (*probs)[static_cast<size_t>(idx_[i])] = e;
+    sum += e;
+  }
+  if (p_.top_p < 1.0) {
+    double acc = 0.0;
+    int64_t cut = keep;
+    for (int64_t i = 0; i < keep; ++i) {
+      acc += (*probs)[static_cast<size_t>(idx_[i])] / sum;
+      if (acc >= p_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    for (int64_t i = cut; i < keep; ++i) (*probs)[static_cast<size_t>(idx_[i])] = 0.0;
+    keep = cut;
+    sum = 0.0;
+    for (int64_t i = 0; i < keep; ++i) sum += (*probs)[static_cast<size_t>(idx_[i])];
+  }
+  for (int64_t i = 0; i < keep; ++i) (*probs)[static_cast<size_t>(idx_[i])] /= sum;
+}
+
+int32_t Sampler::SampleFrom(const std::vector<double>& probs) {
+  const double total = std::accumulate(probs.begin(), probs.end(), 0.0);
+  const double u = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  double acc = 0.0;
+  int32_t last = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.0) continue;
+    acc += probs[i];
+    last = static_cast<int32_t>(i);
+    if (u < acc) return last;
+  }
+  return last;
+}
+
 }  // namespace numoe

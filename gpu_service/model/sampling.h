@@ -25,6 +25,12 @@ class Sampler {
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
   // Picks a token from logits[vocab]. Greedy when temperature == 0.
   int32_t Sample(const float* logits, int64_t vocab);
+  // The distribution Sample draws from, dense over the vocabulary (zeros outside top-k / top-p; one-hot
+  // at the argmax when greedy). Speculative verification compares target and draft distributions.
+  void Distribution(const float* logits, int64_t vocab, std::vector<double>* probs);
+  // Draws from an unnormalised distribution (sum > 0).
+  int32_t SampleFrom(const std::vector<double>& probs);
+  double Uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
   const SamplingParams& params() const { return p_; }
 
  private:

@@ -9,6 +9,7 @@
 #include "common/checkpoint.h"
 #include "common/log.h"
 #include "gpu_service/cpu/cpu_model.h"
+#include "gpu_service/cuda/cuda_model.h"
 #include "gpu_service/service/gpu_server.h"
 #include "gpu_service/service/runtime_util.h"
 
@@ -16,17 +17,19 @@ namespace numoe::gpu {
 
 namespace {
 
-StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const std::string& backend, const Checkpoint& ckpt) {
-  if (backend == "cpu") {
+StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, const Checkpoint& ckpt) {
+  if (c.backend == "cpu") {
     ASSIGN_OR_RETURN(auto model, cpu::CpuModel::Create(ckpt, nullptr));
     return std::unique_ptr<ModelBackend>(std::move(model));
   }
-  if (backend == "cuda") {
-    return absl::UnimplementedError(
-        "--backend cuda: the CUDA backend is not built into this numoe-gpu yet (it comes with the CUDA issue); "
-        "use --backend cpu");
-  }
-  return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda (got '", backend, "')"));
+  CudaOptions o;
+  o.device = static_cast<int>(c.cuda_device);
+  o.tp = static_cast<int>(c.tp);
+  o.max_sequences = c.max_sequences;
+  // Without a CUDA build this is the stub's UNAVAILABLE, which says so.
+  auto model = CreateCudaModel(ckpt, o);
+  if (!model.ok()) return Status(model.status().code(), absl::StrCat("--backend cuda: ", model.status().message()));
+  return model;
 }
 
 }  // namespace
@@ -40,19 +43,12 @@ int RunGpuApp(const GpuAppConfig& config) {
   if (config.backend != "cpu" && config.backend != "cuda") {
     return fail(absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda (got '", config.backend, "')")));
   }
-#ifndef NUMOE_HAVE_CUDA_BACKEND
-  if (config.backend == "cuda") {
-    return fail(absl::UnimplementedError(
-        "--backend cuda: the CUDA backend is not built into this numoe-gpu yet (it comes with the CUDA issue); "
-        "use --backend cpu"));
-  }
-#endif
   const auto t0 = std::chrono::steady_clock::now();
   auto ckpt = Checkpoint::Open(config.model_dir);
   if (!ckpt.ok()) return fail(ckpt.status());
   auto fingerprint = ModelFingerprint(config.model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
-  auto model = CreateBackend(config.backend, **ckpt);
+  auto model = CreateBackend(config, **ckpt);
   if (!model.ok()) return fail(model.status());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NLOG(INFO) << "numoe-gpu: loaded " << config.model_dir << " on the " << config.backend << " backend in " << load_s
@@ -65,6 +61,7 @@ int RunGpuApp(const GpuAppConfig& config) {
   opts.heartbeat_ms = config.heartbeat_ms;
   opts.lease_ms = config.lease_ms;
   opts.max_workers = config.max_workers;
+  opts.max_sequences = config.max_sequences;
   opts.channel.spin_us = static_cast<int>(config.spin_us);
   GpuServer server(model->get(), (*ckpt)->config(), opts);
   GpuGrpcService service(&server);

@@ -1,0 +1,254 @@
+// Speculative decoding on the CPU backend: greedy speculation emits exactly the tokens of plain greedy
+// decoding for every depth and batch size with each drafter (tiny-v4's random DSpark stages accept almost
+// nothing, which exercises rollback; the demo model with the n-gram drafter on a repetitive prompt accepts
+// a lot, which exercises acceptance), and with temperature > 0 the sampled tokens follow the same
+// distribution with and without speculation (chi-square homogeneity test).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "common/quant.h"
+#include "common/safetensors.h"
+#include "gpu_service/cpu/cpu_model.h"
+#include "gpu_service/cpu/reference_experts.h"
+#include "gpu_service/model/generation.h"
+
+namespace numoe {
+namespace {
+
+struct Loaded {
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<cpu::CpuModel> model;
+  std::unique_ptr<cpu::ReferenceExperts> experts;
+};
+
+Loaded* Get(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Loaded>> cache;
+  auto& slot = cache[name];
+  if (slot) return slot.get();
+  auto l = std::make_unique<Loaded>();
+  auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/" + name);
+  if (!ck.ok()) {
+    ADD_FAILURE() << ck.status();
+    return nullptr;
+  }
+  l->ckpt = std::move(*ck);
+  const bool drafter = l->ckpt->mtp_stages() > 0;
+  auto m = cpu::CpuModel::Create(*l->ckpt, nullptr, {.drafter = drafter});
+  if (!m.ok()) {
+    ADD_FAILURE() << m.status();
+    return nullptr;
+  }
+  l->model = std::move(*m);
+  auto e = cpu::ReferenceExperts::Load(*l->ckpt, drafter);
+  if (!e.ok()) {
+    ADD_FAILURE() << e.status();
+    return nullptr;
+  }
+  l->experts = std::move(*e);
+  slot = std::move(l);
+  return slot.get();
+}
+
+// Repetitive prompts: a golden prompt of the model (real text for demo-v4) said three times, cut at
+// different points, so the model's continuation repeats it and an n-gram drafter has something to find.
+std::vector<GenerateRequest> Prompts(const std::string& model, int64_t count, int64_t vocab, int64_t new_tokens,
+                                     bool repetitive) {
+  std::vector<int32_t> base;
+  if (repetitive) {
+    auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/" + model + "/golden.safetensors");
+    EXPECT_TRUE(g.ok());
+    auto ids = ToF32(**(*g)->Get("p0.input_ids"));
+    EXPECT_TRUE(ids.ok());
+    for (int rep = 0; rep < 3; ++rep) {
+      for (float f : ids->data) base.push_back(static_cast<int32_t>(f));
+    }
+  }
+  std::vector<GenerateRequest> reqs;
+  for (int64_t i = 0; i < count; ++i) {
+    GenerateRequest r;
+    if (repetitive) {
+      r.prompt.assign(base.begin(), base.end() - (i * 5) % 30);
+    } else {
+      const int64_t len = 5 + (i * 7) % 23;
+      for (int64_t t = 0; t < len; ++t) r.prompt.push_back(static_cast<int32_t>((t * 37 + i * 11 + 3) % vocab));
+    }
+    r.max_new_tokens = new_tokens;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+struct GreedyCase {
+  std::string model;
+  SpecMethod method;
+  bool repetitive;
+};
+
+class GreedySpecTest : public ::testing::TestWithParam<GreedyCase> {};
+
+TEST_P(GreedySpecTest, EmitsExactlyThePlainGreedyTokens) {
+  const GreedyCase& c = GetParam();
+  Loaded* l = Get(c.model);
+  ASSERT_NE(l, nullptr);
+  const int64_t V = l->ckpt->config().vocab_size;
+  int64_t accepted = 0, drafted = 0;
+  for (int64_t batch : {1, 3, 8}) {
+    const auto reqs = Prompts(c.model, batch, V, 24, c.repetitive);
+    auto plain = GenerateBatch(*l->model, *l->experts, reqs);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    for (int64_t depth = 1; depth <= 7; ++depth) {
+      SpecConfig spec{.method = c.method, .depth = depth};
+      auto got = GenerateBatch(*l->model, *l->experts, reqs, nullptr, spec);
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens)
+            << c.model << " " << SpecMethodName(c.method) << " batch " << batch << " depth " << depth << " seq " << i;
+        accepted += (*got)[i].spec.accepted;
+        drafted += (*got)[i].spec.drafted;
+      }
+    }
+  }
+  EXPECT_GT(drafted, 0);
+  if (c.model == "demo-v4") {
+    // The trained model on its (repeated) golden prompt: the n-gram drafter's proposals are partly kept,
+    // so acceptance, not only rollback, is exercised. (The small demo model copies context poorly; the
+    // measured rate is ~7-17%.)
+    EXPECT_GE(accepted, 20) << accepted << "/" << drafted;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafters, GreedySpecTest,
+                         ::testing::Values(GreedyCase{"tiny-v4", SpecMethod::kDspark, false},
+                                           GreedyCase{"tiny-v4", SpecMethod::kNgram, true},
+                                           GreedyCase{"demo-v4", SpecMethod::kNgram, true}),
+                         [](const auto& info) {
+                           std::string m = info.param.model == "tiny-v4" ? "tiny" : "demo";
+                           return m + "_" + SpecMethodName(info.param.method);
+                         });
+
+TEST(GreedySpec, AdaptiveDepthAndLogitsKeepTheirMeaning) {
+  Loaded* l = Get("tiny-v4");
+  ASSERT_NE(l, nullptr);
+  auto reqs = Prompts("tiny-v4", 2, l->ckpt->config().vocab_size, 20, true);
+  for (auto& r : reqs) r.keep_logits = true;
+  auto plain = GenerateBatch(*l->model, *l->experts, reqs);
+  ASSERT_TRUE(plain.ok());
+  SpecConfig spec{.method = SpecMethod::kNgram, .depth = 6, .adaptive = true};
+  auto got = GenerateBatch(*l->model, *l->experts, reqs, nullptr, spec);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens);
+    ASSERT_EQ((*got)[i].step_logits.size(), (*plain)[i].step_logits.size());
+    float worst = 0;
+    for (size_t j = 0; j < (*got)[i].step_logits.size(); ++j) {
+      worst = std::max(worst, std::fabs((*got)[i].step_logits[j] - (*plain)[i].step_logits[j]));
+    }
+    EXPECT_LE(worst, 1e-4f);  // the logits that chose each emitted token
+  }
+}
+
+// Two-sample chi-square homogeneity test on the distribution of the 2nd and 3rd generated tokens
+// (the first comes from the prefill; later ones go through verification). Temperature 1 with top-k 4
+// keeps the categories few. Significance 0.001 per comparison (4 comparisons: family-wise < 0.004).
+double ChiSquare(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b, int* dof) {
+  std::map<int32_t, std::pair<int, int>> t;
+  int na = 0, nb = 0;
+  for (auto [k, v] : a) {
+    t[k].first += v;
+    na += v;
+  }
+  for (auto [k, v] : b) {
+    t[k].second += v;
+    nb += v;
+  }
+  // Pool rare categories so every expected count is >= 5.
+  std::vector<std::pair<double, double>> cells;
+  std::pair<double, double> rare{0, 0};
+  for (auto& [k, v] : t) {
+    if (v.first + v.second < 20) {
+      rare.first += v.first;
+      rare.second += v.second;
+    } else {
+      cells.emplace_back(v.first, v.second);
+    }
+  }
+  if (rare.first + rare.second > 0) cells.push_back(rare);
+  double chi = 0;
+  const double n = na + nb;
+  for (auto [x, y] : cells) {
+    const double tot = x + y;
+    const double ex = tot * na / n, ey = tot * nb / n;
+    if (ex > 0) chi += (x - ex) * (x - ex) / ex;
+    if (ey > 0) chi += (y - ey) * (y - ey) / ey;
+  }
+  *dof = static_cast<int>(cells.size()) - 1;
+  return chi;
+}
+
+TEST(SampledSpec, SameDistributionWithAndWithoutSpeculation) {
+  Loaded* l = Get("tiny-v4");
+  ASSERT_NE(l, nullptr);
+  const int64_t V = l->ckpt->config().vocab_size;
+  // The chi-square 0.999 quantile (Wilson-Hilferty; within 1% of the exact value for dof >= 3).
+  auto critical = [](int dof) {
+    const double k = dof, z = 3.0902;  // the standard normal 0.999 quantile
+    const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
+    return k * t * t * t;
+  };
+  for (SpecMethod method : {SpecMethod::kNgram, SpecMethod::kDspark}) {
+    std::map<int32_t, int> plain2, plain3, spec2, spec3;
+    constexpr int kSamples = 3000, kBatch = 100;
+    for (int round = 0; round < kSamples / kBatch; ++round) {
+      std::vector<GenerateRequest> reqs;
+      for (int i = 0; i < kBatch; ++i) {
+        GenerateRequest r;
+        r.prompt = {5, 17, 99, 5, 17, 99, 5, 17};
+        r.max_new_tokens = 3;
+        r.ignore_eos = true;
+        r.sampling.temperature = 1.0;
+        r.sampling.top_k = 4;
+        r.sampling.seed = static_cast<uint64_t>(round * kBatch + i + 1);
+        reqs.push_back(r);
+      }
+      auto a = GenerateBatch(*l->model, *l->experts, reqs);
+      ASSERT_TRUE(a.ok());
+      for (auto& r : reqs) r.sampling.seed += 1000003;
+      auto b = GenerateBatch(*l->model, *l->experts, reqs, nullptr, SpecConfig{.method = method, .depth = 2});
+      ASSERT_TRUE(b.ok()) << b.status();
+      for (int i = 0; i < kBatch; ++i) {
+        plain2[(*a)[i].tokens[1]]++;
+        plain3[(*a)[i].tokens[2]]++;
+        spec2[(*b)[i].tokens[1]]++;
+        spec3[(*b)[i].tokens[2]]++;
+      }
+    }
+    for (auto [x, y] : {std::make_pair(&plain2, &spec2), std::make_pair(&plain3, &spec3)}) {
+      int dof = 0;
+      const double chi = ChiSquare(*x, *y, &dof);
+      ASSERT_GE(dof, 3);
+      EXPECT_LT(chi, critical(dof)) << SpecMethodName(method) << ": chi-square " << chi << " with " << dof
+                                     << " degrees of freedom";
+    }
+  }
+  (void)V;
+}
+
+TEST(Spec, NgramProposesTheContinuationOfTheLongestSuffix) {
+  std::vector<int32_t> h = {1, 2, 3, 4, 9, 2, 3, 4, 7, 1, 2, 3};
+  EXPECT_EQ(NgramPropose(h, 3, 4, 1), (std::vector<int32_t>{4, 9, 2}));
+  EXPECT_EQ(NgramPropose(h, 10, 4, 1).size(), 9u);
+  const std::vector<int32_t> short_history = {1, 2, 3};
+  EXPECT_TRUE(NgramPropose(short_history, 3, 4, 1).empty());
+  EXPECT_FALSE(ValidateSpec(SpecConfig{.depth = 0}).ok());
+  EXPECT_FALSE(ParseSpecMethod("bogus").ok());
+}
+
+}  // namespace
+}  // namespace numoe

@@ -1,5 +1,7 @@
 // numoe generate: one-process generation (the worker's experts and the CPU backend linked together).
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -13,7 +15,9 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gpu_service/cpu/cpu_model.h"
 #include "gpu_service/model/generation.h"
+#include "common/thread_pool.h"
 #include "gpu_service/cpu/reference_experts.h"
+#include "worker/experts/inprocess.h"
 
 namespace numoe::cli {
 namespace {
@@ -33,6 +37,10 @@ struct Flags {
   std::string logits_out;
   int64_t threads = 0;
   bool quiet = false;
+  std::string experts = "kernels";
+  std::string spec = "default";
+  int64_t spec_depth = 0;
+  bool spec_adaptive = false;
 };
 
 Status WriteLogits(const std::string& path, const GenerateRequest& req, const GenerateResult& res, int64_t vocab) {
@@ -74,6 +82,16 @@ int RunGenerate(int argc, char** argv) {
               &f.logits_out);
   p.AddInt("threads", "N", "compute threads (0 = all cores of this machine)", &f.threads, 0, 4096);
   p.AddFlag("quiet", "print only the generated text", &f.quiet);
+  p.AddString("experts", "kernels|reference",
+              "routed experts on the packed MXFP4 kernels (ISA from NUMOE_ISA or the best available) or the fp32 "
+              "reference",
+              &f.experts);
+  p.AddString("spec", "none|dspark|mtp|ngram",
+              "speculative decoding drafter (default: dspark when the checkpoint has DSpark stages, else none)", &f.spec);
+  p.AddInt("spec-depth", "K", "draft tokens per step (default: the checkpoint's dspark_block_size, else 5)", &f.spec_depth,
+           0, 16);
+  p.AddFlag("spec-adaptive", "adapt the depth per sequence from recent acceptance (up to --spec-depth)",
+            &f.spec_adaptive);
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   if (f.prompt.empty() == f.prompt_ids.empty()) {
@@ -115,11 +133,43 @@ int RunGenerate(int argc, char** argv) {
   req.keep_logits = !f.logits_out.empty();
   if (Status s = ValidateRequest(req, cfg.vocab_size); !s.ok()) return Fail(s);
 
+  SpecConfig spec;
+  const bool has_dspark = (*ckpt)->mtp_stages() > 0 && cfg.dspark_block_size > 0;
+  if (f.spec == "default") {
+    spec.method = has_dspark ? SpecMethod::kDspark : SpecMethod::kNone;
+  } else {
+    auto m = ParseSpecMethod(f.spec);
+    if (!m.ok()) return Fail(m.status());
+    spec.method = *m;
+  }
+  spec.depth = f.spec_depth > 0 ? f.spec_depth : (cfg.dspark_block_size > 0 ? cfg.dspark_block_size : 5);
+  spec.adaptive = f.spec_adaptive;
+  if (spec.method != SpecMethod::kNone) {
+    if (Status s = ValidateSpec(spec); !s.ok()) return Fail(s);
+  }
+  if (spec.method == SpecMethod::kDspark && !has_dspark) {
+    return Fail(absl::FailedPreconditionError("--spec dspark: this checkpoint has no DSpark stages"));
+  }
+  const bool drafter = spec.method == SpecMethod::kDspark;
+
+  const int nthreads = f.threads > 0 ? static_cast<int>(f.threads)
+                                     : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  ThreadPool pool(nthreads);
   auto t0 = std::chrono::steady_clock::now();
-  auto model = cpu::CpuModel::Create(**ckpt, nullptr);
+  auto model = cpu::CpuModel::Create(**ckpt, &pool, {.drafter = drafter});
   if (!model.ok()) return Fail(model.status());
-  auto experts = cpu::ReferenceExperts::Load(**ckpt);
-  if (!experts.ok()) return Fail(experts.status());
+  std::unique_ptr<ExpertBackend> experts;
+  if (f.experts == "kernels") {
+    auto e = InProcessExperts::Load(**ckpt, &pool, {.include_drafter = drafter});
+    if (!e.ok()) return Fail(e.status());
+    experts = std::move(*e);
+  } else if (f.experts == "reference") {
+    auto e = cpu::ReferenceExperts::Load(**ckpt, drafter);
+    if (!e.ok()) return Fail(e.status());
+    experts = std::move(*e);
+  } else {
+    return Fail(absl::InvalidArgumentError("--experts must be kernels or reference"));
+  }
   auto t1 = std::chrono::steady_clock::now();
   if (!f.quiet) {
     std::fprintf(stderr, "loaded %s in %.2f s (%lld prompt tokens)\n", f.model.c_str(),
@@ -135,7 +185,7 @@ int RunGenerate(int argc, char** argv) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
   };
-  auto res = GenerateBatch(**model, **experts, {req}, on_token);
+  auto res = GenerateBatch(**model, *experts, {req}, on_token, spec);
   if (!res.ok()) return Fail(res.status());
   std::string tail = dec.Finish();
   std::fwrite(tail.data(), 1, tail.size(), stdout);
@@ -151,6 +201,13 @@ int RunGenerate(int argc, char** argv) {
                  static_cast<long long>(req.prompt.size()), prefill_s, req.prompt.size() / prefill_s,
                  static_cast<long long>(generated - 1), decode_s, generated > 1 ? (generated - 1) / decode_s : 0.0,
                  (*res)[0].finish_reason.c_str());
+    if (spec.method != SpecMethod::kNone) {
+      const SpecStats& st = (*res)[0].spec;
+      std::fprintf(stderr, "spec %s depth %lld: %lld verify steps, %lld drafted, %lld accepted (%.2f per step)\n",
+                   SpecMethodName(spec.method), static_cast<long long>(spec.depth), static_cast<long long>(st.steps),
+                   static_cast<long long>(st.drafted), static_cast<long long>(st.accepted),
+                   st.mean_accepted_per_step());
+    }
   }
   return 0;
 }

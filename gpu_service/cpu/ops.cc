@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/thread_pool.h"
+
 
 namespace numoe::cpu {
 
@@ -40,8 +42,11 @@ void MatMulRaw(const float* x, int64_t n, const float* w, int64_t out, int64_t i
                int64_t x_stride, int64_t y_stride) {
   const int64_t xs = x_stride ? x_stride : in;
   const int64_t ys = y_stride ? y_stride : out;
-  (void)pool;  // threading is wired in with common/thread_pool.h
-  MatMulRange(x, n, w, in, y, xs, ys, 0, out);
+  if (pool == nullptr || pool->size() <= 1 || n * out * in < (1 << 20)) {
+    MatMulRange(x, n, w, in, y, xs, ys, 0, out);
+    return;
+  }
+  pool->ParallelFor(out, [&](int64_t begin, int64_t end, int) { MatMulRange(x, n, w, in, y, xs, ys, begin, end); });
 }
 
 void MatMul(const float* x, int64_t n, const Linear& w, float* y, ThreadPool* pool, int64_t x_stride,

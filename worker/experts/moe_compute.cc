@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "common/log.h"
 #include "worker/experts/kernel_ops.h"
@@ -63,6 +64,13 @@ struct MoeCompute::Plan {
 struct MoeCompute::Unit {
   int32_t plan = 0;
   int32_t tile_begin = 0, tile_end = 0;
+};
+
+// Progress of one plan within a Run (see Run: replaces barriers between phases).
+struct alignas(kCacheLine) MoeCompute::PlanSync {
+  std::atomic<int> x_state{0};     // 0: activations not prepared, 1: being prepared, 2: ready
+  std::atomic<int> units_left{0};  // gate/up units not finished
+  std::atomic<int> h_ready{0};     // 1: h activations ready for the down projection
 };
 
 struct alignas(kCacheLine) MoeCompute::ThreadScratch {
@@ -210,19 +218,45 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
   for (auto& n : next_) n.store(0, std::memory_order_relaxed);
   const float limit = swiglu_limit;
 
+  // Per-plan progress instead of barriers: a thread only ever waits for the expert it needs next, so a
+  // descheduled thread (this machine is shared) delays one expert, not the whole step.
+  if (plan_sync_capacity_ < plans_.size()) {
+    plan_sync_ = std::make_unique<PlanSync[]>(plans_.size());
+    plan_sync_capacity_ = plans_.size();
+  }
+  for (size_t i = 0; i < plans_.size(); ++i) {
+    plan_sync_[i].x_state.store(0, std::memory_order_relaxed);
+    plan_sync_[i].h_ready.store(0, std::memory_order_relaxed);
+    plan_sync_[i].units_left.store(0, std::memory_order_relaxed);
+  }
+  for (const Unit& u : units_) plan_sync_[u.plan].units_left.fetch_add(1, std::memory_order_relaxed);
+  const auto wait_for = [](const std::atomic<int>& flag, int value) {
+    for (int spins = 0; flag.load(std::memory_order_acquire) != value; ++spins) {
+      if (spins < 4096) {
+        __builtin_ia32_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  };
+
   pool_->RunOnAll([&](int thread) {
     ThreadScratch& scratch = thread_scratch_[thread];
     const auto next = [&](int phase) { return next_[phase].fetch_add(1, std::memory_order_relaxed); };
-    // 1. Activations of each used expert in its kernel's format.
-    for (int64_t i; (i = next(0)) < static_cast<int64_t>(plans_.size());) {
-      const Plan& p = plans_[i];
-      p.ops->prepare_acts(&x_rows_[p.first_route], p.rows, hidden, hidden_p, x_acts + p.x_acts);
-    }
-    pool_->Barrier(thread);
-    // 2. Gate and up, tile pair by tile pair, then SwiGLU into h.
-    for (int64_t u; (u = next(1)) < static_cast<int64_t>(units_.size());) {
+    // 1. Gate and up, tile pair by tile pair, then SwiGLU into h. The first thread to reach an expert
+    //    prepares its activations (the others wait for that); the last one to finish an expert's units
+    //    prepares its h activations for the down projection.
+    for (int64_t u; (u = next(0)) < static_cast<int64_t>(units_.size());) {
       const Unit& unit = units_[u];
       const Plan& p = plans_[unit.plan];
+      PlanSync& sync = plan_sync_[unit.plan];
+      int expected = 0;
+      if (sync.x_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+        p.ops->prepare_acts(&x_rows_[p.first_route], p.rows, hidden, hidden_p, x_acts + p.x_acts);
+        sync.x_state.store(2, std::memory_order_release);
+      } else {
+        wait_for(sync.x_state, 2);
+      }
       const int64_t pairs = unit.tile_end - unit.tile_begin;
       float* y = reinterpret_cast<float*>(scratch.out.data());
       experts::TileArgs args;
@@ -250,21 +284,21 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
           }
         }
       }
+      if (sync.units_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        p.ops->prepare_acts(&h_rows_[p.first_route], p.rows, inter, inter_p, h_acts + p.h_acts);
+        sync.h_ready.store(1, std::memory_order_release);
+      }
     }
-    pool_->Barrier(thread);
-    // 3. h in each kernel's activation format.
-    for (int64_t i; (i = next(2)) < static_cast<int64_t>(plans_.size());) {
-      const Plan& p = plans_[i];
-      p.ops->prepare_acts(&h_rows_[p.first_route], p.rows, inter, inter_p, h_acts + p.h_acts);
-    }
-    pool_->Barrier(thread);
-    // 4. Down: each unit owns output columns [16 t0, 16 t1) of every row and adds all experts into them.
-    for (int64_t u; (u = next(3)) < down_units;) {
+    // 2. Down: each unit owns output columns [16 t0, 16 t1) of every row and adds all experts into them,
+    //    in expert order (the order gate/up finishes in).
+    for (int64_t u; (u = next(1)) < down_units;) {
       const int64_t t0 = u * kDownChunk, t1 = std::min(hidden_tiles, t0 + kDownChunk);
       const int64_t c0 = t0 * kTileRows, c1 = std::min(hidden, t1 * kTileRows);
       for (int64_t r = 0; r < b.rows; ++r) std::memset(b.out + r * hidden + c0, 0, sizeof(float) * (c1 - c0));
       float* y = reinterpret_cast<float*>(scratch.out.data());
-      for (const Plan& p : plans_) {
+      for (size_t pi = 0; pi < plans_.size(); ++pi) {
+        const Plan& p = plans_[pi];
+        wait_for(plan_sync_[pi].h_ready, 1);
         experts::TileArgs args;
         args.tiles = layer.expert_data(p.expert) + shape.down_tile_offset(t0);
         args.num_tiles = t1 - t0;

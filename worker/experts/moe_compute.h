@@ -4,7 +4,7 @@
 //   e = expert_ids[r,k], L = swiglu_limit (0 = no clamp).
 // Duplicate ids in a row each count (their weights are summed and the expert is computed once for that
 // row). Every expert used by the batch is streamed from memory exactly once per Run, for all rows routed
-// to it, in address order, by all pool threads together.
+// to it, in address order, by all pool threads together; threads synchronise per expert (no barriers).
 //
 // Accuracy by ISA (against exact weights and fp32 math; details in worker/kernels/*), per GEMV output,
 // applied to x (gate/up) and then to the SwiGLU output h (down):
@@ -70,6 +70,7 @@ class MoeCompute {
   class Buffer;
   struct Plan;
   struct Unit;
+  struct alignas(kCacheLine) PlanSync;
   struct alignas(kCacheLine) ThreadScratch;
 
   const experts::KernelOps& OpsFor(int64_t rows, bool bf16_exact) const;
@@ -87,7 +88,9 @@ class MoeCompute {
   std::vector<const float*> x_rows_, h_rows_;
   std::unique_ptr<Buffer> h_, x_acts_, h_acts_;
   std::vector<ThreadScratch> thread_scratch_;
-  alignas(kCacheLine) std::atomic<int64_t> next_[4];
+  std::unique_ptr<PlanSync[]> plan_sync_;
+  size_t plan_sync_capacity_ = 0;
+  alignas(kCacheLine) std::atomic<int64_t> next_[2];
 };
 
 }  // namespace numoe

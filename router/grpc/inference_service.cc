@@ -1,0 +1,380 @@
+#include "router/grpc/inference_service.h"
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "numoe/v1/inference.grpc.pb.h"
+#include "router/core/errors.h"
+#include "router/openai/chat.h"
+
+namespace numoe::router {
+namespace {
+
+grpc::Status ToGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  std::string param = ParamOf(s);
+  std::string msg(s.message());
+  // The field name leads the message so clients can tell which one was wrong without a payload.
+  if (!param.empty() && msg.rfind(param, 0) != 0 && msg.rfind("'" + param, 0) != 0) msg = absl::StrCat(param, ": ", msg);
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), msg);
+}
+
+const char* CodeName(grpc::StatusCode code) {
+  static constexpr const char* kNames[] = {"OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",    "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",       "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  int i = static_cast<int>(code);
+  return (i >= 0 && i < 17) ? kNames[i] : "UNKNOWN";
+}
+
+Status CheckAuth(const grpc::CallbackServerContext* ctx, const std::string& api_key) {
+  if (api_key.empty()) return absl::OkStatus();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return absl::UnauthenticatedError("missing API key: send metadata 'authorization: Bearer <key>'");
+  if (std::string(it->second.data(), it->second.size()) != "Bearer " + api_key) {
+    return absl::UnauthenticatedError("invalid API key");
+  }
+  return absl::OkStatus();
+}
+
+// Proto chat -> the OpenAI-shaped request the chat encoder takes.
+openai::ChatRequest ToChatRequest(const v1::Chat& chat) {
+  openai::ChatRequest req;
+  req.thinking = chat.thinking();
+  if (!chat.reasoning_effort().empty()) req.reasoning_effort = chat.reasoning_effort();
+  for (const auto& m : chat.messages()) {
+    openai::ChatMessage msg;
+    msg.role = m.role();
+    msg.content = m.content();
+    msg.has_content = true;
+    msg.reasoning_content = m.reasoning_content();
+    req.messages.push_back(std::move(msg));
+  }
+  return req;
+}
+
+class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, public ChoiceSink {
+ public:
+  GenerateReactor(Metrics& metrics) : metrics_(metrics) {}
+
+  // Validates and starts; on error the call is finished at once.
+  void Begin(std::shared_ptr<GenerateReactor> self, Frontend& fe, const openai::ChatEncoder& chat,
+             const std::string& api_key, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+    self_ = std::move(self);
+    Status s = Prepare(fe, chat, api_key, ctx, req);
+    if (!s.ok()) {
+      FinishWith(s);
+      return;
+    }
+    auto run = fe.Start(std::move(spec_), self_);
+    if (!run.ok()) {
+      FinishWith(run.status());
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    run_ = *run;
+    if (cancelled_) run_->Cancel();
+  }
+
+  void OnEvent(ChoiceEvent ev) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    if (ev.final && !ev.status.ok()) {
+      final_status_ = ev.status;
+      final_pending_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    v1::GenerateResponse r;
+    r.mutable_token_ids()->Assign(ev.token_ids.begin(), ev.token_ids.end());
+    std::string finish = ev.final ? ev.finish_reason : "";
+    if (parser_) {
+      openai::ChatDelta d = parser_->Add(ev.text);
+      if (ev.final) {
+        d.Append(parser_->Finish());
+        if (parser_->tool_calls() > 0 && finish == "stop") finish = "tool_calls";
+      }
+      r.set_text(d.content);
+      r.set_reasoning_text(d.reasoning);
+      for (const auto& tc : d.tool_calls) {
+        // Streaming deltas -> whole calls: a delta with an id starts one, later ones extend its arguments.
+        if (tc.contains("id")) {
+          tool_calls_.emplace_back();
+          tool_calls_.back().set_id(tc["id"].get<std::string>());
+        }
+        if (tool_calls_.empty()) continue;
+        if (tc.contains("function")) {
+          const auto& f = tc["function"];
+          if (f.contains("name")) tool_calls_.back().set_name(f["name"].get<std::string>());
+          if (f.contains("arguments")) tool_calls_.back().mutable_arguments()->append(f["arguments"].get<std::string>());
+        }
+      }
+      if (ev.final) {
+        for (auto& call : tool_calls_) *r.add_tool_calls() = std::move(call);
+        tool_calls_.clear();
+      }
+    } else {
+      r.set_text(std::move(ev.text));
+    }
+    if (ev.final) {
+      r.set_finish_reason(finish);
+      r.set_stop_string(ev.stop_string);
+      r.mutable_usage()->set_prompt_tokens(ev.prompt_tokens);
+      r.mutable_usage()->set_completion_tokens(ev.completion_tokens);
+      final_pending_ = true;
+      final_status_ = absl::OkStatus();
+    }
+    if (r.token_ids_size() > 0 || !r.text().empty() || !r.reasoning_text().empty() || ev.final) {
+      queue_.push_back(std::move(r));
+    }
+    if (!writing_) WriteNextLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {  // the client is gone
+      CancelLocked();
+      return;
+    }
+    queue_.pop_front();
+    WriteNextLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    CancelLocked();
+  }
+
+  void OnDone() override {
+    std::shared_ptr<GenerateReactor> keep;
+    std::shared_ptr<ChoiceRun> run;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      keep = std::move(self_);  // freed when the last reference (a ChoiceRun's sink) goes too
+      run = std::move(run_);
+    }
+    if (run) run->Cancel();  // no-op when it already finished
+  }
+
+ private:
+  Status Prepare(Frontend& fe, const openai::ChatEncoder& chat, const std::string& api_key,
+                 grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+    RETURN_IF_ERROR(CheckAuth(ctx, api_key));
+    RETURN_IF_ERROR(fe.CheckModel(req.model().empty() ? fe.model().id : req.model()));
+    std::vector<int32_t> ids;
+    std::string param = "prompt";
+    switch (req.prompt_case()) {
+      case v1::GenerateRequest::kText: {
+        param = "text";
+        ASSIGN_OR_RETURN(ids, fe.TokenizeText(req.text(), /*add_bos=*/true, param));
+        break;
+      }
+      case v1::GenerateRequest::kTokenIds: {
+        param = "token_ids";
+        std::vector<int64_t> raw(req.token_ids().ids().begin(), req.token_ids().ids().end());
+        ASSIGN_OR_RETURN(ids, fe.CheckTokenIds(raw, param));
+        break;
+      }
+      case v1::GenerateRequest::kChat: {
+        param = "chat";
+        if (req.chat().messages_size() == 0) return InvalidParam("chat.messages", "chat.messages is empty");
+        ASSIGN_OR_RETURN(auto prompt, chat.Encode(ToChatRequest(req.chat())));
+        ids = std::move(prompt.ids);
+        parser_ = std::make_unique<openai::ChatStreamParser>(prompt.starts_in_reasoning, prompt.tools);
+        break;
+      }
+      default:
+        return InvalidParam("prompt", "prompt: set one of text, token_ids or chat");
+    }
+    std::optional<int64_t> max_tokens;
+    if (req.max_tokens() > 0) max_tokens = req.max_tokens();
+    ASSIGN_OR_RETURN(spec_.max_tokens, fe.ResolveMaxTokens(ids.size(), max_tokens, param));
+    spec_.prompt_ids = std::move(ids);
+    if (req.has_sampling()) {
+      const auto& s = req.sampling();
+      if (s.has_temperature()) spec_.sampling.temperature = s.temperature();
+      if (s.has_top_p()) spec_.sampling.top_p = s.top_p();
+      if (s.has_top_k()) spec_.sampling.top_k = s.top_k();
+      if (s.has_seed()) spec_.sampling.seed = s.seed();
+    }
+    RETURN_IF_ERROR(Frontend::CheckSampling(spec_.sampling));
+    spec_.ignore_eos = req.ignore_eos();
+    std::vector<int64_t> stop_ids(req.stop_token_ids().begin(), req.stop_token_ids().end());
+    if (!stop_ids.empty()) {
+      ASSIGN_OR_RETURN(spec_.stop_token_ids, fe.CheckTokenIds(stop_ids, "stop_token_ids"));
+    }
+    spec_.text.stop.assign(req.stop().begin(), req.stop().end());
+    spec_.text.include_stop_in_output = req.include_stop_str_in_output();
+    spec_.text.skip_special_tokens = parser_ ? false : req.skip_special_tokens();
+    spec_.request_id = req.request_id();
+    return absl::OkStatus();
+  }
+
+  void FinishWith(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_status_ = s;
+    final_pending_ = true;
+    MaybeFinishLocked();
+  }
+
+  void WriteNextLocked() {
+    if (finished_) return;
+    if (!queue_.empty()) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+      return;
+    }
+    MaybeFinishLocked();
+  }
+
+  void MaybeFinishLocked() {
+    if (finished_ || writing_ || !queue_.empty() || !final_pending_) return;
+    finished_ = true;
+    grpc::Status g = ToGrpc(final_status_);
+    metrics_.CountRequest("grpc:Generate", CodeName(g.error_code()));
+    Finish(g);
+  }
+
+  void CancelLocked() {
+    cancelled_ = true;
+    if (run_) run_->Cancel();
+    if (!finished_ && !writing_) {
+      finished_ = true;
+      metrics_.CountRequest("grpc:Generate", "CANCELLED");
+      Finish(grpc::Status::CANCELLED);
+    }
+  }
+
+  Metrics& metrics_;
+  ChoiceSpec spec_;
+  std::unique_ptr<openai::ChatStreamParser> parser_;
+  std::vector<v1::ToolCall> tool_calls_;
+
+  std::mutex mu_;
+  std::shared_ptr<GenerateReactor> self_;
+  std::shared_ptr<ChoiceRun> run_;
+  std::deque<v1::GenerateResponse> queue_;  // front() is being written while writing_
+  bool writing_ = false;
+  bool final_pending_ = false;
+  Status final_status_;
+  bool finished_ = false;
+  bool cancelled_ = false;
+};
+
+class InferenceService final : public v1::Inference::CallbackService {
+ public:
+  InferenceService(Frontend& fe, const openai::ChatEncoder& chat, Metrics& metrics, std::string api_key)
+      : fe_(fe), chat_(chat), metrics_(metrics), api_key_(std::move(api_key)) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                           const v1::GenerateRequest* req) override {
+    auto r = std::make_shared<GenerateReactor>(metrics_);
+    GenerateReactor* raw = r.get();
+    raw->Begin(std::move(r), fe_, chat_, api_key_, ctx, *req);
+    return raw;
+  }
+
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* req,
+                                     v1::TokenizeResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    Status s = CheckAuth(ctx, api_key_);
+    if (s.ok()) s = fe_.CheckModel(req->model().empty() ? fe_.model().id : req->model());
+    if (s.ok()) {
+      auto ids = fe_.tokenizer().Encode(req->text());
+      if (ids.ok()) {
+        resp->mutable_token_ids()->Assign(ids->begin(), ids->end());
+      } else {
+        s = InvalidParam("text", ids.status().message());
+      }
+    }
+    grpc::Status g = ToGrpc(s);
+    metrics_.CountRequest("grpc:Tokenize", CodeName(g.error_code()));
+    reactor->Finish(g);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx, const v1::ListModelsRequest*,
+                                       v1::ListModelsResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    Status s = CheckAuth(ctx, api_key_);
+    if (s.ok()) {
+      auto* m = resp->add_models();
+      m->set_id(fe_.model().id);
+      m->set_vocab_size(static_cast<uint32_t>(fe_.model().vocab_size));
+      m->set_max_context(static_cast<uint32_t>(fe_.model().max_context));
+    }
+    grpc::Status g = ToGrpc(s);
+    metrics_.CountRequest("grpc:ListModels", CodeName(g.error_code()));
+    reactor->Finish(g);
+    return reactor;
+  }
+
+ private:
+  Frontend& fe_;
+  const openai::ChatEncoder& chat_;
+  Metrics& metrics_;
+  std::string api_key_;
+};
+
+}  // namespace
+
+struct GrpcServer::Impl {
+  GrpcServerOptions options;
+  std::unique_ptr<InferenceService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+GrpcServer::GrpcServer(Frontend& frontend, const openai::ChatEncoder& chat, Metrics& metrics,
+                       GrpcServerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->service = std::make_unique<InferenceService>(frontend, chat, metrics, impl_->options.api_key);
+}
+
+GrpcServer::~GrpcServer() { Shutdown(0); }
+
+Status GrpcServer::Start() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(impl_->options.host, ":", impl_->options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl_->port);
+  builder.RegisterService(impl_->service.get());
+  impl_->server = builder.BuildAndStart();
+  if (!impl_->server || impl_->port == 0) {
+    impl_->server.reset();
+    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", address, " (in use, or not a local address)"));
+  }
+  SetServing(false);
+  return absl::OkStatus();
+}
+
+int GrpcServer::port() const { return impl_->port; }
+
+void GrpcServer::SetServing(bool serving) {
+  if (!impl_->server) return;
+  auto* health = impl_->server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);
+  health->SetServingStatus("numoe.v1.Inference", serving);
+}
+
+void GrpcServer::Shutdown(double deadline_s) {
+  if (!impl_->server) return;
+  impl_->server->Shutdown(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000)));
+  impl_->server->Wait();
+  impl_->server.reset();
+}
+
+}  // namespace numoe::router

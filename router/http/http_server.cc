@@ -1,0 +1,395 @@
+// Boost 1.74 + GCC 12 + C++20: Asio's awaitable.hpp uses std::exchange without including <utility>
+// (docs/toolchain-notes.md §2.5), so it comes first.
+#include <utility>
+
+#include "router/http/http_server.h"
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace numoe::router {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
+using net::awaitable;
+using net::redirect_error;
+using net::use_awaitable;
+
+namespace {
+
+// One exchange's output, produced on any thread and written by the connection's coroutine.
+class BeastExchange : public HttpExchange, public std::enable_shared_from_this<BeastExchange> {
+ public:
+  struct Whole {
+    int status;
+    std::string content_type;
+    std::string body;
+    HttpHeaders headers;
+  };
+  struct Event {
+    std::string data;
+  };
+  struct End {};
+  using Op = std::variant<Whole, Event, End>;
+
+  BeastExchange(net::any_io_executor strand, std::atomic<size_t>* active)
+      : strand_(strand), timer_(strand), active_(active) {
+    active_->fetch_add(1);
+  }
+  ~BeastExchange() override {
+    if (!completed_flag_.exchange(true)) active_->fetch_sub(1);
+  }
+
+  void Respond(int status, const std::string& content_type, std::string body, HttpHeaders headers) override {
+    Push(Whole{status, content_type, std::move(body), std::move(headers)}, /*completes=*/true);
+  }
+  void SendEvent(std::string event) override { Push(Event{std::move(event)}, false); }
+  void EndEvents() override { Push(End{}, true); }
+
+  void OnClientGone(std::function<void()> fn) override {
+    bool gone_now = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (gone_) {
+        gone_now = true;
+      } else {
+        gone_fn_ = std::move(fn);
+      }
+    }
+    if (gone_now && fn) fn();
+  }
+
+  // Writes the exchange's output; returns whether the connection may serve another request.
+  awaitable<bool> Drive(beast::tcp_stream& stream, unsigned version, bool keep_alive, bool head) {
+    bool header_sent = false;
+    http::response<http::empty_body> sse_head;
+    for (;;) {
+      std::deque<Op> ops;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ops.swap(ops_);
+      }
+      if (ops.empty()) {
+        timer_.expires_after(std::chrono::milliseconds(250));
+        beast::error_code ec;
+        co_await timer_.async_wait(redirect_error(use_awaitable, ec));
+        if (ec != net::error::operation_aborted && PeerClosed(stream)) {
+          ClientGone();
+          co_return false;
+        }
+        continue;
+      }
+      for (Op& op : ops) {
+        beast::error_code ec;
+        if (auto* w = std::get_if<Whole>(&op)) {
+          http::response<http::string_body> res{static_cast<http::status>(w->status), version};
+          res.set(http::field::server, "numoe-router");
+          res.set(http::field::content_type, w->content_type);
+          for (auto& [k, v] : w->headers) res.set(k, v);
+          res.keep_alive(keep_alive);
+          res.body() = std::move(w->body);
+          res.prepare_payload();
+          if (head) res.body().clear();
+          co_await http::async_write(stream, res, redirect_error(use_awaitable, ec));
+          MarkCompleted();
+          if (ec) {
+            ClientGone();
+            co_return false;
+          }
+          co_return keep_alive && !res.need_eof();
+        }
+        if (auto* e = std::get_if<Event>(&op)) {
+          if (!header_sent) {
+            sse_head = http::response<http::empty_body>{http::status::ok, version};
+            sse_head.set(http::field::server, "numoe-router");
+            sse_head.set(http::field::content_type, "text/event-stream");
+            sse_head.set(http::field::cache_control, "no-cache");
+            sse_head.set("X-Accel-Buffering", "no");
+            sse_head.keep_alive(keep_alive);
+            sse_head.chunked(true);
+            http::response_serializer<http::empty_body> sr{sse_head};
+            co_await http::async_write_header(stream, sr, redirect_error(use_awaitable, ec));
+            header_sent = true;
+          }
+          if (!ec) {
+            co_await net::async_write(stream, http::make_chunk(net::buffer(e->data)),
+                                      redirect_error(use_awaitable, ec));
+          }
+          if (ec) {
+            MarkCompleted();
+            ClientGone();
+            co_return false;
+          }
+          continue;
+        }
+        // End of the event stream.
+        if (header_sent) co_await net::async_write(stream, http::make_chunk_last(), redirect_error(use_awaitable, ec));
+        MarkCompleted();
+        if (ec) {
+          ClientGone();
+          co_return false;
+        }
+        co_return keep_alive;
+      }
+    }
+  }
+
+ private:
+  void Push(Op op, bool completes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_ || gone_) return;
+      if (completes) closed_ = true;
+      ops_.push_back(std::move(op));
+    }
+    // Wake the coroutine: the timer may only be touched on the strand.
+    net::post(strand_, [self = shared_from_this()] { self->timer_.cancel(); });
+  }
+
+  void MarkCompleted() {
+    if (!completed_flag_.exchange(true)) active_->fetch_sub(1);
+  }
+
+  void ClientGone() {
+    std::function<void()> fn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (gone_) return;
+      gone_ = true;
+      fn = std::move(gone_fn_);
+    }
+    MarkCompleted();
+    if (fn) fn();
+  }
+
+  // The peer closed (or reset) its side: a non-blocking peek reads 0 bytes or fails with a real error.
+  static bool PeerClosed(beast::tcp_stream& stream) {
+    char c;
+    ssize_t n = ::recv(stream.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+    return false;
+  }
+
+  net::any_io_executor strand_;
+  net::steady_timer timer_;
+  std::atomic<size_t>* active_;
+  std::atomic<bool> completed_flag_{false};
+
+  std::mutex mu_;
+  std::deque<Op> ops_;
+  bool closed_ = false;  // the final op was pushed
+  bool gone_ = false;
+  std::function<void()> gone_fn_;
+};
+
+std::string ErrorBody(const std::string& message, const std::string& code) {
+  // Same shape as openai::ErrorJson; written by hand to keep JSON out of this TU.
+  std::string escaped;
+  for (char c : message) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    escaped += c;
+  }
+  return absl::StrCat(R"({"error":{"message":")", escaped, R"(","type":"invalid_request_error","param":null,"code":")",
+                      code, R"("}})");
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  Handler handler;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> threads;
+  std::atomic<size_t> active{0};
+  int port = 0;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+
+  awaitable<void> Accept() {
+    for (;;) {
+      beast::error_code ec;
+      tcp::socket socket = co_await acceptor.async_accept(net::make_strand(ioc), redirect_error(use_awaitable, ec));
+      if (ec == net::error::operation_aborted || !acceptor.is_open()) co_return;
+      if (ec) {
+        NLOG(WARNING) << "http: accept failed: " << ec.message();
+        net::steady_timer t(ioc, std::chrono::milliseconds(100));  // e.g. out of file descriptors
+        co_await t.async_wait(redirect_error(use_awaitable, ec));
+        continue;
+      }
+      auto executor = socket.get_executor();
+      net::co_spawn(executor, Session(std::move(socket)), net::detached);
+    }
+  }
+
+  awaitable<void> WriteSimple(beast::tcp_stream& stream, http::status status, unsigned version,
+                              const std::string& body) {
+    http::response<http::string_body> res{status, version};
+    res.set(http::field::server, "numoe-router");
+    res.set(http::field::content_type, "application/json");
+    res.keep_alive(false);
+    res.body() = body;
+    res.prepare_payload();
+    beast::error_code ec;
+    co_await http::async_write(stream, res, redirect_error(use_awaitable, ec));
+  }
+
+  awaitable<void> Session(tcp::socket socket) {
+    beast::tcp_stream stream(std::move(socket));
+    beast::flat_buffer buffer;
+    try {
+      for (;;) {
+        http::request_parser<http::string_body> parser;
+        parser.header_limit(64 * 1024);
+        parser.body_limit(options.max_body_bytes);
+        stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_s * 1000)));
+        beast::error_code ec;
+        co_await http::async_read_header(stream, buffer, parser, redirect_error(use_awaitable, ec));
+        if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
+            ec == net::error::connection_reset) {
+          break;
+        }
+        if (ec == http::error::body_limit) {  // a Content-Length over the limit fails the header read
+          co_await WriteSimple(stream, http::status::payload_too_large, 11,
+                               ErrorBody(absl::StrCat("the request body exceeds the limit of ", options.max_body_bytes,
+                                                      " bytes (--max-body-bytes)"),
+                                         "request_too_large"));
+          break;
+        }
+        if (ec) {
+          co_await WriteSimple(stream, ec == http::error::header_limit ? http::status::request_header_fields_too_large
+                                                                        : http::status::bad_request,
+                               11, ErrorBody(absl::StrCat("malformed HTTP request: ", ec.message()), "bad_request"));
+          break;
+        }
+        auto& head = parser.get();
+        if (parser.content_length() && *parser.content_length() > options.max_body_bytes) {
+          co_await WriteSimple(stream, http::status::payload_too_large, head.version(),
+                               ErrorBody(absl::StrCat("the request body has ", *parser.content_length(),
+                                                      " bytes; the limit is ", options.max_body_bytes,
+                                                      " (--max-body-bytes)"),
+                                         "request_too_large"));
+          break;
+        }
+        if (absl::EqualsIgnoreCase(std::string(head[http::field::expect]), "100-continue")) {
+          http::response<http::empty_body> cont{http::status::continue_, head.version()};
+          co_await http::async_write(stream, cont, redirect_error(use_awaitable, ec));
+          if (ec) break;
+        }
+        if (!parser.is_done()) co_await http::async_read(stream, buffer, parser, redirect_error(use_awaitable, ec));
+        if (ec == http::error::body_limit) {
+          co_await WriteSimple(stream, http::status::payload_too_large, head.version(),
+                               ErrorBody(absl::StrCat("the request body exceeds the limit of ", options.max_body_bytes,
+                                                      " bytes (--max-body-bytes)"),
+                                         "request_too_large"));
+          break;
+        }
+        if (ec) {
+          if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != net::error::eof) {
+            co_await WriteSimple(stream, http::status::bad_request, 11,
+                                 ErrorBody(absl::StrCat("malformed HTTP request: ", ec.message()), "bad_request"));
+          }
+          break;
+        }
+        stream.expires_never();
+        http::request<http::string_body> req = parser.release();
+        HttpRequest r;
+        r.method = std::string(req.method_string());
+        r.target = std::string(req.target());
+        for (const auto& field : req) {
+          r.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
+        }
+        r.body = std::move(req.body());
+        const bool head_request = req.method() == http::verb::head;
+        auto exchange = std::make_shared<BeastExchange>(stream.get_executor(), &active);
+        try {
+          handler(std::move(r), exchange);
+        } catch (const std::exception& e) {
+          NLOG(ERROR) << "http: handler threw: " << e.what();
+          exchange->Respond(500, "application/json", ErrorBody("internal error", "internal_error"), {});
+        }
+        bool keep = co_await exchange->Drive(stream, req.version(), req.keep_alive(), head_request);
+        if (!keep) break;
+      }
+    } catch (const std::exception& e) {
+      NLOG(WARNING) << "http: connection dropped: " << e.what();
+    }
+    beast::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  }
+};
+
+HttpServer::HttpServer(HttpServerOptions options, Handler handler) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->handler = std::move(handler);
+}
+
+HttpServer::~HttpServer() { Shutdown(); }
+
+Status HttpServer::Start() {
+  Impl& s = *impl_;
+  const std::string where = absl::StrCat(s.options.host, ":", s.options.port);
+  beast::error_code ec;
+  auto address = net::ip::make_address(s.options.host, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--host ", s.options.host, ": not an IP address (", ec.message(), ")"));
+  tcp::endpoint endpoint(address, static_cast<unsigned short>(s.options.port));
+  s.acceptor.open(endpoint.protocol(), ec);
+  if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) s.acceptor.bind(endpoint, ec);
+  if (!ec) s.acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(where, ": ", ec.message()));
+  s.port = s.acceptor.local_endpoint().port();
+  s.work.emplace(s.ioc.get_executor());
+  net::co_spawn(s.ioc, s.Accept(), net::detached);
+  for (int i = 0; i < std::max(1, s.options.threads); ++i) {
+    s.threads.emplace_back([&s] { s.ioc.run(); });
+  }
+  return absl::OkStatus();
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::StopAccepting() {
+  net::post(impl_->ioc, [this] {
+    beast::error_code ec;
+    impl_->acceptor.close(ec);
+  });
+}
+
+void HttpServer::Shutdown() {
+  Impl& s = *impl_;
+  if (s.threads.empty()) return;
+  StopAccepting();
+  s.work.reset();
+  s.ioc.stop();
+  for (auto& t : s.threads) t.join();
+  s.threads.clear();
+}
+
+size_t HttpServer::active_exchanges() const { return impl_->active.load(); }
+
+}  // namespace numoe::router

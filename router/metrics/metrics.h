@@ -1,0 +1,81 @@
+// Prometheus metrics of numoe-router, rendered in the text exposition format (version 0.0.4).
+//
+// Series (all prefixed numoe_):
+//   numoe_requests_total{endpoint,status}          counter: finished requests by endpoint ("/v1/completions",
+//                                                  "grpc:Generate", ...) and status (HTTP code or gRPC code name)
+//   numoe_prompt_tokens_total                       counter: prompt tokens of admitted generations
+//   numoe_generation_tokens_total                   counter: tokens received from workers
+//   numoe_time_to_first_token_seconds               histogram: admission -> first token of a choice
+//   numoe_inter_token_latency_seconds               histogram: gap between consecutive token messages
+//   numoe_worker_active_sequences{worker}           gauge: from the worker's last Stats answer
+//   numoe_worker_queued_sequences{worker}           gauge: from the worker's last Stats answer
+//   numoe_worker_up{worker}                         gauge: 1 when the last health check passed
+// Worker gauges are not stored here: the caller passes a snapshot at render time, so they can never go stale.
+//
+// Thread-safety: every method may be called from any thread at once (counters under one mutex, histogram
+// buckets are atomics).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace numoe::router {
+
+// A cumulative histogram with fixed upper bounds (seconds). Observe() is lock-free.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void Observe(double value);
+  // Appends the _bucket/_sum/_count lines of `name` to `out`.
+  void Render(const std::string& name, std::string* out) const;
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<std::atomic<uint64_t>> buckets_;  // non-cumulative counts, one per bound, plus +Inf
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> sum_micros_{0};  // sum kept in integer microseconds: atomics on doubles need CAS loops
+};
+
+// One worker's gauges at render time.
+struct WorkerGauge {
+  std::string worker;  // host:port
+  bool up = false;
+  uint64_t active_sequences = 0;
+  uint64_t queued_sequences = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  void CountRequest(const std::string& endpoint, const std::string& status);
+  void AddPromptTokens(uint64_t n) { prompt_tokens_.fetch_add(n, std::memory_order_relaxed); }
+  void AddGenerationTokens(uint64_t n) { generation_tokens_.fetch_add(n, std::memory_order_relaxed); }
+  void ObserveTimeToFirstToken(double seconds) { ttft_.Observe(seconds); }
+  void ObserveInterTokenLatency(double seconds) { itl_.Observe(seconds); }
+
+  uint64_t requests(const std::string& endpoint, const std::string& status) const;
+
+  // The whole exposition text (ends with a newline).
+  std::string Render(const std::vector<WorkerGauge>& workers) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests_;
+  std::atomic<uint64_t> prompt_tokens_{0};
+  std::atomic<uint64_t> generation_tokens_{0};
+  Histogram ttft_;
+  Histogram itl_;
+};
+
+// Escapes a label value per the exposition format (backslash, double quote, newline).
+std::string EscapeLabelValue(const std::string& value);
+
+}  // namespace numoe::router

@@ -1,0 +1,143 @@
+#include "router/openai/chat.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "router/core/errors.h"
+
+namespace numoe::router::openai {
+
+using nlohmann::json;
+
+ChatEncoder::ChatEncoder(const tokenizer::Tokenizer& tok, chat::EncoderProfile profile) : tok_(tok), profile_(profile) {
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (!tok.IsSpecialToken(id)) continue;
+    std::optional<std::string> s = tok.IdToToken(id);
+    if (s && !s->empty()) specials_[static_cast<unsigned char>((*s)[0])].push_back(*s);
+  }
+}
+
+chat::EncoderProfile ChatEncoder::DetectProfile(const std::string& model_dir) {
+  std::ifstream f(std::filesystem::path(model_dir) / "encoding" / "encoding_dsv4.py");
+  if (!f) return chat::EncoderProfile::kPreview;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return chat::DetectEncoderProfile(ss.str());
+}
+
+Status ChatEncoder::CheckClientText(std::string_view text, const std::string& field) const {
+  for (size_t i = 0; i < text.size(); ++i) {
+    for (const std::string& s : specials_[static_cast<unsigned char>(text[i])]) {
+      if (text.compare(i, s.size(), s) == 0) {
+        return InvalidParam(field, absl::StrCat(field, " contains the special token '", s,
+                                                "'; special tokens are not allowed in message text"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<ChatPrompt> ChatEncoder::Encode(const ChatRequest& request) const {
+  chat::EncodeOptions options;
+  options.profile = profile_;
+  options.thinking_mode = request.thinking ? chat::ThinkingMode::kThinking : chat::ThinkingMode::kChat;
+  if (request.reasoning_effort && *request.reasoning_effort == "none") {
+    options.thinking_mode = chat::ThinkingMode::kChat;
+  } else if (options.thinking_mode == chat::ThinkingMode::kThinking) {
+    std::optional<std::string_view> requested;
+    if (request.reasoning_effort) requested = *request.reasoning_effort;
+    auto effort = chat::MapReasoningEffort(requested, profile_);
+    if (!effort.ok()) return WithParam(effort.status(), "reasoning_effort");
+    options.reasoning_effort = *effort;
+  }
+
+  chat::Json messages = chat::Json::array();
+  for (size_t i = 0; i < request.messages.size(); ++i) {
+    const ChatMessage& m = request.messages[i];
+    const std::string p = absl::StrCat("messages[", i, "]");
+    RETURN_IF_ERROR(CheckClientText(m.content, p + ".content"));
+    RETURN_IF_ERROR(CheckClientText(m.reasoning_content, p + ".reasoning_content"));
+    chat::Json msg = chat::Json::object();
+    msg["role"] = m.role == "developer" ? "system" : m.role;
+    msg["content"] = m.has_content ? chat::Json(m.content) : chat::Json(nullptr);
+    if (!m.reasoning_content.empty()) msg["reasoning_content"] = m.reasoning_content;
+    if (!m.tool_calls.empty()) {
+      chat::Json calls = chat::Json::array();
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        const ChatToolCall& c = m.tool_calls[k];
+        const std::string cp = absl::StrCat(p, ".tool_calls[", k, "].function");
+        RETURN_IF_ERROR(CheckClientText(c.name, cp + ".name"));
+        RETURN_IF_ERROR(CheckClientText(c.arguments, cp + ".arguments"));
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id.empty()) msg["tool_call_id"] = m.tool_call_id;
+    if (m.prefix) msg["wo_eos"] = true;
+    messages.push_back(std::move(msg));
+  }
+  const bool tools = !request.tools.is_null() && !request.tools.empty() && !request.tool_choice_none;
+  if (tools) {
+    // Tool schemas keep the client's key order (they are pasted into the prompt as Python writes them).
+    chat::Json t = chat::Json::parse(request.tools.dump());
+    RETURN_IF_ERROR(CheckClientText(request.tools.dump(), "tools"));
+    Status s = chat::AttachRequestTools(&messages, t);
+    if (!s.ok()) return WithParam(s, "tools");
+  }
+  if (request.messages.back().role != "user" && request.messages.back().role != "tool" &&
+      !request.messages.back().prefix) {
+    return InvalidParam("messages", "the last message must be from the user or a tool (or an assistant message with "
+                                    "\"prefix\": true, which is continued)");
+  }
+  auto text = chat::EncodeMessages(messages, options);
+  if (!text.ok()) return ParamOf(text.status()).empty() ? WithParam(text.status(), "messages") : text.status();
+
+  ChatPrompt out;
+  auto ids = tok_.Encode(*text);
+  if (!ids.ok()) return WithParam(ids.status(), "messages");
+  out.ids = std::move(*ids);
+  out.starts_in_reasoning = chat::StartStateForPrompt(*text) == chat::ParserStart::kReasoning;
+  out.tools = tools;
+  out.text = std::move(*text);
+  return out;
+}
+
+void ChatDelta::Append(ChatDelta other) {
+  reasoning += other.reasoning;
+  content += other.content;
+  for (auto& t : other.tool_calls) tool_calls.push_back(std::move(t));
+}
+
+ChatStreamParser::ChatStreamParser(bool starts_in_reasoning, bool tools)
+    : parser_(starts_in_reasoning ? chat::ParserStart::kReasoning : chat::ParserStart::kContent,
+              chat::StreamingParserOptions{.tools_enabled = tools}) {}
+
+ChatDelta ChatStreamParser::Convert(chat::OutputDelta d) {
+  ChatDelta out;
+  out.reasoning = std::move(d.reasoning_content);
+  out.content = std::move(d.content);
+  for (auto& t : d.tool_calls) {
+    json delta = {{"index", t.index}};
+    json fn = json::object();
+    if (!t.id.empty() || !t.name.empty()) {
+      delta["id"] = t.id;
+      delta["type"] = "function";
+      fn["name"] = t.name;
+      started_calls_ = std::max(started_calls_, t.index + 1);
+    }
+    fn["arguments"] = t.arguments;
+    delta["function"] = std::move(fn);
+    out.tool_calls.push_back(std::move(delta));
+  }
+  return out;
+}
+
+ChatDelta ChatStreamParser::Add(std::string_view text) { return Convert(parser_.Feed(text)); }
+
+ChatDelta ChatStreamParser::Finish() { return Convert(parser_.Finish()); }
+
+int ChatStreamParser::tool_calls() const { return static_cast<int>(parser_.message().tool_calls.size()); }
+
+}  // namespace numoe::router::openai

@@ -1,0 +1,455 @@
+#include "router/openai/request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "router/core/errors.h"
+
+namespace numoe::router::openai {
+
+using nlohmann::json;
+
+const char* JsonTypeName(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "integer";
+    case json::value_t::number_float:
+      return "number";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
+    default:
+      return "value";
+  }
+}
+
+namespace {
+
+Status TypeError(const std::string& param, const char* want, const json& got) {
+  return InvalidParam(param, absl::StrCat("'", param, "' must be ", want, " (got ", JsonTypeName(got), ")"));
+}
+
+// Field readers: absent and null leave the output untouched.
+const json* Field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+Status ReadBool(const json& obj, const char* name, bool* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_boolean()) return TypeError(name, "a boolean", *v);
+  *out = v->get<bool>();
+  return absl::OkStatus();
+}
+
+Status ReadString(const json& obj, const char* name, std::string* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_string()) return TypeError(name, "a string", *v);
+  *out = v->get<std::string>();
+  return absl::OkStatus();
+}
+
+// Integer in int64 range; unsigned values above INT64_MAX saturate (they are out of every valid range).
+StatusOr<int64_t> AsInt(const json& v, const std::string& param) {
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    return u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
+                                                                            : static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  return TypeError(param, "an integer", v);
+}
+
+Status ReadInt(const json& obj, const char* name, std::optional<int64_t>* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*out, AsInt(*v, name));
+  return absl::OkStatus();
+}
+
+Status ReadNumber(const json& obj, const char* name, std::optional<double>* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return TypeError(name, "a number", *v);
+  *out = v->get<double>();
+  return absl::OkStatus();
+}
+
+// A feature we do not implement: accepted only at its neutral value.
+Status RejectUnless(const json& obj, const char* name, const std::function<bool(const json&)>& neutral,
+                    const std::string& why) {
+  const json* v = Field(obj, name);
+  if (v == nullptr || neutral(*v)) return absl::OkStatus();
+  return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server: ", why));
+}
+
+Status ParseCommon(const json& body, bool chat, CommonParams* p) {
+  RETURN_IF_ERROR(ReadString(body, "model", &p->model));
+  if (chat) RETURN_IF_ERROR(ReadInt(body, "max_completion_tokens", &p->max_tokens));
+  RETURN_IF_ERROR(ReadInt(body, "max_tokens", &p->max_tokens));
+  if (p->max_tokens && *p->max_tokens < 1) {
+    return InvalidParam("max_tokens", absl::StrCat("max_tokens must be at least 1 (got ", *p->max_tokens, ")"));
+  }
+  RETURN_IF_ERROR(ReadNumber(body, "temperature", &p->sampling.temperature));
+  RETURN_IF_ERROR(ReadNumber(body, "top_p", &p->sampling.top_p));
+  RETURN_IF_ERROR(ReadInt(body, "top_k", &p->sampling.top_k));
+  if (const json* v = Field(body, "seed")) {
+    if (v->is_number_unsigned()) {
+      p->sampling.seed = v->get<uint64_t>();
+    } else if (v->is_number_integer()) {
+      p->sampling.seed = static_cast<uint64_t>(v->get<int64_t>());  // negative seeds wrap, as in two's complement
+    } else {
+      return TypeError("seed", "an integer", *v);
+    }
+  }
+  RETURN_IF_ERROR(Frontend::CheckSampling(p->sampling));
+
+  if (const json* v = Field(body, "stop")) {
+    if (v->is_string()) {
+      p->stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > kMaxStops) {
+        return InvalidParam("stop", absl::StrCat("'stop' has ", v->size(), " strings; at most ", kMaxStops));
+      }
+      for (size_t i = 0; i < v->size(); ++i) {
+        if (!(*v)[i].is_string()) return TypeError(absl::StrCat("stop[", i, "]"), "a string", (*v)[i]);
+        p->stop.push_back((*v)[i].get<std::string>());
+      }
+    } else {
+      return TypeError("stop", "a string or an array of strings", *v);
+    }
+  }
+  if (const json* v = Field(body, "stop_token_ids")) {
+    if (!v->is_array()) return TypeError("stop_token_ids", "an array of integers", *v);
+    for (size_t i = 0; i < v->size(); ++i) {
+      ASSIGN_OR_RETURN(int64_t id, AsInt((*v)[i], absl::StrCat("stop_token_ids[", i, "]")));
+      p->stop_token_ids.push_back(id);
+    }
+  }
+  RETURN_IF_ERROR(ReadBool(body, "stream", &p->stream));
+  if (const json* v = Field(body, "stream_options")) {
+    if (!v->is_object()) return TypeError("stream_options", "an object", *v);
+    if (!p->stream) return InvalidParam("stream_options", "'stream_options' is only allowed with \"stream\": true");
+    if (const json* u = Field(*v, "include_usage")) {
+      if (!u->is_boolean()) return TypeError("stream_options.include_usage", "a boolean", *u);
+      p->include_usage = u->get<bool>();
+    }
+  }
+  RETURN_IF_ERROR(ReadBool(body, "ignore_eos", &p->ignore_eos));
+  RETURN_IF_ERROR(ReadBool(body, "return_token_ids", &p->return_token_ids));
+  RETURN_IF_ERROR(ReadBool(body, "skip_special_tokens", &p->skip_special_tokens));
+  RETURN_IF_ERROR(ReadBool(body, "include_stop_str_in_output", &p->include_stop_str_in_output));
+
+  if (const json* v = Field(body, "n")) {
+    ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "n"));
+    if (n != 1) {
+      return InvalidParam("n", absl::StrCat("only n=1 is supported (got ", n,
+                                            "); send several requests, or several prompts in one completions "
+                                            "request"));
+    }
+  }
+  auto is_one = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
+  auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
+  auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
+  auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
+  RETURN_IF_ERROR(RejectUnless(body, "best_of", is_one, "only best_of=1"));
+  RETURN_IF_ERROR(RejectUnless(body, "presence_penalty", is_zero, "only 0"));
+  RETURN_IF_ERROR(RejectUnless(body, "frequency_penalty", is_zero, "only 0"));
+  RETURN_IF_ERROR(RejectUnless(
+      body, "repetition_penalty", [](const json& v) { return v.is_number() && v.get<double>() == 1.0; }, "only 1"));
+  RETURN_IF_ERROR(RejectUnless(body, "logit_bias", is_empty, "no logit bias"));
+  if (chat) {
+    RETURN_IF_ERROR(RejectUnless(body, "logprobs", is_false, "no log probabilities"));
+    RETURN_IF_ERROR(RejectUnless(body, "top_logprobs", is_zero, "no log probabilities"));
+  } else {
+    RETURN_IF_ERROR(RejectUnless(body, "logprobs", is_zero, "no log probabilities"));
+    RETURN_IF_ERROR(RejectUnless(body, "echo", is_false, "the prompt is not echoed"));
+    RETURN_IF_ERROR(RejectUnless(
+        body, "suffix", [](const json& v) { return v.is_string() && v.get<std::string>().empty(); },
+        "no suffix (fill-in-the-middle)"));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::vector<int64_t>> ParseIdList(const json& arr, const std::string& param) {
+  std::vector<int64_t> ids;
+  ids.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    ASSIGN_OR_RETURN(int64_t id, AsInt(arr[i], absl::StrCat(param, "[", i, "]")));
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+StatusOr<std::string> ParseContent(const json& v, const std::string& param) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) return TypeError(param, "a string, null or an array of text parts", v);
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& part = v[i];
+    std::string pp = absl::StrCat(param, "[", i, "]");
+    if (part.is_string()) {  // lenient: a bare string part
+      if (!out.empty()) out += "\n";
+      out += part.get<std::string>();
+      continue;
+    }
+    if (!part.is_object()) return TypeError(pp, "an object", part);
+    std::string type;
+    RETURN_IF_ERROR(ReadString(part, "type", &type));
+    if (type != "text") {
+      return InvalidParam(pp + ".type", absl::StrCat(pp, ".type: only \"text\" content parts are supported (got \"",
+                                                     type, "\")"));
+    }
+    const json* text = Field(part, "text");
+    if (text == nullptr || !text->is_string()) {
+      return TypeError(pp + ".text", "a string", text ? *text : json());
+    }
+    // Text parts are joined with newlines, as vLLM does for DeepSeek V4.
+    if (!out.empty()) out += "\n";
+    out += text->get<std::string>();
+  }
+  return out;
+}
+
+StatusOr<ChatMessage> ParseMessage(const json& m, size_t index) {
+  const std::string p = absl::StrCat("messages[", index, "]");
+  if (!m.is_object()) return TypeError(p, "an object", m);
+  ChatMessage msg;
+  const json* role = Field(m, "role");
+  if (role == nullptr) return InvalidParam(p + ".role", absl::StrCat(p, ".role is required"));
+  if (!role->is_string()) return TypeError(p + ".role", "a string", *role);
+  msg.role = role->get<std::string>();
+  if (msg.role != "system" && msg.role != "developer" && msg.role != "user" && msg.role != "assistant" &&
+      msg.role != "tool") {
+    return InvalidParam(p + ".role", absl::StrCat(p, ".role must be system, developer, user, assistant or tool (got \"",
+                                                  msg.role, "\")"));
+  }
+  if (const json* c = Field(m, "content")) {
+    ASSIGN_OR_RETURN(msg.content, ParseContent(*c, p + ".content"));
+    msg.has_content = true;
+  }
+  for (const char* key : {"reasoning_content", "reasoning"}) {
+    if (const json* r = Field(m, key)) {
+      if (!r->is_string()) return TypeError(absl::StrCat(p, ".", key), "a string", *r);
+      msg.reasoning_content = r->get<std::string>();
+    }
+  }
+  if (const json* tc = Field(m, "tool_calls")) {
+    if (!tc->is_array()) return TypeError(p + ".tool_calls", "an array", *tc);
+    for (size_t i = 0; i < tc->size(); ++i) {
+      const json& call = (*tc)[i];
+      std::string cp = absl::StrCat(p, ".tool_calls[", i, "]");
+      if (!call.is_object()) return TypeError(cp, "an object", call);
+      ChatToolCall out;
+      RETURN_IF_ERROR(ReadString(call, "id", &out.id));
+      const json* fn = Field(call, "function");
+      if (fn == nullptr || !fn->is_object()) return TypeError(cp + ".function", "an object", fn ? *fn : json());
+      const json* name = Field(*fn, "name");
+      if (name == nullptr || !name->is_string()) return TypeError(cp + ".function.name", "a string", name ? *name : json());
+      out.name = name->get<std::string>();
+      if (const json* args = Field(*fn, "arguments")) {
+        if (args->is_string()) {
+          out.arguments = args->get<std::string>();
+        } else if (args->is_object()) {
+          out.arguments = args->dump();  // lenient: an object instead of its JSON text
+        } else {
+          return TypeError(cp + ".function.arguments", "a JSON string", *args);
+        }
+      }
+      msg.tool_calls.push_back(std::move(out));
+    }
+    if (msg.role != "assistant" && !msg.tool_calls.empty()) {
+      return InvalidParam(p + ".tool_calls", absl::StrCat(p, ".tool_calls: only assistant messages carry tool calls"));
+    }
+  }
+  RETURN_IF_ERROR(ReadString(m, "tool_call_id", &msg.tool_call_id));
+  RETURN_IF_ERROR(ReadBool(m, "prefix", &msg.prefix));
+  if (msg.role != "assistant" && !msg.has_content) {
+    return InvalidParam(p + ".content", absl::StrCat(p, ".content is required for role ", msg.role));
+  }
+  return msg;
+}
+
+}  // namespace
+
+size_t JsonNestingDepth(std::string_view text) {
+  size_t depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+StatusOr<json> ParseJsonBody(std::string_view body) {
+  // Deep nesting is refused before parsing: serialising such a value later (e.g. tool schemas) recurses.
+  if (size_t depth = JsonNestingDepth(body); depth > kMaxJsonDepth) {
+    return InvalidParam("", absl::StrCat("the request body nests arrays/objects ", depth, " deep; at most ",
+                                         kMaxJsonDepth));
+  }
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end());
+  } catch (const json::exception& e) {
+    return InvalidParam("", absl::StrCat("the request body is not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return InvalidParam("", absl::StrCat("the request body must be a JSON object (got ", JsonTypeName(j), ")"));
+  return j;
+}
+
+StatusOr<CompletionRequest> ParseCompletionRequest(const json& body) {
+  CompletionRequest req;
+  RETURN_IF_ERROR(ParseCommon(body, /*chat=*/false, &req.common));
+  RETURN_IF_ERROR(ReadBool(body, "add_special_tokens", &req.add_special_tokens));
+  const json* prompt = Field(body, "prompt");
+  if (prompt == nullptr) return InvalidParam("prompt", "'prompt' is required");
+  if (prompt->is_string()) {
+    req.prompts.emplace_back(prompt->get<std::string>());
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) return InvalidParam("prompt", "'prompt' is an empty array");
+    const json& first = prompt->front();
+    if (first.is_number()) {
+      ASSIGN_OR_RETURN(auto ids, ParseIdList(*prompt, "prompt"));
+      req.prompts.emplace_back(std::move(ids));
+    } else {
+      if (prompt->size() > kMaxPrompts) {
+        return InvalidParam("prompt", absl::StrCat("'prompt' has ", prompt->size(), " prompts; at most ", kMaxPrompts));
+      }
+      for (size_t i = 0; i < prompt->size(); ++i) {
+        const json& el = (*prompt)[i];
+        std::string ep = absl::StrCat("prompt[", i, "]");
+        if (el.is_string() && first.is_string()) {
+          req.prompts.emplace_back(el.get<std::string>());
+        } else if (el.is_array() && first.is_array()) {
+          ASSIGN_OR_RETURN(auto ids, ParseIdList(el, ep));
+          req.prompts.emplace_back(std::move(ids));
+        } else {
+          return InvalidParam(ep, absl::StrCat("'prompt' must be a string, an array of token ids, an array of strings "
+                                               "or an array of token-id arrays; ",
+                                               ep, " is ", JsonTypeName(el)));
+        }
+      }
+    }
+  } else {
+    return TypeError("prompt", "a string or an array", *prompt);
+  }
+  return req;
+}
+
+StatusOr<ChatRequest> ParseChatRequest(const json& body) {
+  ChatRequest req;
+  RETURN_IF_ERROR(ParseCommon(body, /*chat=*/true, &req.common));
+  const json* messages = Field(body, "messages");
+  if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
+  if (!messages->is_array()) return TypeError("messages", "an array", *messages);
+  if (messages->empty()) return InvalidParam("messages", "'messages' is empty");
+  for (size_t i = 0; i < messages->size(); ++i) {
+    ASSIGN_OR_RETURN(ChatMessage m, ParseMessage((*messages)[i], i));
+    if (m.prefix && i + 1 != messages->size()) {
+      return InvalidParam(absl::StrCat("messages[", i, "].prefix"), "only the last message may have \"prefix\": true");
+    }
+    if (m.prefix && m.role != "assistant") {
+      return InvalidParam(absl::StrCat("messages[", i, "].prefix"), "\"prefix\": true is only for an assistant message");
+    }
+    req.messages.push_back(std::move(m));
+  }
+
+  if (const json* t = Field(body, "thinking")) {
+    if (t->is_boolean()) {
+      req.thinking = t->get<bool>();
+    } else if (t->is_object()) {  // DeepSeek API style: {"type": "enabled" | "disabled"}
+      std::string type;
+      RETURN_IF_ERROR(ReadString(*t, "type", &type));
+      if (type != "enabled" && type != "disabled") {
+        return InvalidParam("thinking.type", absl::StrCat("thinking.type must be \"enabled\" or \"disabled\" (got \"",
+                                                          type, "\")"));
+      }
+      req.thinking = type == "enabled";
+    } else {
+      return TypeError("thinking", "a boolean or {\"type\": \"enabled\"|\"disabled\"}", *t);
+    }
+  }
+  if (const json* k = Field(body, "chat_template_kwargs")) {
+    if (!k->is_object()) return TypeError("chat_template_kwargs", "an object", *k);
+    for (const char* key : {"thinking", "enable_thinking"}) {
+      if (const json* t = Field(*k, key)) {
+        if (!t->is_boolean()) return TypeError(absl::StrCat("chat_template_kwargs.", key), "a boolean", *t);
+        req.thinking = t->get<bool>();
+      }
+    }
+    if (const json* e = Field(*k, "reasoning_effort")) {
+      if (!e->is_string()) return TypeError("chat_template_kwargs.reasoning_effort", "a string", *e);
+      req.reasoning_effort = e->get<std::string>();
+    }
+  }
+  if (const json* e = Field(body, "reasoning_effort")) {
+    if (!e->is_string()) return TypeError("reasoning_effort", "a string", *e);
+    req.reasoning_effort = e->get<std::string>();
+  }
+  if (const json* tools = Field(body, "tools")) {
+    if (!tools->is_array()) return TypeError("tools", "an array", *tools);
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& tool = (*tools)[i];
+      std::string tp = absl::StrCat("tools[", i, "]");
+      if (!tool.is_object()) return TypeError(tp, "an object", tool);
+      const json* fn = Field(tool, "function");
+      if (fn == nullptr || !fn->is_object()) return TypeError(tp + ".function", "an object", fn ? *fn : json());
+      const json* name = Field(*fn, "name");
+      if (name == nullptr || !name->is_string()) {
+        return TypeError(tp + ".function.name", "a string", name ? *name : json());
+      }
+    }
+    if (!tools->empty()) req.tools = *tools;
+  }
+  if (const json* tc = Field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      std::string c = tc->get<std::string>();
+      if (c == "none") {
+        req.tool_choice_none = true;
+      } else if (c != "auto") {
+        return InvalidParam("tool_choice", absl::StrCat("tool_choice must be \"auto\" or \"none\" (got \"", c, "\")"));
+      }
+    } else {
+      return InvalidParam("tool_choice", "only tool_choice \"auto\" or \"none\" is supported (no forced tool calls)");
+    }
+  }
+  if (const json* rf = Field(body, "response_format")) {
+    const json* type = rf->is_object() ? Field(*rf, "type") : nullptr;
+    if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
+      return InvalidParam("response_format", "only response_format {\"type\": \"text\"} is supported");
+    }
+  }
+  return req;
+}
+
+}  // namespace numoe::router::openai

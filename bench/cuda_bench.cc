@@ -102,12 +102,13 @@ int RunCudaBench(int argc, char** argv) {
   ArgParser parser(argv[0],
                    "One decode step of the CUDA backend on V4-Flash-shaped synthetic non-expert weights: GPU time vs "
                    "the memory-bandwidth floor, and device memory per sequence per 1K tokens.");
-  std::string batch_s = "1,4,16", context_s = "4096,65536", weights_s = "fp8,bf16";
+  std::string batch_s = "1,4,16", context_s = "4096,65536", weights_s = "fp8,bf16", cache_s = "bf16";
   int64_t layers = 43, steps = 10, device = 0, tp = 1;
   bool json = false, no_graphs = false;
   parser.AddString("batch", "LIST", "batch sizes (sequences decoding together)", &batch_s);
   parser.AddString("context", "LIST", "tokens of context per sequence", &context_s);
   parser.AddString("weights", "LIST", "dense weight formats on the device: fp8 (weight-only GEMM) and/or bf16", &weights_s);
+  parser.AddString("cache", "LIST", "cache element types: bf16 and/or fp32", &cache_s);
   parser.AddInt("layers", "N", "main layers (V4-Flash: 43)", &layers, 1, 1000);
   parser.AddInt("steps", "N", "timed decode steps per point", &steps, 1, 100000);
   parser.AddInt("device", "ID", "first GPU", &device, 0, 64);
@@ -122,16 +123,29 @@ int RunCudaBench(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string((!batches.ok() ? batches.status() : contexts.status()).message()).c_str());
     return 2;
   }
-  std::vector<std::string> formats;
-  for (size_t p = 0; p <= weights_s.size();) {
-    const size_t q = std::min(weights_s.find(',', p), weights_s.size());
-    const std::string f = weights_s.substr(p, q - p);
-    if (f != "fp8" && f != "bf16") {
-      std::fprintf(stderr, "--weights: '%s' is not fp8 or bf16\n", f.c_str());
-      return 2;
+  auto split = [](const std::string& list, std::initializer_list<const char*> allowed, const char* flag,
+                  std::vector<std::string>* out) {
+    for (size_t p = 0; p <= list.size();) {
+      const size_t q = std::min(list.find(',', p), list.size());
+      const std::string f = list.substr(p, q - p);
+      bool ok = false;
+      for (const char* a : allowed) ok = ok || f == a;
+      if (!ok) {
+        std::fprintf(stderr, "%s: '%s' is not one of the allowed values\n", flag, f.c_str());
+        return false;
+      }
+      out->push_back(f);
+      p = q + 1;
     }
-    formats.push_back(f);
-    p = q + 1;
+    return true;
+  };
+  std::vector<std::string> formats, caches;
+  if (!split(weights_s, {"fp8", "bf16"}, "--weights", &formats) || !split(cache_s, {"bf16", "fp32"}, "--cache", &caches)) {
+    return 2;
+  }
+  std::vector<std::pair<std::string, std::string>> configs;
+  for (const auto& w : formats) {
+    for (const auto& c : caches) configs.push_back({w, c});
   }
   if (!CudaCompiledIn() || CudaDeviceCount() == 0) {
     std::fprintf(stderr, "numoe-bench cuda: %s\n", CudaCompiledIn() ? "no CUDA device" : "built without CUDA");
@@ -153,8 +167,9 @@ int RunCudaBench(int argc, char** argv) {
 
   nlohmann::json results = nlohmann::json::array();
   ZeroExperts zero(cfg->hidden_size);
-  for (const std::string& fmt : formats) {
+  for (const auto& [fmt, cache] : configs) {
     CudaOptions opt;
+    opt.bf16_cache = cache == "bf16";
     opt.device = static_cast<int>(device);
     opt.tp = static_cast<int>(tp);
     opt.fp8_weights = fmt == "fp8";
@@ -168,7 +183,7 @@ int RunCudaBench(int argc, char** argv) {
       return 1;
     }
     CudaBackend& m = **model;
-    if (!json) std::printf("\n[%s weights] %s\n", fmt.c_str(), m.Describe().c_str());
+    if (!json) std::printf("\n[%s weights, %s cache] %s\n", fmt.c_str(), cache.c_str(), m.Describe().c_str());
     if (!json) {
       std::printf("%6s %8s %10s %10s %10s %10s %9s %12s %12s\n", "batch", "context", "gpu_ms", "wall_ms", "read_GB",
                   "floor_ms", "of_floor", "MiB/seq/1K", "fixed_MiB");
@@ -218,7 +233,8 @@ int RunCudaBench(int argc, char** argv) {
         gpu /= timed;
         wall /= timed;
         const double bytes = static_cast<double>(m.weight_bytes_per_step()) +
-                             static_cast<double>(B) * CacheBytesPerRow(*cfg, C, 2) * static_cast<double>(tp);
+                             static_cast<double>(B) * CacheBytesPerRow(*cfg, C, cache == "bf16" ? 2 : 4) *
+                                 static_cast<double>(tp);
         const double floor_ms = bytes / (*bw * 1e9) * 1e3 / static_cast<double>(tp);
         const double per_k = static_cast<double>(mem.growing_bytes) / (static_cast<double>(mem.position) / 1024.0) /
                              static_cast<double>(1 << 20);
@@ -228,6 +244,7 @@ int RunCudaBench(int argc, char** argv) {
                       static_cast<double>(mem.fixed_bytes) / (1 << 20));
         }
         results.push_back({{"weights", fmt},
+                           {"cache", cache},
                            {"batch", B},
                            {"context", C},
                            {"gpu_ms", gpu},

@@ -160,7 +160,12 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
   const int64_t e0 = static_cast<int64_t>(blockIdx.y) * blockDim.x;
   if (e0 >= vis) return;
   const float wscale = 1.0f / sqrtf(static_cast<float>(a.ih));
-  for (int i = threadIdx.x; i < a.ih * a.id; i += blockDim.x) qs[i] = a.iq[r * a.ldq + i];
+  {  // 16-byte loads, unrolled: one row's queries (up to 32 KiB) must not be a chain of dependent round trips
+    const float4* src = reinterpret_cast<const float4*>(a.iq + r * a.ldq);
+    float4* dst = reinterpret_cast<float4*>(qs);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < a.ih * a.id / 4; i += blockDim.x) dst[i] = src[i];
+  }
   for (int h = threadIdx.x; h < a.ih; h += blockDim.x) ws[h] = a.iw[r * a.ldw + h] * wscale;
   __syncthreads();
   const int64_t e = e0 + threadIdx.x;
@@ -213,6 +218,7 @@ __global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t l
     return;
   }
   if (use_smem) {  // the radix passes read the scores six times
+#pragma unroll 8
     for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) sc_s[e] = sc[e];
     __syncthreads();
     sc = sc_s;
@@ -319,7 +325,11 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   const int64_t per = (nk + splits - 1) / splits;
   const int64_t jb = min(nk, z * per), je = min(nk, jb + per);
   const int hd = a.hd;
-  for (int i = tid; i < HG * hd; i += blockDim.x) qs[i] = a.q[r * a.ldq + static_cast<int64_t>(h0) * hd + i];
+  {
+    const float* src = a.q + r * a.ldq + static_cast<int64_t>(h0) * hd;
+#pragma unroll 4
+    for (int i = tid; i < HG * hd; i += blockDim.x) qs[i] = src[i];
+  }
   if (tid < HG) {
     // Without splits the sink is folded in up front: exp(sink - m) = 1 with m = sink.
     m_s[tid] = splits == 1 ? a.sink[h0 + tid] : -INFINITY;
@@ -480,16 +490,34 @@ __global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float
   const int hd = a.hd;
   const int64_t stride = hd + 2;
   const float* base_p = part + (r * a.heads + h) * splits * stride;
-  float M = a.sink[h];
-  for (int z = 0; z < splits; ++z) M = fmaxf(M, base_p[z * stride]);
-  float L = expf(a.sink[h] - M);
-  for (int z = 0; z < splits; ++z) L += base_p[z * stride + 1] * expf(base_p[z * stride] - M);
+  __shared__ float w_s[64];
+  __shared__ float L_s;
+  if (threadIdx.x < 32) {  // one warp folds the splits' (max, sum) pairs with the sink
+    const int z = threadIdx.x;
+    float mz = -INFINITY, lz = 0.0f, mz2 = -INFINITY, lz2 = 0.0f;
+    if (z < splits) {
+      mz = base_p[z * stride];
+      lz = base_p[z * stride + 1];
+    }
+    if (z + 32 < splits) {
+      mz2 = base_p[(z + 32) * stride];
+      lz2 = base_p[(z + 32) * stride + 1];
+    }
+    const float M = fmaxf(a.sink[h], WarpMax(fmaxf(mz, mz2)));
+    const float w1 = expf(mz - M), w2 = expf(mz2 - M);
+    if (z < splits) w_s[z] = w1;
+    if (z + 32 < splits) w_s[z + 32] = w2;
+    const float L = WarpSum(lz * w1 + lz2 * w2) + expf(a.sink[h] - M);
+    if (z == 0) L_s = L;
+  }
+  __syncthreads();
+  const float L = L_s;
   const int64_t p = s.pos[r];
   const int rbase = hd - a.rope_dim;
   for (int d = 2 * threadIdx.x; d < hd; d += 2 * blockDim.x) {
     float o0 = 0.0f, o1 = 0.0f;
     for (int z = 0; z < splits; ++z) {
-      const float w = expf(base_p[z * stride] - M);  // exp(-inf) = 0 for empty splits
+      const float w = w_s[z];  // exp(-inf) = 0 for empty splits
       o0 = fmaf(w, base_p[z * stride + 2 + d], o0);
       o1 = fmaf(w, base_p[z * stride + 3 + d], o1);
     }

@@ -296,8 +296,8 @@ void CudaModel::PhaseHead(Rank& r, const PassDims& d, int64_t row0, int64_t rows
   Gemm(r, r.head, s.hsel + row0 * D_, D_, rows, s.logits, V);
   if (d.greedy) {
     ArgmaxRows(s.logits, rows, V, s.greedy + row0, r.stream);
-    cudaMemcpyAsync(greedy_h_.as<int32_t>() + row0, s.greedy + row0, static_cast<size_t>(rows) * sizeof(int32_t),
-                    cudaMemcpyDeviceToHost, r.stream);
+    cudaMemcpyAsync(greedy_h_.as<unsigned long long>() + row0, s.greedy + row0,
+                    static_cast<size_t>(rows) * sizeof(unsigned long long), cudaMemcpyDeviceToHost, r.stream);
   } else {
     cudaMemcpyAsync(logits_h_.as<float>(), s.logits, static_cast<size_t>(rows * V) * sizeof(float),
                     cudaMemcpyDeviceToHost, r.stream);
@@ -662,7 +662,7 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
     for (int64_t j = 0; j < rows; ++j) {
       const auto [step, srow] = dest[static_cast<size_t>(row0 + j)];
       if (greedy) {
-        if (tokens != nullptr) (*tokens)[step] = greedy_h_.as<int32_t>()[row0 + j];
+        if (tokens != nullptr) (*tokens)[step] = ArgmaxOf(greedy_h_.as<unsigned long long>()[row0 + j]);
       } else if (out != nullptr) {
         std::memcpy((*out)[step].logits.data() + srow * V, logits_h_.as<float>() + j * V,
                     static_cast<size_t>(V) * sizeof(float));

@@ -64,7 +64,8 @@ struct Scratch {
   float *routed = nullptr, *logits = nullptr, *hsel = nullptr;
   float* attn_part = nullptr;  // attention key-split partials for up to kSplitRows rows
   void* kvT = nullptr;
-  int32_t *sel = nullptr, *ids = nullptr, *meta = nullptr, *greedy = nullptr;
+  int32_t *sel = nullptr, *ids = nullptr, *meta = nullptr;
+  unsigned long long* greedy = nullptr;  // packed argmax keys (ArgmaxRows)
   int64_t qa_ld = 0, kv_ld = 0, shg_ld = 0;
   int64_t score_rows = 0, score_ld = 0;  // indexer scores buffer [score_rows, score_ld]
 };

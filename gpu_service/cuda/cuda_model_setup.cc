@@ -207,7 +207,7 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
   ASSIGN_OR_RETURN(wts_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(float), "expert weights"));
   ASSIGN_OR_RETURN(logits_h_,
                    PinnedMem::Alloc(static_cast<size_t>(logit_rows_cap_ * c.vocab_size) * sizeof(float), "logits"));
-  ASSIGN_OR_RETURN(greedy_h_, PinnedMem::Alloc(static_cast<size_t>(NR) * sizeof(int32_t), "greedy tokens"));
+  ASSIGN_OR_RETURN(greedy_h_, PinnedMem::Alloc(static_cast<size_t>(NR) * sizeof(uint64_t), "greedy tokens"));
   ASSIGN_OR_RETURN(table_h_, PinnedMem::Alloc(static_cast<size_t>(opt_.max_sequences * max_pages_) * sizeof(int32_t),
                                               "page tables"));
 
@@ -447,7 +447,7 @@ Status CudaModel::SetupState(Rank& r) {
       {reinterpret_cast<void**>(&s.sel), NR * std::max<int64_t>(c.index_topk, 1) * 4},
       {reinterpret_cast<void**>(&s.ids), NR * c.num_experts_per_tok * 4},
       {reinterpret_cast<void**>(&s.meta), 8 * NR * 4},
-      {reinterpret_cast<void**>(&s.greedy), NR * 4},
+      {reinterpret_cast<void**>(&s.greedy), NR * 8},
   };
   int64_t total = 0;
   for (const Piece& p : pieces) total += RoundUp(std::max<int64_t>(p.bytes, 4), 256);

@@ -111,8 +111,11 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   int64_t ksplit = 1;
   // (Groups whose outputs tile y exactly, like the grouped output projection, zero in one memset too.)
   const bool dense_y = c.groups == 1 ? c.ldy == w.out : (c.y_group_cols == w.out && c.ldy == w.out * c.groups);
-  if (dense_y && tiles < 2 * sms) {
-    ksplit = std::min(CeilDiv(2 * sms, tiles), CeilDiv(w.in, std::max<int64_t>(k_chunk, 256)));
+  // Decode rows are few, so a GEMM is a weight stream: enough blocks in flight (4 per SM for the mma path, 8
+  // for the SIMT one) and short reduction loops keep the loads overlapped.
+  const int64_t target = (mma ? 4 : 8) * static_cast<int64_t>(sms);
+  if (dense_y && tiles < target) {
+    ksplit = std::min(CeilDiv(target, tiles), CeilDiv(w.in, mma ? 256 : 64));
   }
   int64_t kspan = CeilDiv(CeilDiv(w.in, ksplit), k_chunk) * k_chunk;
   ksplit = CeilDiv(w.in, kspan);

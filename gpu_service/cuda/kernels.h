@@ -140,8 +140,9 @@ void SwiGlu(const float* g, const float* u, int64_t ldgu, float* h, int64_t n, i
             cudaStream_t stream);
 void AddInPlace(float* y, const float* a, int64_t count, cudaStream_t stream);
 void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, float* dst, cudaStream_t stream);
-// out[r] = argmax(logits[r, :V]) (ties -> lowest id).
-void ArgmaxRows(const float* logits, int64_t m, int64_t V, int32_t* out, cudaStream_t stream);
+// packed[r] = (order key of max(logits[r, :V]) << 32) | ~argmax; ArgmaxOf(packed[r]) is the id (ties -> lowest).
+void ArgmaxRows(const float* logits, int64_t m, int64_t V, unsigned long long* packed, cudaStream_t stream);
+inline int32_t ArgmaxOf(unsigned long long packed) { return static_cast<int32_t>(~static_cast<uint32_t>(packed)); }
 
 // Deterministic pseudo-random fills (synthetic weights and benchmark caches).
 void FillUniformF32(float* p, int64_t count, float lo, float hi, uint64_t seed, cudaStream_t stream);

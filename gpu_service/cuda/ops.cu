@@ -2,6 +2,7 @@
 // argmax, and the deterministic random fills used by synthetic models. The math mirrors gpu_service/cpu/.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpu_service/cuda/device_util.cuh"
@@ -14,7 +15,7 @@ constexpr int kMaxHc = 8;
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__global__ void EmbedKernel(DevW table, const int32_t* token, int hc, float* X) {
+__global__ void __launch_bounds__(1024) EmbedKernel(DevW table, const int32_t* token, int hc, float* X) {
   const int64_t r = blockIdx.x, D = table.in;
   const int64_t t = token[r];
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -23,17 +24,25 @@ __global__ void EmbedKernel(DevW table, const int32_t* token, int hc, float* X) 
   }
 }
 
-__global__ void RowInvRmsKernel(const float* x, int64_t len, float eps, float* inv) {
+__global__ void __launch_bounds__(1024) RowInvRmsKernel(const float* x, int64_t len, float eps, float* inv) {
   __shared__ float red[32];
   const float* xr = x + blockIdx.x * len;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  if (len % 4 == 0) {  // rows of the residual streams: 16-byte aligned, hc·D wide
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  }
   ss = BlockSum(ss, red);
   if (threadIdx.x == 0) inv[blockIdx.x] = 1.0f / sqrtf(ss / static_cast<float>(len) + eps);
 }
 
 // One block per row; dynamic shared memory holds u [D].
-__global__ void HcPreKernel(HcPreArgs a) {
+__global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
   extern __shared__ float us[];
   __shared__ float red[32];
   __shared__ float pre[kMaxHc], post[kMaxHc], C[kMaxHc * kMaxHc];
@@ -275,20 +284,29 @@ __global__ void GatherKernel(const float* src, int64_t d, const int32_t* rows, f
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = s[i];
 }
 
-__global__ void ArgmaxKernel(const float* logits, int64_t V, int32_t* out) {
+// Many blocks per row; each folds its slice into one 64-bit key (order-preserving float bits, then the
+// complemented index so that ties go to the lowest id) and atomicMax-es it into packed[row].
+__global__ void ArgmaxKernel(const float* logits, int64_t V, unsigned long long* packed) {
   __shared__ float rv[32];
   __shared__ int32_t ri[32];
-  const float* l = logits + blockIdx.x * V;
+  const float* l = logits + blockIdx.y * V;
   float best = -INFINITY;
   int32_t bi = INT32_MAX;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < V;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (l[i] > best) {  // strided in increasing i: the first maximum of this thread wins
       best = l[i];
       bi = static_cast<int32_t>(i);
     }
   }
   BlockArgmax(best, bi, rv, ri);
-  if (threadIdx.x == 0) out[blockIdx.x] = bi == INT32_MAX ? 0 : bi;
+  if (threadIdx.x == 0 && bi != INT32_MAX) {
+    const uint32_t u = __float_as_uint(best);
+    const uint32_t key = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    const unsigned long long v =
+        (static_cast<unsigned long long>(key) << 32) | static_cast<unsigned long long>(~static_cast<uint32_t>(bi));
+    atomicMax(packed + blockIdx.y, v);
+  }
 }
 
 __device__ __forceinline__ uint64_t Mix64(uint64_t z) {
@@ -345,17 +363,18 @@ int RowThreads(int64_t width) { return width >= 1024 ? 256 : width >= 256 ? 128 
 
 void Embed(const DevW& table, const int32_t* token, int64_t n, int hc, float* X, cudaStream_t stream) {
   if (n <= 0) return;
-  EmbedKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(table, token, hc, X);
+  EmbedKernel<<<static_cast<unsigned>(n), 1024, 0, stream>>>(table, token, hc, X);
 }
 
 void RowInvRms(const float* x, int64_t n, int64_t len, float eps, float* inv, cudaStream_t stream) {
   if (n <= 0) return;
-  RowInvRmsKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, len, eps, inv);
+  RowInvRmsKernel<<<static_cast<unsigned>(n), 1024, 0, stream>>>(x, len, eps, inv);
 }
 
 void HcPre(const HcPreArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
-  HcPreKernel<<<static_cast<unsigned>(a.n), 256, static_cast<size_t>(a.D) * sizeof(float), stream>>>(a);
+  // 1024 threads: with one row per block (decode), the row's loads must be spread wide to hide latency.
+  HcPreKernel<<<static_cast<unsigned>(a.n), 1024, static_cast<size_t>(a.D) * sizeof(float), stream>>>(a);
 }
 
 void HcPost(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc, int64_t D,
@@ -400,9 +419,11 @@ void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, flo
   GatherKernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(src, d, rows, dst);
 }
 
-void ArgmaxRows(const float* logits, int64_t m, int64_t V, int32_t* out, cudaStream_t stream) {
+void ArgmaxRows(const float* logits, int64_t m, int64_t V, unsigned long long* packed, cudaStream_t stream) {
   if (m <= 0) return;
-  ArgmaxKernel<<<static_cast<unsigned>(m), 1024, 0, stream>>>(logits, V, out);
+  cudaMemsetAsync(packed, 0, static_cast<size_t>(m) * sizeof(unsigned long long), stream);
+  const int64_t blocks = std::min<int64_t>(64, (V + 8191) / 8192);
+  ArgmaxKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(m)), 256, 0, stream>>>(logits, V, packed);
 }
 
 void FillUniformF32(float* p, int64_t count, float lo, float hi, uint64_t seed, cudaStream_t stream) {

@@ -83,6 +83,7 @@ struct Mode {
   bool fp32;
   bool fp8_weights;
   int tp;
+  bool bf16_cache = false;
   float tol() const { return fp32 ? 1e-3f : 5e-2f; }
 };
 
@@ -97,6 +98,7 @@ CudaBackend* Model(const Mode& m) {
   opt.fp32 = m.fp32;
   opt.fp8_weights = m.fp8_weights;
   opt.tp = m.tp;
+  opt.bf16_cache = m.bf16_cache;
   opt.max_sequences = 8;
   auto b = CreateCudaBackend(*fx->ckpt, opt);
   if (!b.ok()) {
@@ -294,6 +296,53 @@ TEST_P(CudaGoldenModeTest, HiddenStreamsLayerByLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaGoldenModeTest, ::testing::ValuesIn(Modes()),
                          [](const auto& info) { return info.param.name; });
+
+// bf16 caches: the 2^-9 rounding of cached keys moves indexer scores by more than the fixture's top-k margins
+// (>= 1.4e-4), so later layers pick other compressed entries and the logits drift past 5e-2 (documented in
+// cuda_model.h). What must still hold: a one-token prompt (no cache read but its own key) and the residual
+// streams up to the first CSA flip stay within the bf16 tolerance.
+TEST(CudaBf16CacheTest, CloseBeforeTheFirstTopKFlip) {
+  const Mode mode{"bf16_cache", false, true, 1, true};
+  std::string why;
+  if (SkipReason(mode, &why)) GTEST_SKIP() << why;
+  Fixture* fx = Tiny();
+  ASSERT_NE(fx, nullptr);
+  CudaBackend* m = Model(mode);
+  ASSERT_NE(m, nullptr);
+  const Golden& g2 = fx->prompts.at("p2");
+  GenerateRequest r = Request(g2, 0);
+  r.max_new_tokens = 1;
+  auto res = GenerateBatch(*m, *fx->experts, {r});
+  ASSERT_TRUE(res.ok()) << res.status();
+  const auto [pd, pat] = MaxDiff((*res)[0].prefill_logits, g2.prefill_logits);
+  NLOG(INFO) << "bf16 cache p2 prefill: max diff " << pd;
+  EXPECT_LE(pd, 5e-2f) << "at " << pat;
+
+  std::map<int64_t, std::vector<float>> seen;
+  m->set_hidden_hook([&](int64_t layer, const std::vector<float>& x) { seen[layer] = x; });
+  auto seq = m->CreateSequence();
+  ASSERT_TRUE(seq.ok());
+  SequenceStep step;
+  step.seq = *seq;
+  step.tokens = fx->prompts.at("p0").input_ids;
+  std::vector<SequenceLogits> out;
+  const Status st = m->Forward({&step, 1}, fx->experts.get(), &out);
+  m->set_hidden_hook(nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(m->ReleaseSequence(*seq).ok());
+  for (float v : out[0].logits) ASSERT_TRUE(std::isfinite(v));
+  auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4/golden.safetensors");
+  ASSERT_TRUE(g.ok());
+  for (int64_t i = 1; i <= 3; ++i) {  // after layers 0 (sliding), 1 (CSA) and 2 (HCA)
+    const std::vector<float> want = F32(**g, "p0.hidden." + std::to_string(i));
+    ASSERT_EQ(seen[i - 1].size(), want.size());
+    const auto [d, at] = MaxDiff(seen[i - 1], want);
+    float scale = 1.0f;
+    for (float v : want) scale = std::max(scale, std::fabs(v));
+    NLOG(INFO) << "bf16 cache p0.hidden." << i << ": max diff " << d << " (scale " << scale << ")";
+    EXPECT_LE(d, 5e-2f * scale) << "p0.hidden." << i << " at " << at;
+  }
+}
 
 }  // namespace
 }  // namespace numoe

@@ -276,9 +276,14 @@ TEST_F(CudaCapacityTest, SlotsContextAndPagePool) {
 }
 
 TEST_F(CudaCapacityTest, MemoryAccountingAndRollback) {
-  for (bool fp32 : {true, false}) {
+  struct Variant {
+    bool fp32, bf16_cache;
+    int64_t elem;
+  };
+  for (const Variant v : {Variant{true, false, 4}, Variant{false, false, 4}, Variant{false, true, 2}}) {
     CudaOptions opt;
-    opt.fp32 = fp32;
+    opt.fp32 = v.fp32;
+    opt.bf16_cache = v.bf16_cache;
     auto m = CreateCudaModel(*ckpt_, opt);
     ASSERT_TRUE(m.ok()) << m.status();
     auto s = (*m)->CreateSequence();
@@ -288,7 +293,7 @@ TEST_F(CudaCapacityTest, MemoryAccountingAndRollback) {
     ASSERT_TRUE(mem.ok());
     const ModelConfig& cfg = ckpt_->config();
     EXPECT_EQ(mem->position, 37);
-    EXPECT_EQ(mem->growing_bytes, ComputeStateSize(cfg).GrowingValuesAt(cfg, 37) * (fp32 ? 4 : 2));
+    EXPECT_EQ(mem->growing_bytes, ComputeStateSize(cfg).GrowingValuesAt(cfg, 37) * v.elem);
     EXPECT_GE(mem->capacity_bytes, mem->growing_bytes + mem->fixed_bytes);
     EXPECT_GT(mem->fixed_bytes, 0);
     EXPECT_EQ((*m)->Rollback(*s, 1).code(), absl::StatusCode::kUnimplemented);

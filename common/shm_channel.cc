@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -46,6 +47,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<int32_t>
 namespace {
 
 constexpr size_t kAlign = 64;
+constexpr int64_t kPureSpinNs = 1000;  // spin without yielding this long first
 size_t AlignUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* timeout) {
@@ -411,12 +413,19 @@ StatusOr<MsgType> Channel::Receive(int64_t timeout_ms) {
   const int64_t deadline = timeout_ms < 0 ? INT64_MAX : start + timeout_ms * 1'000'000;
   auto arrived = [&] { return in->posted.load(std::memory_order_acquire) != last; };
 
-  // Phase 1: spin (a reply usually comes within microseconds). Check the clock every 64 polls.
+  // Phase 1: spin (a reply usually comes within microseconds). Check the clock every 64 polls; past the
+  // first few microseconds also yield then, so a peer sharing our core (oversubscribed machine, unpinned
+  // processes) gets to run instead of waiting out the whole spin.
   const int64_t spin_end = start + int64_t{options_.spin_us} * 1000;
+  const int64_t yield_after = start + kPureSpinNs;
   bool got = false;
   for (int i = 0; !(got = arrived()); ++i) {
     CpuRelax();
-    if ((i & 63) == 63 && NowNs() >= spin_end) break;
+    if ((i & 63) == 63) {
+      const int64_t now = NowNs();
+      if (now >= spin_end) break;
+      if (now >= yield_after) sched_yield();
+    }
   }
   // Phase 2: sleep on the futex in slices; between slices check the peer, the deadline, interrupts.
   while (!got) {

@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   p.AddInt("spin-us", "US", "busy-poll on the shared-memory doorbell before sleeping", &c.spin_us, 0, 100000);
   p.AddInt("max-sequences", "N", "sequences one worker may run at once (and the CUDA backend's total)",
            &c.max_sequences, 1, 65536);
+  p.AddInt("threads", "N", "--backend cpu: threads for the model's matmuls (0 = every usable CPU)", &c.threads, 0,
+           4096);
   p.AddInt("cuda-device", "N", "--backend cuda: first GPU", &c.cuda_device, 0, 1024);
   p.AddInt("tp", "N", "--backend cuda: tensor-parallel GPUs", &c.tp, 1, 64);
   int rc = 0;

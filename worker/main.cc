@@ -7,7 +7,7 @@
 
 int main(int argc, char** argv) {
   numoe::worker::WorkerAppConfig c;
-  std::string numa_nodes;
+  std::string numa_nodes, cpus;
   numoe::ArgParser p("numoe-worker", "one per NUMA node: holds the routed experts, computes them on the CPU and "
                                      "batches sequences for numoe-gpu.");
   p.AddString("model", "DIR", "checkpoint directory (the same one numoe-gpu loads)", &c.model_dir, true);
@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
               &numa_nodes);
   p.AddFlag("no-numa-bind", "do not bind (machines or containers without NUMA rights)", &c.no_numa_bind);
   p.AddInt("threads", "N", "expert kernel threads (0 = every CPU of the bound nodes)", &c.threads, 0, 4096);
+  p.AddString("cpus", "C[,C...]", "pin the kernel threads to these CPUs (workers sharing a node)", &cpus);
   p.AddInt("max-seqs", "N", "sequences running at once", &c.max_seqs, 1, 4096);
   p.AddInt("max-step-tokens", "N", "token budget of one step (decode tokens + prefill chunks)", &c.max_step_tokens, 1,
            65536);
@@ -31,7 +32,9 @@ int main(int argc, char** argv) {
               &c.worker_id);
   p.AddInt("gpu-wait-ms", "MS", "keep retrying registration this long while numoe-gpu starts", &c.gpu_wait_ms, 0,
            3600000);
-  p.AddString("experts", "auto|reference", "routed-expert backend (reference: fp32, small models only)", &c.experts);
+  p.AddString("experts", "kernels|reference",
+              "routed experts: packed for the CPU kernels (NUMOE_ISA forces an ISA), or fp32 reference (small models)",
+              &c.experts);
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   if (!numa_nodes.empty() && !c.no_numa_bind) {
@@ -41,6 +44,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     for (int64_t n : *nodes) c.numa_nodes.push_back(static_cast<int>(n));
+  }
+  if (!cpus.empty()) {
+    auto list = numoe::ParseIntList(cpus, "--cpus");
+    if (!list.ok()) {
+      std::fprintf(stderr, "numoe-worker: %s\n", std::string(list.status().message()).c_str());
+      return 2;
+    }
+    for (int64_t n : *list) c.cpus.push_back(static_cast<int>(n));
   }
   return numoe::worker::RunWorkerApp(c);
 }

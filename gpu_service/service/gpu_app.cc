@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <memory>
+#include <thread>
 
 #include "common/checkpoint.h"
 #include "common/log.h"
+#include "common/thread_pool.h"
 #include "gpu_service/cpu/cpu_model.h"
 #include "gpu_service/cuda/cuda_model.h"
 #include "gpu_service/service/gpu_server.h"
@@ -17,9 +19,9 @@ namespace numoe::gpu {
 
 namespace {
 
-StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, const Checkpoint& ckpt) {
+StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, const Checkpoint& ckpt, ThreadPool* pool) {
   if (c.backend == "cpu") {
-    ASSIGN_OR_RETURN(auto model, cpu::CpuModel::Create(ckpt, nullptr));
+    ASSIGN_OR_RETURN(auto model, cpu::CpuModel::Create(ckpt, pool));
     return std::unique_ptr<ModelBackend>(std::move(model));
   }
   CudaOptions o;
@@ -48,11 +50,17 @@ int RunGpuApp(const GpuAppConfig& config) {
   if (!ckpt.ok()) return fail(ckpt.status());
   auto fingerprint = ModelFingerprint(config.model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
-  auto model = CreateBackend(config, **ckpt);
+  // The CPU backend's matmuls run on this pool; one Forward at a time uses it (steps are serialised).
+  const int threads = config.threads > 0 ? static_cast<int>(config.threads)
+                                         : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::unique_ptr<ThreadPool> pool;
+  if (config.backend == "cpu") pool = std::make_unique<ThreadPool>(threads);
+  auto model = CreateBackend(config, **ckpt, pool.get());
   if (!model.ok()) return fail(model.status());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NLOG(INFO) << "numoe-gpu: loaded " << config.model_dir << " on the " << config.backend << " backend in " << load_s
-             << " s (" << (*ckpt)->config().num_hidden_layers << " layers, hidden " << (*ckpt)->config().hidden_size
+             << " s, " << (config.backend == "cpu" ? absl::StrCat(threads, " threads") : std::string("GPU"))
+             << " (" << (*ckpt)->config().num_hidden_layers << " layers, hidden " << (*ckpt)->config().hidden_size
              << ", vocab " << (*ckpt)->config().vocab_size << ")";
 
   GpuServerOptions opts;

@@ -18,6 +18,7 @@ struct GpuAppConfig {
   int64_t lease_ms = 0;               // 0 = 4 x heartbeat_ms
   int64_t max_workers = 64;
   int64_t spin_us = 50;               // channel busy-poll before sleeping
+  int64_t threads = 0;                // CPU backend threads (0 = every usable CPU)
   int64_t max_sequences = 256;        // per worker channel, and live sequences of the CUDA backend
   int64_t cuda_device = 0;            // --backend cuda: first GPU
   int64_t tp = 1;                     // --backend cuda: tensor-parallel GPUs

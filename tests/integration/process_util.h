@@ -22,9 +22,10 @@ namespace numoe::test {
 
 class Child {
  public:
-  // Starts `binary` (a file in NUMOE_BIN_DIR) with `args`; stdout+stderr go to `log_path`.
+  // Starts `binary` (a file in NUMOE_BIN_DIR) with `args`; stderr (and stdout, unless `stdout_path` is
+  // given) go to `log_path`. `new_group`: the child leads a new process group (pgid = its pid).
   Child(const std::string& binary, const std::vector<std::string>& args, const std::string& log_path,
-        bool notify = true, bool new_group = false) {
+        bool notify = true, bool new_group = false, const std::string& stdout_path = "") {
     int fds[2] = {-1, -1};
     if (notify && pipe2(fds, O_CLOEXEC) != 0) return;
     const std::string path = std::string(NUMOE_BIN_DIR) + "/" + binary;
@@ -40,6 +41,10 @@ class Child {
       if (log >= 0) {
         dup2(log, 1);
         dup2(log, 2);
+      }
+      if (!stdout_path.empty()) {
+        int out = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (out >= 0) dup2(out, 1);
       }
       if (notify) {
         int w = dup(fds[1]);  // without O_CLOEXEC

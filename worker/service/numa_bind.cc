@@ -23,19 +23,21 @@ std::string NodeList(const std::vector<int>& nodes) {
 
 }  // namespace
 
-NumaBinding Unbound(int threads) {
+NumaBinding Unbound(int threads, const std::vector<int>& cpus) {
   NumaBinding b;
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   int n = threads;
-  if (n <= 0) n = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 1;
+  if (n <= 0) n = !cpus.empty() ? static_cast<int>(cpus.size())
+                                : (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 1);
   b.threads = std::max(n, 1);
-  b.description = absl::StrCat("not NUMA-bound (--no-numa-bind or no --numa-node); ", b.threads,
-                               " unpinned kernel threads");
+  b.cpus = cpus;
+  b.description = absl::StrCat("not NUMA-bound (--no-numa-bind or no --numa-node); ", b.threads, " kernel threads",
+                               cpus.empty() ? " (unpinned)" : " pinned to --cpus");
   return b;
 }
 
-StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_threads) {
+StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_threads, const std::vector<int>& cpus) {
   const std::string hint = " (run with --no-numa-bind where the process may not bind, e.g. some containers)";
   if (nodes.empty()) return absl::InvalidArgumentError("--numa-node: no node given");
   if (numa_available() < 0) {
@@ -81,6 +83,15 @@ StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_thr
                      NodeList(b.nodes), ") failed: ", std::strerror(errno), hint));
   }
   b.cpus = all;
+  if (!cpus.empty()) {
+    for (int c : cpus) {
+      if (std::find(all.begin(), all.end(), c) == all.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("--cpus: CPU ", c, " is not a usable CPU of node(s) ",
+                                                       NodeList(b.nodes)));
+      }
+    }
+    b.cpus = cpus;
+  }
   if (max_threads > 0 && static_cast<int>(b.cpus.size()) > max_threads) b.cpus.resize(static_cast<size_t>(max_threads));
   b.threads = static_cast<int>(b.cpus.size());
   b.memory_node = b.nodes.size() == 1 ? b.nodes[0] : -1;

@@ -20,11 +20,12 @@ struct NumaBinding {
   std::string description;   // one line for the log
 };
 
-// Binds this process to `nodes` and picks the kernel CPUs: the nodes' allowed CPUs in node order, the
-// first `max_threads` of them (all when max_threads <= 0).
-StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_threads);
+// Binds this process to `nodes` and picks the kernel CPUs: `cpus` when given (each must be an allowed
+// CPU of those nodes: several workers sharing a node get disjoint slices from the launcher), else the
+// nodes' allowed CPUs in node order; the first `max_threads` of them (all when max_threads <= 0).
+StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_threads, const std::vector<int>& cpus = {});
 
-// No binding: `threads` unpinned kernel threads (<= 0: the CPUs this process may use).
-NumaBinding Unbound(int threads);
+// No NUMA binding: `threads` kernel threads (<= 0: one per usable CPU), pinned to `cpus` when given.
+NumaBinding Unbound(int threads, const std::vector<int>& cpus = {});
 
 }  // namespace numoe::worker

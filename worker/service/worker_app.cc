@@ -15,6 +15,7 @@
 #include "gpu_service/service/runtime_util.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/remote_executor.h"
+#include "worker/experts/inprocess.h"
 #include "worker/service/gpu_client.h"
 #include "worker/service/numa_bind.h"
 #include "worker/service/progress.h"
@@ -24,19 +25,31 @@ namespace numoe::worker {
 
 namespace {
 
-// Loads the routed experts of every main layer into this (bound) process's memory.
-StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, const Checkpoint& ckpt, ThreadPool*,
-                                                     const NumaBinding&) {
+// Loads the routed experts of every main layer into this (bound) process's memory: repacked for the
+// CPU kernels (default), or dequantized to fp32 (reference: exact, small models only).
+StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, const Checkpoint& ckpt, ThreadPool* pool,
+                                                     const NumaBinding& binding) {
+  if (c.experts != "auto" && c.experts != "kernels" && c.experts != "reference") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--experts must be kernels or reference (got '", c.experts, "')"));
+  }
   const int64_t total = StoredFootprint(ckpt).routed_expert_bytes;
   ProgressBar bar("loading routed experts", total);
   bar.Update(0);
-  if (c.experts != "auto" && c.experts != "reference") {
-    return absl::InvalidArgumentError(absl::StrCat("--experts must be auto or reference (got '", c.experts, "')"));
+  if (c.experts == "reference") {
+    ASSIGN_OR_RETURN(auto experts, cpu::ReferenceExperts::Load(ckpt));
+    bar.Done(total);
+    NLOG(INFO) << "numoe-worker: routed experts loaded as fp32 reference";
+    return std::unique_ptr<ExpertBackend>(std::move(experts));
   }
-  // The packed MXFP4 kernels (worker/experts, InProcessExperts) replace this fp32 reference once they
-  // are linked in; until then both choices load the reference.
-  ASSIGN_OR_RETURN(auto experts, cpu::ReferenceExperts::Load(ckpt));
+  InProcessExpertsOptions o;
+  o.numa_node = binding.memory_node;
+  // Progress in stored bytes (what the checkpoint holds), by layers packed.
+  o.progress = [&](int64_t done, int64_t layers, int64_t) { bar.Update(layers > 0 ? total * done / layers : 0); };
+  ASSIGN_OR_RETURN(auto experts, InProcessExperts::Load(ckpt, pool, o));
   bar.Done(total);
+  NLOG(INFO) << "numoe-worker: routed experts packed for the " << IsaName(experts->isa()) << " kernels ("
+             << experts->bytes() << " bytes, " << pool->size() << " threads)";
   return std::unique_ptr<ExpertBackend>(std::move(experts));
 }
 
@@ -57,9 +70,9 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   // 1. NUMA: threads and memory on the node(s), before anything big is allocated.
   NumaBinding binding;
   if (c.no_numa_bind || c.numa_nodes.empty()) {
-    binding = Unbound(static_cast<int>(c.threads));
+    binding = Unbound(static_cast<int>(c.threads), c.cpus);
   } else {
-    auto b = BindToNumaNodes(c.numa_nodes, static_cast<int>(c.threads));
+    auto b = BindToNumaNodes(c.numa_nodes, static_cast<int>(c.threads), c.cpus);
     if (!b.ok()) return fail(b.status());
     binding = std::move(*b);
   }

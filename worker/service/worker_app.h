@@ -18,6 +18,7 @@ struct WorkerAppConfig {
   std::vector<int> numa_nodes;                  // empty = not bound
   bool no_numa_bind = false;
   int64_t threads = 0;                          // kernel threads; 0 = the bound nodes' CPUs (all usable CPUs)
+  std::vector<int> cpus;                        // kernel threads' CPUs (empty: the nodes' first CPUs)
   int64_t max_seqs = 16;
   int64_t max_step_tokens = 512;
   int64_t prefill_chunk = 256;
@@ -25,7 +26,7 @@ struct WorkerAppConfig {
   int64_t default_max_tokens = 256;
   std::string worker_id;                        // default "worker-<nodes>-<pid>"
   int64_t gpu_wait_ms = 60000;                  // how long to retry registering while numoe-gpu starts
-  std::string experts = "auto";                 // "auto" | "reference" (fp32, for debugging small models)
+  std::string experts = "kernels";              // "kernels" (packed MXFP4, ISA-dispatched) | "reference" (fp32)
 };
 
 // Runs until a signal (exit code 0) or a fatal error (1, logged).

@@ -43,8 +43,10 @@ struct MoeBatch {
 
 struct MoeComputeOptions {
   ActivationPrecision precision = ActivationPrecision::kHigh;
-  // Under Isa::kAmx, experts with fewer routed rows than this run on the AVX-512 int8 kernel (decoding a
-  // weight tile to bf16 only pays off when enough rows share it).
+  // Under Isa::kAmx, experts with fewer routed rows than this run on the AVX-512 int8 kernel: decoding a
+  // weight tile to bf16 only pays off when enough rows share it. Measured on an Emerald Rapids core (one
+  // thread, weights in cache, GFLOP/s AVX-512 vs AMX): 4 rows 192 vs 114, 16 rows 199 vs 394,
+  // 64 rows 213 vs 417.
   int64_t amx_min_rows = 16;
   // Tests only: run Isa::kAmx with the tile instructions emulated in scalar code (needs AVX-512 BF16 and
   // VBMI, not AMX).

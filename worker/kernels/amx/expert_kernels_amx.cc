@@ -13,6 +13,10 @@
 //   |y - y_exact| <= 2^-9 * sum_c |W_c| |x_c|   (+ fp32 accumulation rounding)
 // which is below the int8 paths' bound (int8_tiles.h).
 //
+// Measured (Emerald Rapids, one thread, weights in cache): 390-450 GFLOP/s with two-level activations and
+// 450-700 with one, from 16 rows per expert up; the register-resident TDPBF16PS peak is ~2 TFLOP/s per core,
+// so the bf16 decode (about 24 vector ops per 128 weights) is what bounds it.
+//
 // AmxEmulatedKernelOps() runs the same decode and loops with the tile instructions replaced by scalar
 // code, so the layout logic is tested on machines without AMX.
 #include <immintrin.h>

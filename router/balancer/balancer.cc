@@ -94,6 +94,13 @@ bool Retryable(absl::StatusCode code) {
   }
 }
 
+// The error for a request that ran out of workers to try: busy workers mean "retry later" (429), anything
+// else "unavailable" (503).
+Status Exhausted(const Status& last, const std::string& message) {
+  return last.code() == absl::StatusCode::kResourceExhausted ? absl::ResourceExhaustedError(message)
+                                                               : absl::UnavailableError(message);
+}
+
 // Codes that mean the connection or the process is gone, not that this one request was bad.
 bool TransportFailure(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kCancelled;
@@ -354,12 +361,11 @@ void Balancer::OnAttemptEnd(const std::shared_ptr<Job>& job, int attempt, const 
           queue_.push_front(job);
         } else {
           job->state = Job::State::kDone;
-          endings.push_back({job, absl::UnavailableError(absl::StrCat(what, "; no other worker is up")), ""});
+          endings.push_back({job, Exhausted(status, absl::StrCat(what, "; no other worker is up")), ""});
         }
       } else if (Retryable(status.code())) {
         job->state = Job::State::kDone;
-        endings.push_back(
-            {job, absl::UnavailableError(absl::StrCat(what, " (after ", job->attempts, " attempts)")), ""});
+        endings.push_back({job, Exhausted(status, absl::StrCat(what, " (after ", job->attempts, " attempts)")), ""});
       } else {
         job->state = Job::State::kDone;
         endings.push_back({job, status, ""});

@@ -12,7 +12,8 @@
 //   - A request whose worker fails before it produced any token is retried on another worker (the failed
 //     ones are excluded), up to max_attempts; UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, UNKNOWN, INTERNAL
 //     and a CANCELLED the router did not ask for are retryable. Other codes (e.g. INVALID_ARGUMENT) end
-//     the request with that status. A failure after the first token ends the request with Unavailable
+//     the request with that status. Out of workers to try: ResourceExhausted if the last one was busy,
+//     else Unavailable. A failure after the first token ends the request with Unavailable
 //     ("worker ... failed mid-stream"); it is never replayed, so a client never sees a token twice.
 //
 // Threading: every public method is thread-safe. One mutex guards workers, queue and request states;

@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -19,7 +21,8 @@
 
 namespace numoe::testing {
 
-Child Child::Start(const std::vector<std::string>& argv, const std::string& log_path) {
+Child Child::Start(const std::vector<std::string>& argv, const std::string& log_path, bool new_group,
+                   const std::string& stdout_path) {
   Child c;
   const pid_t parent = getpid();
   pid_t pid = fork();
@@ -27,11 +30,19 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
     // A test that crashes must not leave children behind.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    if (new_group) setpgid(0, 0);
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
       dup2(fd, 2);
       close(fd);
+    }
+    if (!stdout_path.empty()) {
+      int out = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out >= 0) {
+        dup2(out, 1);
+        close(out);
+      }
     }
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -92,6 +103,39 @@ void Child::Kill() {
   int status = 0;
   waitpid(pid_, &status, 0);
   pid_ = -1;
+}
+
+std::vector<std::pair<pid_t, std::string>> ProcessGroupMembers(pid_t pgid) {
+  std::vector<std::pair<pid_t, std::string>> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    const std::string stat = ReadFile(e.path().string() + "/stat");
+    const size_t open_paren = stat.find('('), close_paren = stat.rfind(')');
+    if (open_paren == std::string::npos || close_paren == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close_paren + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0;
+    rest >> state >> ppid >> pgrp;
+    if (state == "Z") continue;  // exited, waiting to be reaped
+    if (pgrp == pgid) {
+      out.emplace_back(static_cast<pid_t>(std::stol(name)),
+                       stat.substr(open_paren + 1, close_paren - open_paren - 1));
+    }
+  }
+  return out;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
 }
 
 std::string MakeTempDir(const std::string& prefix) {

@@ -16,8 +16,10 @@ namespace numoe::testing {
 class Child {
  public:
   Child() = default;
-  // Starts argv[0] with the arguments; stdout+stderr go to `log_path` (appended).
-  static Child Start(const std::vector<std::string>& argv, const std::string& log_path);
+  // Starts argv[0] with the arguments; stdout+stderr go to `log_path` (appended), or stdout alone to
+  // `stdout_path` when given. With new_group the child leads its own process group (pid == pgid).
+  static Child Start(const std::vector<std::string>& argv, const std::string& log_path, bool new_group = false,
+                     const std::string& stdout_path = "");
   Child(Child&& o) noexcept;
   Child& operator=(Child&& o) noexcept;
   ~Child();
@@ -32,6 +34,11 @@ class Child {
  private:
   pid_t pid_ = -1;
 };
+
+// Processes of process group `pgid` (from /proc), as (pid, command name).
+std::vector<std::pair<pid_t, std::string>> ProcessGroupMembers(pid_t pgid);
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
 
 // A fresh temporary directory (removed by the caller at will).
 std::string MakeTempDir(const std::string& prefix);

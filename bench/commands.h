@@ -7,5 +7,6 @@ int RunTokenizerBench(int argc, char** argv);  // bench/tokenizer_bench.cc
 int RunExpertsBench(int argc, char** argv);    // bench/experts_bench.cc
 int RunModelBench(int argc, char** argv);      // bench/model_bench.cc
 int RunCudaBench(int argc, char** argv);       // bench/cuda_bench.cc
+int RunHopBench(int argc, char** argv);        // bench/hop_bench.cc
 
 }  // namespace numoe::bench

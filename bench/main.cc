@@ -18,6 +18,7 @@ constexpr Bench kBenches[] = {
     {"experts", "routed-expert kernel GB/s vs the machine's read bandwidth", numoe::bench::RunExpertsBench},
     {"model", "one-process prefill and decode tokens/s (CPU backend)", numoe::bench::RunModelBench},
     {"cuda", "CUDA decode step on V4-Flash-shaped weights vs the memory-bandwidth floor", numoe::bench::RunCudaBench},
+    {"hop", "layer-hop round trip over the shared-memory data plane, p50/p99 in us", numoe::bench::RunHopBench},
 };
 
 void PrintUsage(FILE* out) {

@@ -260,6 +260,36 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpu) {
   EXPECT_EQ(r.tokens, goldens_[2].greedy);
 }
 
+// A worker that hangs (SIGSTOP: alive, but silent) loses its lease: numoe-gpu frees its sequences, even
+// from the middle of a step, and keeps serving the others; woken up, the worker finds its lease gone and
+// exits (a launcher restarts it).
+TEST_F(Runtime, SilentWorkerLosesItsLease) {
+  StartWorker();
+  StartWorker();
+  ASSERT_FALSE(addrs_[0].empty()) << workers_[0]->Log();
+  ASSERT_FALSE(addrs_[1].empty()) << workers_[1]->Log();
+  grpc::ClientContext ctx;
+  auto reader = stubs_[0]->Generate(&ctx, GreedyRequest(goldens_[1], 100000));
+  v1::WorkerGenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  ASSERT_EQ(GpuStats(*gpu_stub_).sequences(), 1u);
+  kill(workers_[0]->pid(), SIGSTOP);
+  EXPECT_TRUE(Eventually([&] {
+    v1::GpuStats s = GpuStats(*gpu_stub_);
+    return s.workers() == 1 && s.sequences() == 0;
+  })) << GpuStats(*gpu_stub_).DebugString();
+  StreamResult r = Generate(*stubs_[1], GreedyRequest(goldens_[0]));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, goldens_[0].greedy);
+  kill(workers_[0]->pid(), SIGCONT);
+  const int status = workers_[0]->Reap(30000);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << workers_[0]->Log();
+  ctx.TryCancel();
+  while (reader->Read(&resp)) {
+  }
+  (void)reader->Finish();
+}
+
 TEST_F(Runtime, WorkerWithAnotherModelIsRefused) {
   StartWorker({}, std::string(NUMOE_TEST_DATA) + "/demo-v4");
   EXPECT_TRUE(addrs_[0].empty());

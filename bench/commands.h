@@ -6,6 +6,7 @@ namespace numoe::bench {
 int RunTokenizerBench(int argc, char** argv);  // bench/tokenizer_bench.cc
 int RunExpertsBench(int argc, char** argv);    // bench/experts_bench.cc
 int RunModelBench(int argc, char** argv);      // bench/model_bench.cc
+int RunDecodeBench(int argc, char** argv);     // bench/decode_bench.cc
 int RunCudaBench(int argc, char** argv);       // bench/cuda_bench.cc
 int RunHopBench(int argc, char** argv);        // bench/hop_bench.cc
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/commands.h"
+#include "bench/read_bandwidth.h"
 #include "common/args.h"
 #include "common/log.h"
 #include "common/numa.h"
@@ -41,50 +42,6 @@ constexpr Preset kPresets[] = {
     {"v4-flash", 4096, 2048, 256, 6},  // DeepSeek-V4-Flash routed experts
     {"small", 512, 256, 32, 6},        // smoke tests
 };
-
-int64_t LastLevelCacheBytes() {
-  int64_t best = 0;
-  for (int index = 0; index < 8; ++index) {
-    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
-    std::string s;
-    if (!(f >> s) || s.empty()) continue;
-    int64_t v = std::atoll(s.c_str());
-    if (s.back() == 'K') v <<= 10;
-    if (s.back() == 'M') v <<= 20;
-    best = std::max(best, v);
-  }
-  return best > 0 ? best : (32 << 20);
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// One streaming pass over [data, data + bytes): every thread sums its contiguous share with 8 independent
-// 64-bit lanes (vectorised loads), prefetching ahead like the kernel does. Returns seconds.
-double ReadPass(ThreadPool& pool, const uint8_t* data, size_t bytes, uint64_t* sink) {
-  std::vector<uint64_t> sums(pool.size() * 8, 0);
-  const auto t0 = Clock::now();
-  pool.RunOnAll([&](int t) {
-    const size_t per = bytes / pool.size() / 64 * 64;
-    const uint8_t* p = data + per * t;
-    const size_t n = (t == pool.size() - 1) ? bytes - per * t : per;
-    uint64_t acc[8] = {};
-    for (size_t i = 0; i + 64 <= n; i += 64) {
-      __builtin_prefetch(p + i + 2048, 0, 3);
-      uint64_t v[8];
-      std::memcpy(v, p + i, 64);
-      for (int j = 0; j < 8; ++j) acc[j] += v[j];
-    }
-    for (int j = 0; j < 8; ++j) sums[t * 8 + j] = acc[j];
-  });
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  for (uint64_t v : sums) *sink += v;
-  return s;
-}
 
 }  // namespace
 

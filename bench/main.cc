@@ -17,6 +17,7 @@ constexpr Bench kBenches[] = {
     {"tokenizer", "tokenizer encode MB/s on a 1 MB text", numoe::bench::RunTokenizerBench},
     {"experts", "routed-expert kernel GB/s vs the machine's read bandwidth", numoe::bench::RunExpertsBench},
     {"model", "one-process prefill and decode tokens/s (CPU backend)", numoe::bench::RunModelBench},
+    {"decode", "end-to-end decode tokens/s through numoe serve vs the memory-bandwidth bound", numoe::bench::RunDecodeBench},
     {"cuda", "CUDA decode step on V4-Flash-shaped weights vs the memory-bandwidth floor", numoe::bench::RunCudaBench},
     {"hop", "layer-hop round trip over the shared-memory data plane, p50/p99 in us", numoe::bench::RunHopBench},
 };

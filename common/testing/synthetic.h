@@ -19,6 +19,12 @@
 //   model.safetensors.index.json         {"metadata": {"total_size"}, "weight_map"}
 // or, with write_index = false and num_shards = 1, a single `model.safetensors` and no index.
 //
+// Streaming: the shard headers are computed from the shapes first, then each shard is written front to
+// back, a piece (about 1M elements of one tensor) at a time, encoded on `threads` threads; memory stays at a
+// few MB per thread whatever the checkpoint's size (a 2-layer full-width V4-Flash is ~7.5 GB). Files are
+// written under a `.tmp` name and renamed when complete. The bytes depend only on (config, seed,
+// num_shards, tid2eid_dtype, mtp_stages, write_index, stds), never on `threads`.
+//
 // Storage follows the config exactly as the official checkpoint does: FP8 E4M3 + E8M0 (or F32) 128x128
 // block scales for dense projections when quantization_config is set, MXFP4 (I8, low nibble first) +
 // E8M0 per-32 scales for routed experts when expert_dtype is fp4 (FP8 + F32 scales for fp8, BF16 for
@@ -35,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +59,10 @@ struct SyntheticOptions {
   bool write_index = true;            // false (with num_shards = 1): a single model.safetensors, no index
   float dense_std = 0.05f;
   float embed_std = 1.0f;
+  int threads = 1;  // >= 1 encoding threads (the caller's thread writes)
+  // Optional: called on the caller's thread after each piece, with the bytes written so far and the
+  // bytes the whole checkpoint takes (config.json, shards with headers, index).
+  std::function<void(int64_t written, int64_t total)> progress;
 };
 
 // The tiny-v4 fixture's config (5 layers sliding/CSA/HCA/CSA/HCA, hidden 128, 4 heads of 64, rope 16,
@@ -61,6 +72,10 @@ ModelConfig TinyConfig();
 // Sets the layer schedule (num_hidden_layers = attn.size()) with the first `num_hash_layers` layers
 // hash-routed, and keeps dspark_target_layer_ids inside the new layer range.
 void SetSchedule(ModelConfig* config, const std::vector<AttnType>& attn, int64_t num_hash_layers);
+
+// The bytes MakeSyntheticCheckpoint(config, dir, options) writes, from the shapes alone (no weights drawn):
+// what to check free disk space against. Errors as MakeSyntheticCheckpoint's.
+StatusOr<int64_t> SyntheticCheckpointBytes(const ModelConfig& config, const SyntheticOptions& options = {});
 
 // Writes a random-weight checkpoint for `config` (validated first: an inconsistent config is an
 // InvalidArgument naming the key, exactly as if config.json had been read).

@@ -1,0 +1,617 @@
+// numoe-bench decode: end-to-end decode tokens/s through the served stack (`numoe serve`: numoe-gpu, workers,
+// router; REST /v1/completions with streaming), next to the bound that this machine's memory bandwidth sets.
+//
+//   1. the model's routed-expert bytes read per decoded token (ComputeFootprint: top-k experts per layer);
+//   2. streaming-read bandwidth on worker-0's CPUs and thread count (the placement `numoe serve --workers N`
+//      gives it), over a buffer far larger than the LLC, before the server starts;
+//   3. `numoe serve` as a child process (own process group, free loopback ports, logs in --log-dir), waiting
+//      for its ready line; one warm-up request;
+//   4. for each concurrency C: C streams at once, each a different random prompt of --prompt-len token ids,
+//      `ignore_eos`, `max_tokens` = --max-tokens, greedy. Every SSE event is timestamped on arrival, so
+//      prefill (up to each stream's first token) is excluded: the decode rate is the tokens that arrived while
+//      every stream was past its first token and none had finished, divided by that window (for C = 1: tokens
+//      after the first over the time since the first);
+//   5. the server is stopped (SIGTERM, then SIGKILL of its group) and the bandwidth measured again.
+//   bound_tok_s = read bandwidth (median of both measurements' passes) / routed bytes per token; ratio =
+//   tok_s / bound_tok_s. Batching lets C streams share expert reads, so an aggregate ratio may exceed 1.
+// The last line is one JSON object: {"concurrency", "tok_s", "bound_tok_s", "ratio", ...}.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "bench/commands.h"
+#include "bench/read_bandwidth.h"
+#include "common/args.h"
+#include "common/checkpoint.h"
+#include "common/numa.h"
+#include "common/thread_pool.h"
+#include "nlohmann/json.hpp"
+
+namespace numoe::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double Since(Clock::time_point t0, Clock::time_point t1) { return std::chrono::duration<double>(t1 - t0).count(); }
+
+// ---- a minimal HTTP/1.1 client for one streaming POST on loopback ----------------------------------------
+
+class SseClient {
+ public:
+  ~SseClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Connects, sends the request and reads the response head. Non-2xx: the body is in the error.
+  Status Open(int port, const std::string& path, const std::string& body, Clock::time_point deadline) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return absl::InternalError("socket() failed");
+    const int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+      return absl::UnavailableError(absl::StrCat("connect to 127.0.0.1:", port, ": ", std::strerror(errno)));
+    const std::string req = absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1:", port,
+                                         "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+                                         "Connection: close\r\nContent-Length: ",
+                                         body.size(), "\r\n\r\n", body);
+    for (size_t off = 0; off < req.size();) {
+      const ssize_t n = ::send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
+      off += static_cast<size_t>(n);
+    }
+    size_t end;
+    while ((end = raw_.find("\r\n\r\n")) == std::string::npos) RETURN_IF_ERROR(Fill(deadline));
+    const std::string head = raw_.substr(0, end);
+    raw_.erase(0, end + 4);
+    int status = 0;
+    if (std::sscanf(head.c_str(), "HTTP/1.%*d %d", &status) != 1)
+      return absl::DataLossError("bad HTTP status line: " + head.substr(0, head.find('\r')));
+    std::string lower = head;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    chunked_ = lower.find("transfer-encoding: chunked") != std::string::npos;
+    if (status < 200 || status >= 300) {
+      while (!eof_ && Fill(deadline).ok()) {
+      }
+      Decode();
+      return absl::FailedPreconditionError(absl::StrCat("HTTP ", status, ": ", body_.substr(0, 500)));
+    }
+    return absl::OkStatus();
+  }
+
+  // The next SSE "data:" payload, or nullopt at the end of the stream.
+  StatusOr<std::optional<std::string>> Next(Clock::time_point deadline) {
+    for (;;) {
+      Decode();
+      const size_t end = body_.find("\n\n");
+      if (end != std::string::npos) {
+        std::string event = body_.substr(0, end);
+        body_.erase(0, end + 2);
+        std::string data;
+        for (size_t pos = 0; pos <= event.size();) {
+          size_t nl = event.find('\n', pos);
+          if (nl == std::string::npos) nl = event.size();
+          if (event.compare(pos, 5, "data:") == 0) {
+            size_t from = pos + 5;
+            if (from < nl && event[from] == ' ') ++from;
+            data.append(event, from, nl - from);
+          }
+          pos = nl + 1;
+        }
+        if (data.empty()) continue;  // comments, keep-alives
+        return std::optional<std::string>(std::move(data));
+      }
+      if (eof_) return std::optional<std::string>();
+      RETURN_IF_ERROR(Fill(deadline));
+    }
+  }
+
+ private:
+  Status Fill(Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return absl::DeadlineExceededError("no response within the request timeout");
+    pollfd p{fd_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (r < 0 && errno != EINTR) return absl::InternalError("poll failed");
+    if (r <= 0) return absl::OkStatus();
+    char buf[16384];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n < 0) return absl::UnavailableError(absl::StrCat("recv: ", std::strerror(errno)));
+    if (n == 0) {
+      eof_ = true;
+      return absl::OkStatus();
+    }
+    raw_.append(buf, static_cast<size_t>(n));
+    return absl::OkStatus();
+  }
+  // Moves complete chunks (or everything, without chunked encoding) from raw_ to body_.
+  void Decode() {
+    if (!chunked_) {
+      body_ += raw_;
+      raw_.clear();
+      return;
+    }
+    for (;;) {
+      const size_t eol = raw_.find("\r\n");
+      if (eol == std::string::npos) return;
+      const size_t size = std::strtoul(raw_.substr(0, eol).c_str(), nullptr, 16);
+      if (size == 0) {
+        eof_ = true;
+        raw_.clear();
+        return;
+      }
+      if (raw_.size() < eol + 2 + size + 2) return;
+      body_.append(raw_, eol + 2, size);
+      raw_.erase(0, eol + 2 + size + 2);
+    }
+  }
+
+  int fd_ = -1;
+  bool chunked_ = false, eof_ = false;
+  std::string raw_, body_;
+};
+
+// ---- one streamed completion ------------------------------------------------------------------------------
+
+struct StreamResult {
+  Status status;
+  Clock::time_point sent;
+  std::vector<std::pair<Clock::time_point, int>> events;  // arrival time, tokens in the event
+  int64_t tokens = 0;
+  std::string finish_reason;
+};
+
+StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s) {
+  StreamResult r;
+  const json body = {{"prompt", prompt},         {"max_tokens", max_tokens},  {"ignore_eos", true},
+                     {"temperature", 0.0},       {"stream", true},            {"return_token_ids", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  SseClient client;
+  r.sent = Clock::now();
+  r.status = client.Open(port, "/v1/completions", body.dump(), deadline);
+  if (!r.status.ok()) return r;
+  for (;;) {
+    auto next = client.Next(deadline);
+    if (!next.ok()) {
+      r.status = next.status();
+      return r;
+    }
+    const auto now = Clock::now();
+    if (!next->has_value() || **next == "[DONE]") break;
+    const json chunk = json::parse(**next, nullptr, /*allow_exceptions=*/false);
+    if (chunk.is_discarded()) {
+      r.status = absl::DataLossError("unparsable SSE event: " + (*next)->substr(0, 200));
+      return r;
+    }
+    if (chunk.contains("error")) {
+      r.status = absl::InternalError("error event: " + chunk["error"].dump());
+      return r;
+    }
+    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;  // the usage chunk
+    const json& c = chunk["choices"][0];
+    int n = 0;
+    if (c.contains("token_ids") && c["token_ids"].is_array()) n = static_cast<int>(c["token_ids"].size());
+    if (c.contains("finish_reason") && c["finish_reason"].is_string()) r.finish_reason = c["finish_reason"];
+    if (n > 0) {
+      r.events.push_back({now, n});
+      r.tokens += n;
+    }
+  }
+  return r;
+}
+
+struct RoundResult {
+  int concurrency = 0;
+  double decode_tok_s = 0;    // aggregate, prefill excluded
+  double mean_ttft_s = 0;     // time to first token
+  double per_stream_tok_s = 0;  // mean of each stream's own decode rate
+  int64_t min_tokens = 0, max_tokens = 0;
+  double window_s = 0;
+};
+
+// splitmix64, for prompts that are the same on every run.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::vector<int32_t> Prompt(int64_t len, uint64_t stream, int64_t vocab) {
+  // Ordinary (non-special) ids: DeepSeek's BPE range [3, 128000) where the vocabulary is that large.
+  const int64_t hi = std::min<int64_t>(vocab, 128000), lo = std::min<int64_t>(3, hi - 1);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < len; ++i)
+    ids.push_back(static_cast<int32_t>(lo + static_cast<int64_t>(Mix(stream * 1000003 + i) % (hi - lo))));
+  return ids;
+}
+
+StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, int64_t max_tokens, int64_t vocab,
+                               uint64_t round_seed, double timeout_s) {
+  std::vector<StreamResult> results(concurrency);
+  std::vector<std::thread> threads;
+  std::atomic<bool> go{false};
+  for (int i = 0; i < concurrency; ++i) {
+    threads.emplace_back([&, i] {
+      const std::vector<int32_t> prompt = Prompt(prompt_len, round_seed * 64 + i, vocab);
+      while (!go.load()) std::this_thread::yield();
+      results[i] = StreamCompletion(port, prompt, max_tokens, timeout_s);
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+
+  RoundResult rr;
+  rr.concurrency = concurrency;
+  rr.min_tokens = INT64_MAX;
+  Clock::time_point window_start{}, window_end = Clock::time_point::max();
+  for (int i = 0; i < concurrency; ++i) {
+    const StreamResult& r = results[i];
+    if (!r.status.ok()) return Status(r.status.code(), absl::StrCat("stream ", i, ": ", r.status.message()));
+    if (r.events.empty()) return absl::DataLossError(absl::StrCat("stream ", i, " returned no tokens"));
+    rr.min_tokens = std::min(rr.min_tokens, r.tokens);
+    rr.max_tokens = std::max(rr.max_tokens, r.tokens);
+    rr.mean_ttft_s += Since(r.sent, r.events.front().first) / concurrency;
+    window_start = std::max(window_start, r.events.front().first);
+    window_end = std::min(window_end, r.events.back().first);
+    const double own = Since(r.events.front().first, r.events.back().first);
+    if (own > 0) rr.per_stream_tok_s += (r.tokens - r.events.front().second) / own / concurrency;
+  }
+  rr.window_s = Since(window_start, window_end);
+  if (rr.window_s <= 0) {
+    return absl::FailedPreconditionError(
+        "no time when every stream was decoding (streams too short or too staggered); raise --max-tokens");
+  }
+  int64_t in_window = 0;
+  for (const StreamResult& r : results) {
+    for (const auto& [t, n] : r.events)
+      if (t > window_start && t <= window_end) in_window += n;
+  }
+  rr.decode_tok_s = static_cast<double>(in_window) / rr.window_s;
+  return rr;
+}
+
+// ---- the bandwidth ----------------------------------------------------------------------------------------
+
+struct WorkerCpus {
+  int node = 0;
+  std::vector<int> cpus;
+  int threads = 0;
+};
+
+// Worker-0's CPUs and threads as `numoe serve --workers N [--threads-per-worker T]` places them: node 0,
+// the first of ceil(N / nodes) equal slices of its CPUs.
+StatusOr<WorkerCpus> Worker0Cpus(int64_t workers, int64_t threads) {
+  ASSIGN_OR_RETURN(NumaTopology topo, GetNumaTopology());
+  if (topo.cpus.empty() || topo.cpus[0].empty()) return absl::FailedPreconditionError("NUMA node 0 has no CPUs");
+  const int nodes = std::max(topo.num_nodes(), 1);
+  const int share = static_cast<int>((workers + nodes - 1) / nodes);
+  const std::vector<int>& node_cpus = topo.cpus[0];
+  const int width = std::max(1, static_cast<int>(node_cpus.size()) / share);
+  WorkerCpus w;
+  w.cpus.assign(node_cpus.begin(), node_cpus.begin() + std::min<size_t>(width, node_cpus.size()));
+  w.threads = threads > 0 ? static_cast<int>(threads) : static_cast<int>(w.cpus.size());
+  return w;
+}
+
+// Streaming-read GB/s of each pass over a node-0 buffer of `bytes` (after one untimed pass that faults it in).
+StatusOr<std::vector<double>> MeasureRead(const WorkerCpus& w, size_t bytes, int passes) {
+  ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.num_threads = w.threads, .cpus = w.cpus}));
+  ASSIGN_OR_RETURN(NodeBuffer buf, AllocateOnNode(bytes, {.node = w.node}));
+  std::memset(buf.data(), 1, buf.size());
+  uint64_t sink = 0;
+  ReadPass(*pool, buf.data(), buf.size(), &sink);
+  std::vector<double> gbps;
+  for (int i = 0; i < passes; ++i) gbps.push_back(static_cast<double>(buf.size()) / ReadPass(*pool, buf.data(), buf.size(), &sink) / 1e9);
+  if (sink == 42) std::fprintf(stderr, " ");  // keeps the sums alive
+  return gbps;
+}
+
+// ---- numoe serve as a child ---------------------------------------------------------------------------------
+
+StatusOr<int> FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  if (!ok) return absl::InternalError("no free loopback port");
+  return static_cast<int>(ntohs(a.sin_port));
+}
+
+std::string TailOf(const std::string& path, size_t bytes) {
+  std::ifstream f(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return s.size() > bytes ? "..." + s.substr(s.size() - bytes) : s;
+}
+
+class ServeProcess {
+ public:
+  ~ServeProcess() { Stop(5.0); }
+
+  Status Start(const std::vector<std::string>& argv, const std::string& log_path) {
+    log_path_ = log_path;
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log < 0) return absl::PermissionDeniedError(absl::StrCat(log_path, ": cannot create"));
+    pid_ = ::fork();
+    if (pid_ < 0) return absl::InternalError("fork failed");
+    if (pid_ == 0) {
+      ::setpgid(0, 0);  // serve and its children form one group: stopped together, never orphaned
+      ::dup2(fds[1], 1);
+      ::dup2(log, 2);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid_, pid_);
+    ::close(fds[1]);
+    ::close(log);
+    out_fd_ = fds[0];
+    return absl::OkStatus();
+  }
+
+  // The ready line from serve's stdout.
+  StatusOr<std::string> WaitReady(double timeout_s) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    std::string out;
+    while (Clock::now() < deadline) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 500) > 0) {
+        char buf[1024];
+        const ssize_t n = ::read(out_fd_, buf, sizeof(buf));
+        if (n > 0) out.append(buf, static_cast<size_t>(n));
+        const size_t nl = out.find('\n');
+        if (nl != std::string::npos) return out.substr(0, nl);
+        if (n == 0) break;  // stdout closed: serve exited
+      }
+      int status;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return absl::UnavailableError(absl::StrCat("numoe serve exited before it was ready; its log (", log_path_,
+                                                   ") ends with:\n", TailOf(log_path_, 3000)));
+      }
+    }
+    return absl::DeadlineExceededError(absl::StrCat("numoe serve was not ready within ", timeout_s, " s; log: ",
+                                                    log_path_, "\n", TailOf(log_path_, 2000)));
+  }
+
+  // SIGTERM to serve (it stops its children), SIGKILL to the whole group after `timeout_s`.
+  void Stop(double timeout_s) {
+    if (out_fd_ >= 0) ::close(out_fd_);
+    out_fd_ = -1;
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    while (Clock::now() < deadline) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        ::kill(-pid_, SIGKILL);  // anything of the group left behind
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(-pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string log_path_;
+};
+
+std::string BinDir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : exe.parent_path().string();
+}
+
+std::string Fmt(double v, int digits) {
+  char b[64];
+  std::snprintf(b, sizeof(b), "%.*f", digits, v);
+  return b;
+}
+
+}  // namespace
+
+int RunDecodeBench(int argc, char** argv) {
+  std::string model, concurrency_text = "1,4", log_dir, backend = "cpu";
+  int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5;
+  double startup_timeout = 1800, request_timeout = 3600;
+  bool json_only = false;
+  ArgParser p(argv[0],
+              "End-to-end decode tokens/s through `numoe serve` (REST, streaming, prefill excluded) for one stream\n"
+              "and each concurrency, next to the bound of this machine: streaming-read bandwidth on the worker's\n"
+              "CPUs / routed-expert bytes read per token.");
+  p.AddString("model", "DIR", "checkpoint directory (e.g. from `numoe mkmodel --preset v4-flash`)", &model, true);
+  p.AddInt("workers", "N", "numoe serve --workers", &workers, 1, 64);
+  p.AddInt("threads", "N", "numoe serve --threads-per-worker (0 = the worker's CPUs)", &threads, 0, 4096);
+  p.AddString("concurrency", "1,4", "concurrent streams per round (aggregate tokens/s)", &concurrency_text);
+  p.AddInt("prompt-len", "P", "prompt tokens per stream (random ordinary ids, different per stream)", &prompt_len, 1,
+           1 << 20);
+  p.AddInt("max-tokens", "T", "tokens generated per stream (EOS ignored)", &max_tokens, 2, 1 << 20);
+  p.AddString("backend", "cpu|cuda", "numoe serve --backend", &backend);
+  p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &log_dir);
+  p.AddInt("read-mib", "M", "read-bandwidth buffer in MiB (default: max(8 x LLC, 1 GiB))", &read_mib, 0, 1 << 20);
+  p.AddInt("read-passes", "N", "timed read passes before and after serving", &passes, 1, 1000);
+  p.AddDouble("startup-timeout", "S", "give up when serve is not ready after this long", &startup_timeout, 1, 86400);
+  p.AddDouble("request-timeout", "S", "give up on a stream after this long", &request_timeout, 1, 86400);
+  p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json_only);
+  p.AddEpilog(
+      "\nExample (a full-width 2-layer V4-Flash, ~7.5 GB):\n"
+      "  numoe mkmodel --preset v4-flash --layers 2 --out /tmp/v4f-2l\n"
+      "  numoe-bench decode --model /tmp/v4f-2l --workers 1 --concurrency 1,4 --prompt-len 64 --max-tokens 32\n");
+  int rc = 0;
+  if (!p.ParseOrExit(argc, argv, &rc)) return rc;
+  const auto fail = [&](const Status& st) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(st.message()).c_str());
+    return 1;
+  };
+  auto say = [&](const std::string& line) {
+    if (!json_only) std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+
+  auto levels = ParseIntList(concurrency_text, "--concurrency");
+  if (!levels.ok()) return fail(levels.status());
+  for (int64_t c : *levels)
+    if (c < 1 || c > 1024) return fail(absl::InvalidArgumentError("--concurrency values must be in [1, 1024]"));
+  if (levels->empty()) return fail(absl::InvalidArgumentError("--concurrency is empty"));
+
+  // 1. Bytes per token, from the checkpoint's config (closed again before the server maps it).
+  ModelConfig cfg;
+  ModelFootprint fp;
+  {
+    auto ck = Checkpoint::Open(model);
+    if (!ck.ok()) return fail(ck.status());
+    cfg = (*ck)->config();
+    fp = ComputeFootprint(cfg, (*ck)->mtp_stages());
+  }
+  std::string schedule;
+  for (AttnType t : cfg.layer_types) schedule += t == AttnType::kSliding ? 'S' : t == AttnType::kCSA ? 'C' : 'H';
+  say(absl::StrCat("model ", model, ": ", cfg.num_hidden_layers, " layers (", schedule, "), hidden ", cfg.hidden_size,
+                   ", ", cfg.n_routed_experts, " experts top-", cfg.num_experts_per_tok, " of ",
+                   cfg.moe_intermediate_size, ", vocab ", cfg.vocab_size, "; routed experts ",
+                   Fmt(fp.routed_expert_bytes / 1e9, 2), " GB, read per token ",
+                   Fmt(fp.routed_bytes_per_token / 1e6, 1), " MB"));
+
+  // 2. Read bandwidth on worker-0's CPUs.
+  auto wc = Worker0Cpus(workers, threads);
+  if (!wc.ok()) return fail(wc.status());
+  const size_t read_bytes = read_mib > 0 ? static_cast<size_t>(read_mib) << 20
+                                         : static_cast<size_t>(std::max<int64_t>(8 * LastLevelCacheBytes(), int64_t{1} << 30));
+  auto before = MeasureRead(*wc, read_bytes, static_cast<int>(passes));
+  if (!before.ok()) return fail(before.status());
+  say(absl::StrCat("read bandwidth before serving: ", Fmt(Median(*before), 2), " GB/s (", wc->threads,
+                   " threads on CPUs ", absl::StrJoin(wc->cpus, ","), ", ", Fmt(read_bytes / 1e9, 2),
+                   " GB buffer, median of ", passes, " passes)"));
+
+  // 3. The served stack.
+  if (log_dir.empty()) {
+    log_dir = (fs::temp_directory_path() / absl::StrCat("numoe-bench-decode-", ::getpid())).string();
+  }
+  std::error_code ec;
+  fs::create_directories(log_dir, ec);
+  auto port = FreePort(), grpc_port = FreePort();
+  if (!port.ok() || !grpc_port.ok()) return fail(absl::UnavailableError("no free loopback ports"));
+  std::vector<std::string> serve_argv = {BinDir() + "/numoe", "serve", "--model", model, "--workers",
+                                         std::to_string(workers), "--backend", backend, "--port",
+                                         std::to_string(*port), "--grpc-port", std::to_string(*grpc_port),
+                                         "--log-dir", log_dir};
+  if (threads > 0) serve_argv.insert(serve_argv.end(), {"--threads-per-worker", std::to_string(threads)});
+  say("starting: " + absl::StrJoin(serve_argv, " "));
+  ServeProcess serve;
+  const auto t_start = Clock::now();
+  if (Status st = serve.Start(serve_argv, log_dir + "/serve.log"); !st.ok()) return fail(st);
+  auto ready = serve.WaitReady(startup_timeout);
+  if (!ready.ok()) return fail(ready.status());
+  say(absl::StrCat("ready in ", Fmt(Since(t_start, Clock::now()), 1), " s: ", *ready));
+
+  // 4. Warm-up, then the rounds.
+  const auto t_warm = Clock::now();
+  auto warm = RunRound(*port, 1, prompt_len, 4, cfg.vocab_size, /*round_seed=*/999, request_timeout);
+  if (!warm.ok()) return fail(Status(warm.status().code(), absl::StrCat("warm-up: ", warm.status().message())));
+  say(absl::StrCat("warm-up: 1 stream, ", prompt_len, " prompt + ", warm->max_tokens, " tokens in ",
+                   Fmt(Since(t_warm, Clock::now()), 1), " s"));
+  std::vector<RoundResult> rounds;
+  for (size_t i = 0; i < levels->size(); ++i) {
+    auto r = RunRound(*port, static_cast<int>((*levels)[i]), prompt_len, max_tokens, cfg.vocab_size, i + 1,
+                      request_timeout);
+    if (!r.ok()) return fail(Status(r.status().code(), absl::StrCat("concurrency ", (*levels)[i], ": ", r.status().message())));
+    rounds.push_back(*r);
+    say(absl::StrCat("  concurrency ", r->concurrency, ": ", Fmt(r->decode_tok_s, 3), " tok/s aggregate decode (",
+                     Fmt(r->per_stream_tok_s, 3), " per stream), first token after ", Fmt(r->mean_ttft_s, 2),
+                     " s on average, window ", Fmt(r->window_s, 1), " s"));
+  }
+
+  // 5. Stop, and the bandwidth again.
+  serve.Stop(30.0);
+  auto after = MeasureRead(*wc, read_bytes, static_cast<int>(passes));
+  if (!after.ok()) return fail(after.status());
+  std::vector<double> all = *before;
+  all.insert(all.end(), after->begin(), after->end());
+  const double read_gbps = Median(all);
+  const double bound = read_gbps * 1e9 / static_cast<double>(fp.routed_bytes_per_token);
+  say(absl::StrCat("read bandwidth after serving: ", Fmt(Median(*after), 2), " GB/s; used: ", Fmt(read_gbps, 2),
+                   " GB/s (median of all ", all.size(), " passes)"));
+  say(absl::StrCat("bound: ", Fmt(read_gbps, 2), " GB/s / ", Fmt(fp.routed_bytes_per_token / 1e6, 1),
+                   " MB routed-expert bytes per token = ", Fmt(bound, 2), " tok/s"));
+  say("");
+  say("concurrency  prompt_len  output_len  ttft_s    decode_tok_s  bound_tok_s  ratio");
+  json j_conc = json::array(), j_tok = json::array(), j_ratio = json::array(), j_out = json::array(),
+       j_ttft = json::array();
+  for (const RoundResult& r : rounds) {
+    const std::string out_len = r.min_tokens == r.max_tokens ? std::to_string(r.min_tokens)
+                                                             : absl::StrCat(r.min_tokens, "-", r.max_tokens);
+    char line[256];
+    std::snprintf(line, sizeof(line), "%-12d %-11lld %-11s %-9.2f %-13.3f %-12.2f %.4f", r.concurrency,
+                  static_cast<long long>(prompt_len), out_len.c_str(), r.mean_ttft_s, r.decode_tok_s, bound,
+                  r.decode_tok_s / bound);
+    say(line);
+    j_conc.push_back(r.concurrency);
+    j_tok.push_back(r.decode_tok_s);
+    j_ratio.push_back(r.decode_tok_s / bound);
+    j_out.push_back(r.max_tokens);
+    j_ttft.push_back(r.mean_ttft_s);
+  }
+  const json out = {{"concurrency", j_conc},
+                    {"tok_s", j_tok},
+                    {"bound_tok_s", bound},
+                    {"ratio", j_ratio},
+                    {"read_gbps", read_gbps},
+                    {"routed_bytes_per_token", fp.routed_bytes_per_token},
+                    {"prompt_len", prompt_len},
+                    {"output_len", j_out},
+                    {"ttft_s", j_ttft},
+                    {"workers", workers},
+                    {"threads", wc->threads}};
+  // Keys in the documented order first (nlohmann sorts objects, so print by hand).
+  std::printf("{\"concurrency\": %s, \"tok_s\": %s, \"bound_tok_s\": %s, \"ratio\": %s, \"read_gbps\": %s, "
+              "\"routed_bytes_per_token\": %s, \"prompt_len\": %s, \"output_len\": %s, \"ttft_s\": %s, "
+              "\"workers\": %s, \"threads\": %s}\n",
+              out["concurrency"].dump().c_str(), out["tok_s"].dump().c_str(), out["bound_tok_s"].dump().c_str(),
+              out["ratio"].dump().c_str(), out["read_gbps"].dump().c_str(),
+              out["routed_bytes_per_token"].dump().c_str(), out["prompt_len"].dump().c_str(),
+              out["output_len"].dump().c_str(), out["ttft_s"].dump().c_str(), out["workers"].dump().c_str(),
+              out["threads"].dump().c_str());
+  return 0;
+}
+
+}  // namespace numoe::bench

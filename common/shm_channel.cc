@@ -406,6 +406,27 @@ Status Channel::CheckPeer() {
   return absl::OkStatus();
 }
 
+Status Channel::PeerStatus() const {
+  Header* h = header();
+  if ((side_ == Side::kGpu ? h->worker_closed : h->gpu_closed).load() != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("shm: the ", side_ == Side::kGpu ? "worker" : "gpu service", " closed the channel"));
+  }
+  const int32_t pid = (side_ == Side::kGpu ? h->worker_pid : h->gpu_pid).load();
+  if (pid == 0 || pid == getpid()) return absl::OkStatus();
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  bool dead;
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    dead = poll(&p, 1, 0) > 0;
+    close(fd);
+  } else {
+    dead = errno == ESRCH || (kill(pid, 0) != 0 && errno == ESRCH);
+  }
+  if (dead) return absl::UnavailableError(absl::StrCat("shm: peer process ", pid, " has exited"));
+  return absl::OkStatus();
+}
+
 StatusOr<MsgType> Channel::Receive(int64_t timeout_ms) {
   Doorbell* in = inbound();
   const uint32_t last = received_;

@@ -164,6 +164,9 @@ class Channel {
   size_t bytes() const { return layout_.total; }
   // True once the worker side has attached (its pid is recorded).
   bool peer_attached() const;
+  // OK while the peer process lives and has not closed the channel; UNAVAILABLE naming why otherwise.
+  // Thread-safe (a watchdog may call it while another thread is in Receive).
+  Status PeerStatus() const;
 
   // ---- messages ----
   // This side's outgoing header: fill it (and the arrays), then Send(). Send sets type and seq.

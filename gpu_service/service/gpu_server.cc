@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <random>
 
 #include "common/log.h"
 #include "gpu_service/service/runtime_util.h"
@@ -12,6 +13,10 @@ namespace numoe::gpu {
 GpuServer::GpuServer(ModelBackend* model, const ModelConfig& config, const GpuServerOptions& options)
     : config_(config), options_(options) {
   host_.model = model;
+  // Leases start at a random point so a worker of a previous numoe-gpu run (same port) can never pass
+  // for a current one: its heartbeat gets NOT_FOUND.
+  std::random_device rd;
+  next_lease_ = ((uint64_t{rd()} << 32 | rd()) & 0xffffffffffffull) + 1;
   if (options_.lease_ms <= 0) options_.lease_ms = 4 * options_.heartbeat_ms;
   janitor_ = std::thread([this] { Janitor(); });
 }

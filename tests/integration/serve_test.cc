@@ -1,7 +1,8 @@
 // `numoe serve` on tiny-v4: it starts numoe-gpu and the workers, prints one ready line on stdout, serves
-// greedy tokens equal to the goldens, restarts a worker killed with SIGKILL on the same address, and on
-// SIGTERM leaves no process of its process group behind. With a real numoe-router built, the same runs
-// through the router (REST /health and a token-id completion); without one that part is skipped.
+// greedy tokens equal to the goldens, restarts a worker killed with SIGKILL on the same address (and the
+// whole set after numoe-gpu is killed), and on SIGTERM leaves no process of its process group behind.
+// With a real numoe-router built, the same runs through the router (REST /health and token-id
+// completions equal to the goldens); without one that part is skipped.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -122,7 +123,7 @@ bool RealRouterBuilt() {
   return help.find("--workers") != std::string::npos && help.find("--ready-file") != std::string::npos;
 }
 
-TEST(Serve, StartsReportsReadyRestartsAWorkerAndLeavesNothingOnSigterm) {
+TEST(Serve, StartsReportsReadyRestartsCrashedChildrenAndLeavesNothingOnSigterm) {
   const auto goldens = LoadGoldens(TinyDir());
   ASSERT_EQ(goldens.size(), 4u);
   const std::string out_path = TempPath("serve.out");
@@ -176,6 +177,24 @@ TEST(Serve, StartsReportsReadyRestartsAWorkerAndLeavesNothingOnSigterm) {
   EXPECT_NE(log.find("numoe-worker-0 (pid " + std::to_string(worker0) + ") was killed by signal 9"), std::string::npos)
       << log;
   EXPECT_NE(log.find("numoe-worker-0 is back"), std::string::npos) << log;
+
+  // SIGKILL numoe-gpu: it comes back on its port, the workers notice, exit and come back registered
+  // with the new one, and generation works again.
+  pid_t gpu_pid = -1;
+  for (auto& [pid, comm] : GroupMembers(pgid)) {
+    if (comm == "numoe-gpu") gpu_pid = pid;
+  }
+  ASSERT_GT(gpu_pid, 0);
+  kill(gpu_pid, SIGKILL);
+  const auto gpu_deadline = Clock::now() + std::chrono::seconds(90);
+  got.clear();
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    got = GreedyViaWorker(w1, goldens[2], &st);
+  } while (!(st.ok() && got == goldens[2].greedy) && Clock::now() < gpu_deadline);
+  EXPECT_TRUE(st.ok()) << st.error_message() << "\n" << ReadFile(TempPath("serve.log"));
+  EXPECT_EQ(got, goldens[2].greedy);
+  EXPECT_NE(ReadFile(TempPath("serve.log")).find("numoe-gpu is back"), std::string::npos);
 
   // SIGTERM: serve stops every child and exits 0; nothing of its group is left.
   const int status = serve.Signal(SIGTERM);

@@ -139,15 +139,26 @@ int RunWorkerApp(const WorkerAppConfig& c) {
              << eo.prefill_chunk << ")";
   NotifyReady(bound);
 
-  // 6. Until a signal, or until numoe-gpu is gone.
+  // 6. Until a signal, or until numoe-gpu is gone (lease lost, channel broken, or its process exited:
+  // checked here too, so an idle worker notices at once rather than at its next step).
   GpuClient* g = gpu->get();
-  const int sig = WaitForShutdownSignal([&] { return g->lost() || !engine.healthy(); });
+  shm::Channel* ch = channel->get();
+  Status gone;
+  const int sig = WaitForShutdownSignal([&] {
+    if (g->lost()) {
+      gone = g->lost_status();
+    } else if (!engine.healthy()) {
+      gone = absl::UnavailableError("the shared-memory channel failed");
+    } else {
+      gone = ch->PeerStatus();
+    }
+    return !gone.ok();
+  });
   int rc = 0;
   if (sig != 0) {
     NLOG(INFO) << "numoe-worker: signal " << sig << ", shutting down";
   } else {
-    NLOG(ERROR) << "numoe-worker: lost numoe-gpu ("
-                << (g->lost() ? g->lost_status() : absl::UnavailableError("the channel failed")) << "); exiting";
+    NLOG(ERROR) << "numoe-worker: lost numoe-gpu (" << gone << "); exiting";
     rc = 1;
   }
   engine.Stop();  // ends every stream (UNAVAILABLE) and flushes closes to numoe-gpu

@@ -226,6 +226,7 @@ TEST(ShmChannel, TimeoutInterruptAndClose) {
   interrupter.join();
   (*gpu)->ClearInterrupt();
 
+  EXPECT_TRUE((*gpu)->PeerStatus().ok());
   std::thread closer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     (*worker)->Close();
@@ -234,6 +235,7 @@ TEST(ShmChannel, TimeoutInterruptAndClose) {
   closer.join();
   EXPECT_EQ(closed.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(closed.status().message().find("closed"), std::string::npos);
+  EXPECT_EQ((*gpu)->PeerStatus().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ((*worker)->Send(MsgType::kStepRequest).code(), absl::StatusCode::kUnavailable);
 }
 
@@ -299,6 +301,7 @@ TEST(ShmChannel, DeadPeerProcessIsAnErrorNotAHang) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_NE(r.status().message().find("exited"), std::string::npos) << r.status();
   EXPECT_LT(ElapsedMs(t0), 5000);
+  EXPECT_EQ(gpu->PeerStatus().code(), absl::StatusCode::kUnavailable);  // the watchdog's view agrees
   int wstatus = 0;
   ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
   EXPECT_TRUE(WIFSIGNALED(wstatus));

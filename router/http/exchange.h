@@ -38,7 +38,8 @@ class HttpExchange {
   virtual void SendEvent(std::string event) = 0;
   virtual void EndEvents() = 0;
   // `fn` runs once (on some thread) if the client disconnects before the exchange completed. Set it
-  // before starting work that must be cancelled; if the client is already gone it runs at once.
+  // before starting work that must be cancelled; if the client is already gone it runs at once. The
+  // exchange drops `fn` when the response completes (it may own the request that owns the exchange).
   virtual void OnClientGone(std::function<void()> fn) = 0;
 };
 

@@ -75,7 +75,7 @@ class BeastExchange : public HttpExchange, public std::enable_shared_from_this<B
       std::lock_guard<std::mutex> lock(mu_);
       if (gone_) {
         gone_now = true;
-      } else {
+      } else if (!closed_) {
         gone_fn_ = std::move(fn);
       }
     }
@@ -159,10 +159,17 @@ class BeastExchange : public HttpExchange, public std::enable_shared_from_this<B
 
  private:
   void Push(Op op, bool completes) {
+    // The client-gone callback usually owns the request (which owns this exchange): once the response is
+    // complete it is dropped, outside the lock, so the pair can be freed.
+    std::function<void()> drop;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_ || gone_) return;
-      if (completes) closed_ = true;
+      if (completes) {
+        closed_ = true;
+        drop = std::move(gone_fn_);
+        gone_fn_ = nullptr;
+      }
       ops_.push_back(std::move(op));
     }
     // Wake the coroutine: the timer may only be touched on the strand.

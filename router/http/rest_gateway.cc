@@ -66,12 +66,13 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     bool thinking = false;  // chat: the prompt starts the output in reasoning
     bool tools = false;
     std::string model;
+    std::string id;  // response id, also the workers' request_id prefix
   };
 
   CompletionJob(Config config, std::shared_ptr<HttpExchange> exchange, size_t n_choices)
       : config_(std::move(config)),
         exchange_(std::move(exchange)),
-        id_(oa::NewId(config_.chat ? "chatcmpl" : "cmpl")),
+        id_(config_.id.empty() ? oa::NewId(config_.chat ? "chatcmpl" : "cmpl") : config_.id),
         created_(UnixNow()),
         choices_(n_choices),
         remaining_(n_choices) {
@@ -419,6 +420,7 @@ void RestGateway::Completions(const HttpRequest& request, const std::shared_ptr<
   config.include_usage = req->common.include_usage;
   config.return_token_ids = req->common.return_token_ids;
   config.model = model;
+  config.id = rid;
   auto job = std::make_shared<CompletionJob>(config, exchange, specs.size());
   job->Start(frontend_, std::move(specs));
 }
@@ -436,7 +438,8 @@ void RestGateway::ChatCompletions(const HttpRequest& request, const std::shared_
   std::vector<ChoiceSpec> specs;
   oa::CommonParams common = req->common;
   common.skip_special_tokens = false;  // the output parser needs </think> and the DSML markers
-  auto spec = MakeSpec(frontend_, common, std::move(prompt->ids), "messages", oa::NewId("chatcmpl"));
+  const std::string rid = oa::NewId("chatcmpl");
+  auto spec = MakeSpec(frontend_, common, std::move(prompt->ids), "messages", rid);
   if (!spec.ok()) return fail(spec.status());
   specs.push_back(std::move(*spec));
   CompletionJob::Config config;
@@ -447,6 +450,7 @@ void RestGateway::ChatCompletions(const HttpRequest& request, const std::shared_
   config.thinking = prompt->starts_in_reasoning;
   config.tools = prompt->tools;
   config.model = model;
+  config.id = rid;
   auto job = std::make_shared<CompletionJob>(config, exchange, 1);
   job->Start(frontend_, std::move(specs));
 }

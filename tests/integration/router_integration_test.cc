@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <filesystem>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -63,6 +64,13 @@ class Cluster {
     json j = json::parse(ready);
     http_port_ = j["http_port"];
     grpc_port_ = j["grpc_port"];
+  }
+
+  ~Cluster() {
+    router_.Kill();
+    for (auto& w : workers_) w.Kill();
+    // Logs stay for a failed test; otherwise nothing is left in /tmp.
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_);
   }
 
   void StartWorker(size_t i) {

@@ -26,6 +26,7 @@ class RecordingExchange : public HttpExchange {
     body_ = std::move(body);
     headers_ = std::move(headers);
     done_ = true;
+    gone_ = nullptr;  // as the real exchange: dropped on completion (it owns the request)
   }
   void SendEvent(std::string event) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -37,6 +38,7 @@ class RecordingExchange : public HttpExchange {
     ASSERT_FALSE(done_);
     done_ = true;
     status_ = 200;
+    gone_ = nullptr;
   }
   void OnClientGone(std::function<void()> fn) override {
     std::lock_guard<std::mutex> lock(mu_);

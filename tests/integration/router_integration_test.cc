@@ -69,8 +69,10 @@ class Cluster {
   ~Cluster() {
     router_.Kill();
     for (auto& w : workers_) w.Kill();
-    // Logs stay for a failed test; otherwise nothing is left in /tmp.
-    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_);
+    // Logs stay for a failed test (or with NUMOE_KEEP_TEST_LOGS set); otherwise nothing is left in /tmp.
+    if (!::testing::Test::HasFailure() && std::getenv("NUMOE_KEEP_TEST_LOGS") == nullptr) {
+      std::filesystem::remove_all(dir_);
+    }
   }
 
   void StartWorker(size_t i) {

@@ -88,8 +88,11 @@ TEST(RouterEndToEnd, ServeFourWorkersGoldensErrorsFailoverSigterm) {
   ASSERT_EQ(goldens.size(), 4u);
   const std::string dir = MakeTempDir("numoe-e2e-");
   const int http = FreePort(), grpc_port = FreePort();
+  // NUMOE_E2E_BACKEND=cuda runs the same test with numoe-gpu on the CUDA backend (on a GPU machine).
+  const char* backend_env = std::getenv("NUMOE_E2E_BACKEND");
+  const std::string backend = backend_env != nullptr ? backend_env : "cpu";
   Child serve = Child::Start({kBin + "/numoe", "serve", "--model", test::TinyDir(), "--workers", "4", "--backend",
-                              "cpu", "--no-numa-bind", "--threads-per-worker", "1", "--port", std::to_string(http),
+                              backend, "--no-numa-bind", "--threads-per-worker", "1", "--port", std::to_string(http),
                               "--grpc-port", std::to_string(grpc_port), "--stop-timeout", "10"},
                              dir + "/serve.log", /*new_group=*/true, dir + "/serve.out");
   const pid_t pgid = serve.pid();

@@ -71,6 +71,12 @@ StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_thr
       all.push_back(c);
     }
   }
+  for (int c : cpus) {  // validated before anything is bound
+    if (std::find(all.begin(), all.end(), c) == all.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cpus: CPU ", c, " is not a usable CPU of node(s) ",
+                                                     NodeList(b.nodes)));
+    }
+  }
   if (sched_setaffinity(0, sizeof(set), &set) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("NUMA bind: sched_setaffinity to the CPUs of node(s) ", NodeList(b.nodes), " failed: ",
@@ -82,16 +88,7 @@ StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_thr
         absl::StrCat("NUMA bind: set_mempolicy(", b.nodes.size() == 1 ? "MPOL_BIND" : "MPOL_INTERLEAVE", ", node(s) ",
                      NodeList(b.nodes), ") failed: ", std::strerror(errno), hint));
   }
-  b.cpus = all;
-  if (!cpus.empty()) {
-    for (int c : cpus) {
-      if (std::find(all.begin(), all.end(), c) == all.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("--cpus: CPU ", c, " is not a usable CPU of node(s) ",
-                                                       NodeList(b.nodes)));
-      }
-    }
-    b.cpus = cpus;
-  }
+  b.cpus = cpus.empty() ? all : cpus;
   if (max_threads > 0 && static_cast<int>(b.cpus.size()) > max_threads) b.cpus.resize(static_cast<size_t>(max_threads));
   b.threads = static_cast<int>(b.cpus.size());
   b.memory_node = b.nodes.size() == 1 ? b.nodes[0] : -1;

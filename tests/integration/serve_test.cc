@@ -240,7 +240,7 @@ TEST(Serve, EndToEndThroughTheRouter) {
   const int http = free_port(), grpc_port = free_port();
   const std::string out_path = TempPath("serve_router.out");
   Child serve("numoe",
-              {"serve", "--model", TinyDir(), "--workers", "2", "--no-numa-bind", "--threads-per-worker", "1",
+              {"serve", "--model", TinyDir(), "--workers", "4", "--no-numa-bind", "--threads-per-worker", "1",
                "--port", std::to_string(http), "--grpc-port", std::to_string(grpc_port)},
               TempPath("serve_router.log"), /*notify=*/false, /*new_group=*/true, out_path);
   const pid_t pgid = serve.pid();
@@ -249,19 +249,31 @@ TEST(Serve, EndToEndThroughTheRouter) {
   EXPECT_NE(line.find("http://127.0.0.1:" + std::to_string(http) + "/v1"), std::string::npos) << line;
   std::string body;
   EXPECT_EQ(Http(http, "GET", "/health", "", &body), 200) << body;
-  for (const auto& g : goldens) {
-    std::string prompt;
-    for (int32_t t : g.input_ids) prompt += (prompt.empty() ? "" : ",") + std::to_string(t);
-    const std::string req = R"({"model":"tiny-v4","prompt":[)" + prompt +
-                            R"(],"max_tokens":32,"temperature":0,"ignore_eos":true,"return_token_ids":true})";
-    ASSERT_EQ(Http(http, "POST", "/v1/completions", req, &body), 200) << body;
+  // Every golden prompt twice, all at once, over the 4 workers.
+  std::vector<std::string> bodies(goldens.size() * 2);
+  std::vector<int> codes(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < bodies.size(); ++k) {
+    threads.emplace_back([&, k] {
+      const GoldenPrompt& g = goldens[k % goldens.size()];
+      std::string prompt;
+      for (int32_t t : g.input_ids) prompt += (prompt.empty() ? "" : ",") + std::to_string(t);
+      const std::string req = R"({"model":"tiny-v4","prompt":[)" + prompt +
+                              R"(],"max_tokens":32,"temperature":0,"ignore_eos":true,"return_token_ids":true})";
+      codes[k] = Http(http, "POST", "/v1/completions", req, &bodies[k]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t k = 0; k < bodies.size(); ++k) {
+    const GoldenPrompt& g = goldens[k % goldens.size()];
+    ASSERT_EQ(codes[k], 200) << bodies[k];
     std::string want;
     for (int32_t t : g.greedy) want += (want.empty() ? "" : ",") + std::to_string(t);
     std::string compact;
-    for (char ch : body) {
+    for (char ch : bodies[k]) {
       if (ch != ' ' && ch != '\n') compact += ch;
     }
-    EXPECT_NE(compact.find("\"token_ids\":[" + want + "]"), std::string::npos) << g.name << ": " << body;
+    EXPECT_NE(compact.find("\"token_ids\":[" + want + "]"), std::string::npos) << g.name << ": " << bodies[k];
   }
   const int status = serve.Signal(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;

@@ -1,0 +1,82 @@
+// numoe-bench decode end to end on a tiny-preset checkpoint: it starts `numoe serve`, streams completions at
+// concurrency 1 and 2, prints the documented JSON last line (ratio = tok_s / bound, bytes per token from the
+// shapes) and leaves no process of the served stack behind. Label integration (real processes, ~10 s).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "tests/unit/mkmodel/run_util.h"
+
+namespace numoe::test {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string BenchBin() { return std::string(NUMOE_BIN_DIR) + "/numoe-bench"; }
+
+// Processes whose command line mentions `needle`.
+int ProcessesMentioning(const std::string& needle) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::string cmd = ReadFile(e.path() / "cmdline");
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    n += cmd.find(needle) != std::string::npos;
+  }
+  return n;
+}
+
+TEST(DecodeBenchTest, ServesStreamsAndReportsTheRatio) {
+  TempDir dir("mk-decode-bench");
+  const std::string model = (dir.path() / "tiny").string();
+  RunResult mk = RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--quiet", "--out", model});
+  ASSERT_EQ(mk.exit_code, 0) << mk.output;
+
+  RunResult r = RunProcess({BenchBin(), "decode", "--model", model, "--concurrency", "1,2", "--prompt-len", "8",
+                            "--max-tokens", "12", "--read-mib", "64", "--read-passes", "2", "--log-dir",
+                            (dir.path() / "logs").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::printf("%s", r.output.c_str());
+  EXPECT_THAT(r.output, HasSubstr("numoe serve ready"));
+  std::string last = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
+  last = last.substr(last.rfind('\n') + 1);
+  const auto j = nlohmann::json::parse(last);
+  ASSERT_EQ(j["concurrency"], nlohmann::json({1, 2}));
+  ASSERT_EQ(j["tok_s"].size(), 2u);
+  ASSERT_EQ(j["ratio"].size(), 2u);
+  const double bound = j["bound_tok_s"];
+  EXPECT_GT(bound, 0);
+  for (int i = 0; i < 2; ++i) {
+    const double tok_s = j["tok_s"][i], ratio = j["ratio"][i];
+    EXPECT_GT(tok_s, 0);
+    EXPECT_NEAR(ratio, tok_s / bound, 1e-9 * ratio);
+  }
+  // tiny-v4 shapes: top-2 of experts with w1/w3 [64, 128] and w2 [128, 64] in MXFP4 (codes + per-32 scales),
+  // 5 layers: 5 x 2 x (2 x (64 x 64 + 64 x 4) + 128 x 32 + 128 x 2).
+  EXPECT_EQ(j["routed_bytes_per_token"], 5 * 2 * (2 * (64 * 64 + 64 * 4) + 128 * 32 + 128 * 2));
+  EXPECT_NEAR(static_cast<double>(j["read_gbps"]) * 1e9 / static_cast<double>(j["routed_bytes_per_token"]), bound,
+              1e-6 * bound);
+  EXPECT_EQ(j["output_len"], nlohmann::json({12, 12}));
+  EXPECT_EQ(j["prompt_len"], 8);
+  // The served stack is gone: nothing runs with this model directory on its command line.
+  EXPECT_EQ(ProcessesMentioning(model), 0);
+}
+
+TEST(DecodeBenchTest, BadInputIsAClearError) {
+  RunResult missing = RunProcess({BenchBin(), "decode", "--model", "/nonexistent/model"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.output, HasSubstr("/nonexistent/model"));
+  RunResult zero = RunProcess({BenchBin(), "decode", "--model", "/nonexistent/model", "--concurrency", "1,0"});
+  EXPECT_EQ(zero.exit_code, 1);
+  EXPECT_THAT(zero.output, HasSubstr("--concurrency values must be in [1, 1024]"));
+}
+
+}  // namespace
+}  // namespace numoe::test

@@ -53,7 +53,6 @@ int RunModelBench(int argc, char** argv) {
   const ModelConfig& cfg = (*ck)->config();
   const int nthreads = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::thread::hardware_concurrency());
   ThreadPool pool(std::max(1, nthreads));
-  (void)cfg;
   auto m = cpu::CpuModel::Create(**ck, &pool);
   if (!m.ok()) return Fail(m.status());
   std::unique_ptr<ExpertBackend> experts;

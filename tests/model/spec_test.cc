@@ -195,7 +195,6 @@ double ChiSquare(const std::map<int32_t, int>& a, const std::map<int32_t, int>& 
 TEST(SampledSpec, SameDistributionWithAndWithoutSpeculation) {
   Loaded* l = Get("tiny-v4");
   ASSERT_NE(l, nullptr);
-  const int64_t V = l->ckpt->config().vocab_size;
   // The chi-square 0.999 quantile (Wilson-Hilferty; within 1% of the exact value for dof >= 3).
   auto critical = [](int dof) {
     const double k = dof, z = 3.0902;  // the standard normal 0.999 quantile
@@ -237,7 +236,6 @@ TEST(SampledSpec, SameDistributionWithAndWithoutSpeculation) {
                                      << " degrees of freedom";
     }
   }
-  (void)V;
 }
 
 TEST(Spec, NgramProposesTheContinuationOfTheLongestSuffix) {

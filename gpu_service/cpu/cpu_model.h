@@ -104,7 +104,7 @@ class CpuModel final : public ModelBackend {
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
-  bool HasDrafter() const override { return dspark_ != nullptr; }
+  SpecMethod drafter() const override { return dspark_ != nullptr ? SpecMethod::kDspark : SpecMethod::kNone; }
   Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
                std::vector<DraftResult>* out) override;
 

@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "gpu_service/model/sampling.h"
+#include "gpu_service/model/spec.h"
 
 namespace numoe {
 
@@ -60,7 +61,7 @@ struct SequenceMemory {
   int64_t capacity_bytes = 0;     // allocated (>= used; chunked storage)
 };
 
-// A request for the model's own drafter (DSpark): `next_token` was just sampled for the position after
+// A request for the model's own drafter (DSpark or MTP): `next_token` was just sampled for the position after
 // the sequence's last consumed token; propose `depth` tokens after it.
 struct DraftRequest {
   SequenceId seq = 0;
@@ -89,8 +90,10 @@ class ModelBackend {
   // speculative: every cache (windows, compressor pending buffers, overlap state, compressed and indexer
   // entries) is left exactly as if those tokens had never run.
   virtual Status Rollback(SequenceId seq, int64_t num_tokens) = 0;
-  // The checkpoint's own drafter (DSpark stages), when the backend loaded it.
-  virtual bool HasDrafter() const { return false; }
+  // The checkpoint's own drafter the backend loaded: kDspark (0731 stages), kMtp (preview MTP block) or
+  // kNone. Draft() proposes with it.
+  virtual SpecMethod drafter() const { return SpecMethod::kNone; }
+  bool HasDrafter() const { return drafter() != SpecMethod::kNone; }
   virtual Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out) {
     (void)requests;
     (void)experts;

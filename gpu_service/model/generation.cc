@@ -127,43 +127,15 @@ class Loop {
 
   // Accepts drafts of `a` against the target logits rows [1 + drafts, V]; returns drafts kept.
   int64_t Verify(Active& a, const float* rows) {
-    const int64_t k = static_cast<int64_t>(a.drafts.size());
     SpecStats& st = results_[a.index].spec;
+    const Verdict v = VerifyDrafts(a.sampler, a.drafts, a.draft_logits, rows, V_);
     st.steps++;
-    st.drafted += k;
+    st.drafted += static_cast<int64_t>(a.drafts.size());
     int64_t kept = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      const float* lt = rows + i * V_;
-      a.sampler.Distribution(lt, V_, &p_);
-      const int32_t d = a.drafts[i];
-      double qd = 1.0;  // deterministic drafters propose with probability 1
-      if (!a.draft_logits.empty()) {
-        a.sampler.Distribution(a.draft_logits.data() + i * V_, V_, &q_);
-        qd = q_[d];
-      } else {
-        q_.assign(static_cast<size_t>(V_), 0.0);
-        q_[d] = 1.0;
-      }
-      const double ratio = qd > 0 ? p_[d] / qd : 0.0;
-      const bool greedy = reqs_[a.index].sampling.temperature == 0.0;
-      const bool accept = greedy ? p_[d] > 0.5 : a.sampler.Uniform() < std::min(1.0, ratio);
-      if (accept) {
-        ++kept;
-        st.accepted++;
-        if (!Emit(a, d, lt)) return kept;
-        continue;
-      }
-      double mass = 0.0;
-      for (int64_t v = 0; v < V_; ++v) {
-        p_[v] = std::max(0.0, p_[v] - q_[v]);
-        mass += p_[v];
-      }
-      const int32_t tok = mass > 0 ? a.sampler.SampleFrom(p_) : a.sampler.Sample(lt, V_);
-      Emit(a, tok, lt);
-      return kept;
+    for (size_t i = 0; i < v.tokens.size(); ++i) {
+      if (static_cast<int64_t>(i) < v.accepted) ++kept, ++st.accepted;
+      if (!Emit(a, v.tokens[i], rows + i * V_)) break;
     }
-    const float* bonus = rows + k * V_;
-    Emit(a, a.sampler.Sample(bonus, V_), bonus);
     return kept;
   }
 
@@ -234,7 +206,6 @@ class Loop {
   int64_t V_;
   std::vector<GenerateResult> results_;
   std::vector<Active> act_;
-  std::vector<double> p_, q_;
 };
 
 }  // namespace

@@ -46,4 +46,43 @@ std::vector<int32_t> NgramPropose(std::span<const int32_t> history, int64_t dept
   return {};
 }
 
+Verdict VerifyDrafts(Sampler& sampler, std::span<const int32_t> drafts, std::span<const float> draft_logits,
+                     const float* target, int64_t vocab) {
+  Verdict v;
+  const int64_t k = static_cast<int64_t>(drafts.size());
+  const bool greedy = sampler.params().temperature == 0.0;
+  std::vector<double> p, q;
+  for (int64_t i = 0; i < k; ++i) {
+    const float* lt = target + i * vocab;
+    sampler.Distribution(lt, vocab, &p);
+    const int32_t d = drafts[i];
+    if (d < 0 || d >= vocab) {  // a drafter bug must not index out of range: treat as rejected
+      v.tokens.push_back(sampler.Sample(lt, vocab));
+      return v;
+    }
+    if (!draft_logits.empty()) {
+      sampler.Distribution(draft_logits.data() + i * vocab, vocab, &q);
+    } else {
+      q.assign(static_cast<size_t>(vocab), 0.0);
+      q[d] = 1.0;
+    }
+    const double ratio = q[d] > 0 ? p[d] / q[d] : 0.0;
+    const bool accept = greedy ? p[d] > 0.5 : sampler.Uniform() < std::min(1.0, ratio);
+    if (accept) {
+      v.tokens.push_back(d);
+      ++v.accepted;
+      continue;
+    }
+    double mass = 0.0;
+    for (int64_t t = 0; t < vocab; ++t) {
+      p[t] = std::max(0.0, p[t] - q[t]);
+      mass += p[t];
+    }
+    v.tokens.push_back(mass > 0 ? sampler.SampleFrom(p) : sampler.Sample(lt, vocab));
+    return v;
+  }
+  v.tokens.push_back(sampler.Sample(target + k * vocab, vocab));
+  return v;
+}
+
 }  // namespace numoe

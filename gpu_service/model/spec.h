@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "gpu_service/model/sampling.h"
 
 namespace numoe {
 
@@ -37,6 +38,21 @@ Status ValidateSpec(const SpecConfig& c);
 // Prompt-lookup drafter (no weights): finds the most recent earlier occurrence of the longest suffix of
 // `history` (ngram_max down to ngram_min tokens) and proposes up to `depth` tokens that followed it.
 std::vector<int32_t> NgramPropose(std::span<const int32_t> history, int64_t depth, int ngram_max, int ngram_min);
+
+// The outcome of verifying one sequence's drafts.
+struct Verdict {
+  std::vector<int32_t> tokens;  // emitted, in order: the kept drafts, then the correction or bonus token
+  int64_t accepted = 0;         // drafts kept (tokens.size() - 1)
+};
+
+// Verifies `drafts` (k tokens) against the target's logits `target` [k + 1, vocab] (row i: the logits
+// after [last token, d_0 .. d_{i-1}]) with the rule in the header comment. `draft_logits` [k, vocab] are
+// the logits the drafts were drawn from (sampled through the same sampler settings), or empty for a
+// deterministic drafter (n-gram: q is one-hot). `sampler` is the sequence's: its RNG advances.
+// If `rows` is non-null it receives, per emitted token, the index of the target row that chose it
+// (row i chose tokens[i]). The caller rolls back k - accepted positions.
+Verdict VerifyDrafts(Sampler& sampler, std::span<const int32_t> drafts, std::span<const float> draft_logits,
+                     const float* target, int64_t vocab);
 
 struct SpecStats {
   int64_t steps = 0;     // verify steps

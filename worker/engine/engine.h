@@ -42,6 +42,13 @@ struct EngineOptions {
   int64_t max_queue = 256;        // requests waiting beyond the running ones
   int64_t eos_token_id = 1;
   int64_t max_context = 0;        // prompt + generated tokens per sequence; 0 = unlimited
+  // Speculative decoding. kNgram drafts here (NgramPropose over prompt + generated); kDspark / kMtp ask
+  // the executor's model drafter (must equal ExecutorLimits::drafter). spec.depth is the server's depth;
+  // with spec.adaptive each sequence moves its own depth in [1, spec.depth] by its recent acceptance.
+  // Drafts never run past max_new_tokens or max_context, and a step's drafts share max_step_tokens
+  // with the decode tokens and prompt chunks (every decoding sequence gets its one token first, then
+  // drafts, then prompt chunks), so any max_seqs x depth runs: a tight budget just drafts less.
+  SpecConfig spec;
 };
 // Errors name the option.
 Status ValidateEngineOptions(const EngineOptions& o);
@@ -77,6 +84,12 @@ struct EngineStats {
   int64_t steps = 0;
   double decode_tokens_per_s = 0.0;  // generated tokens per second over the last ~5 s
   int64_t outstanding_tokens = 0;    // unprocessed prompt tokens + tokens still to generate
+  // Speculative decoding (zero without): the drafter, verify steps (one per sequence per step that
+  // carried drafts), draft tokens verified and accepted. Mean accepted length = accepted / verify steps.
+  SpecMethod spec_method = SpecMethod::kNone;
+  int64_t spec_verify_steps = 0;
+  int64_t spec_drafted = 0;
+  int64_t spec_accepted = 0;
 };
 
 // What one step carried (tests and debug logs).
@@ -85,6 +98,7 @@ struct StepTrace {
   int64_t prefill_tokens = 0;
   int64_t sequences = 0;
   int64_t largest_prefill_chunk = 0;
+  int64_t draft_tokens = 0;  // drafts verified in this step (rows beyond the decode tokens)
 };
 
 class Engine {

@@ -56,6 +56,45 @@ void CudaModel::Gemm(Rank& r, const DevW& w, const float* x, int64_t ldx, int64_
 
 // ---- phases ----------------------------------------------------------------------------------------------
 
+// The compressor arguments of layer L, reading its projections from comp (row stride ld): the forward pass
+// and Rollback's replay must agree on every field.
+CompArgs CudaModel::MainCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const {
+  CompArgs ca;
+  ca.rate = L.rate;
+  ca.dim = static_cast<int>(hd_);
+  ca.overlap = L.type == AttnType::kCSA;
+  ca.ckv = comp + L.c_kv_col;
+  ca.cg = comp + L.c_gate_col;
+  ca.ld = ld;
+  ca.ape = L.c_ape;
+  ca.norm_w = L.c_norm;
+  ca.eps = static_cast<float>(cfg_.rms_norm_eps);
+  ca.rope_dim = static_cast<int>(cfg_.rope_dim);
+  ca.inv_freq = r.inv_compress;
+  ca.pend_kv_off = L.st.c_pend_kv;
+  ca.pend_gate_off = L.st.c_pend_gate;
+  ca.prev_kv_off = L.st.c_prev_kv;
+  ca.prev_gate_off = L.st.c_prev_gate;
+  ca.page_off = L.st.c_page_off;
+  ca.epp = L.st.epp;
+  return ca;
+}
+
+CompArgs CudaModel::IndexCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const {
+  CompArgs ia = MainCompArgs(r, L, comp, ld);
+  ia.dim = static_cast<int>(cfg_.index_head_dim);
+  ia.ckv = comp + L.i_kv_col;
+  ia.cg = comp + L.i_gate_col;
+  ia.ape = L.i_ape;
+  ia.norm_w = L.i_norm;
+  ia.pend_kv_off = L.st.i_pend_kv;
+  ia.pend_gate_off = L.st.i_pend_gate;
+  ia.prev_kv_off = L.st.i_prev_kv;
+  ia.prev_gate_off = L.st.i_prev_gate;
+  ia.page_off = L.st.i_page_off;
+  return ia;
+}
+
 template <typename T>
 void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   const LayerDev& L = r.layers[static_cast<size_t>(l)];
@@ -103,41 +142,26 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   NormRope<T>(s.qa + qr, n, 1, static_cast<int>(hd_), s.qa_ld, L.kv_norm, true, eps, rd, inv, pos,
               static_cast<T*>(s.kvT), r.stream);
 
+  if (d.spec) {
+    // Speculative rows: keep what the window ring is built from (Rollback replays it).
+    const int64_t tsize = sizeof(T);
+    SaveSpecRows(s.kvT, hd_ * tsize, hd_ * tsize, n, s.meta + 8 * rows_cap_, static_cast<int32_t>(spec_tokens_),
+                 static_cast<char*>(r.spec_log.get()) + L.st.log_kv_off, spec_slot_bytes_, hd_ * tsize, r.stream);
+  }
+
   if (L.type != AttnType::kSliding) {
     Gemm(r, L.comp, s.xn, D_, n, s.comp, L.comp_width);
-    CompArgs ca;
-    ca.rate = L.rate;
-    ca.dim = static_cast<int>(hd_);
-    ca.overlap = L.type == AttnType::kCSA;
-    ca.ckv = s.comp + L.c_kv_col;
-    ca.cg = s.comp + L.c_gate_col;
-    ca.ld = L.comp_width;
-    ca.ape = L.c_ape;
-    ca.norm_w = L.c_norm;
-    ca.eps = eps;
-    ca.rope_dim = rd;
-    ca.inv_freq = r.inv_compress;
-    ca.pend_kv_off = L.st.c_pend_kv;
-    ca.pend_gate_off = L.st.c_pend_gate;
-    ca.prev_kv_off = L.st.c_prev_kv;
-    ca.prev_gate_off = L.st.c_prev_gate;
-    ca.page_off = L.st.c_page_off;
-    ca.epp = L.st.epp;
+    if (d.spec) {
+      // ... and what the compressor states are built from.
+      SaveSpecRows(s.comp, L.comp_width * 4, L.st.log_comp_w * 4, n, s.meta + 8 * rows_cap_,
+                   static_cast<int32_t>(spec_tokens_), static_cast<char*>(r.spec_log.get()) + L.st.log_comp_off,
+                   spec_slot_bytes_, L.st.log_comp_w * 4, r.stream);
+    }
+    const CompArgs ca = MainCompArgs(r, L, s.comp, L.comp_width);
     const int windows = L.type == AttnType::kCSA ? d.max_windows_csa : d.max_windows_hca;
     CompressStep<T>(ca, step, cache, windows, r.stream);
     if (L.type == AttnType::kCSA) {
-      CompArgs ia = ca;
-      ia.dim = static_cast<int>(c.index_head_dim);
-      ia.ckv = s.comp + L.i_kv_col;
-      ia.cg = s.comp + L.i_gate_col;
-      ia.ape = L.i_ape;
-      ia.norm_w = L.i_norm;
-      ia.pend_kv_off = L.st.i_pend_kv;
-      ia.pend_gate_off = L.st.i_pend_gate;
-      ia.prev_kv_off = L.st.i_prev_kv;
-      ia.prev_gate_off = L.st.i_prev_gate;
-      ia.page_off = L.st.i_page_off;
-      CompressStep<T>(ia, step, cache, windows, r.stream);
+      CompressStep<T>(IndexCompArgs(r, L, s.comp, L.comp_width), step, cache, windows, r.stream);
 
       const int64_t ih = c.index_n_heads, id = c.index_head_dim;
       Gemm(r, L.index_wq_b, s.qa, s.qa_ld, n, s.iq, ih * id);
@@ -413,8 +437,14 @@ Status CudaModel::ValidateSteps(std::span<const SequenceStep> steps, std::vector
       return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, " appears twice in one step"));
     }
     if (st.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, ": no tokens"));
-    if (st.speculative) {
-      return absl::UnimplementedError("CUDA backend: speculative steps (Rollback) are not implemented yet");
+    if (st.speculative && spec_tokens_ == 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sequence ", st.seq, ": speculative steps are off on this device (CudaOptions::max_spec_tokens = 0)"));
+    }
+    if (st.speculative && static_cast<int64_t>(st.tokens.size()) > spec_tokens_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sequence ", st.seq, ": a speculative step of ", st.tokens.size(), " tokens exceeds the device's ",
+          spec_tokens_, " (CudaOptions::max_spec_tokens: the last token + drafts)"));
     }
     const int64_t end = it->second.position + static_cast<int64_t>(st.tokens.size());
     if (cfg_.max_position_embeddings > 0 && end > cfg_.max_position_embeddings) {
@@ -497,6 +527,20 @@ Status CudaModel::RunSteps(std::span<const SequenceStep> steps, ExpertBackend* e
     }
   }
   if (greedy != nullptr) greedy->assign(steps.size(), 0);
+  // Speculative sequences: copy their fixed state aside before anything of this step runs (same stream).
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Seq* s = seqs[i];
+    s->spec = steps[i].speculative;
+    s->spec_start = s->position;
+    if (!s->spec) continue;
+    for (auto& r : ranks_) {
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->snap.as<char>() + s->slot * slot_bytes_,
+                                                 r->fixed.as<char>() + s->slot * slot_bytes_,
+                                                 static_cast<size_t>(slot_bytes_), cudaMemcpyDeviceToDevice,
+                                                 r->stream));
+    }
+  }
   stats_ = CudaStepStats{};
   // Cut the step into passes of at most rows_cap_ rows, each sequence's tokens in order.
   std::vector<int64_t> cursor(steps.size(), 0);
@@ -515,6 +559,7 @@ Status CudaModel::RunSteps(std::span<const SequenceStep> steps, ExpertBackend* e
       ps.logits_all = out != nullptr && steps[i].all_logits;
       ps.logits_last = cursor[i] + take == len;
       ps.offset = cursor[i];
+      ps.spec = steps[i].speculative;
       pass.push_back(ps);
       cursor[i] += take;
       cap -= take;
@@ -537,6 +582,7 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
   int32_t* seqi = meta + 2 * NR;
   int32_t* seqv = meta + 3 * NR;
   int32_t* lrows = meta + 7 * NR;
+  int32_t* spec_map = meta + 8 * NR;  // row -> slot·spec_tokens_ + index within the step, or -1
   // Logit row j of this pass goes to (step, row within the step's logits).
   std::vector<std::pair<size_t, int64_t>> dest;
   PassDims d;
@@ -549,7 +595,9 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
       token[row + t] = ps.tokens[t];
       pos[row + t] = static_cast<int32_t>(start + t);
       seqi[row + t] = static_cast<int32_t>(i);
+      spec_map[row + t] = ps.spec ? static_cast<int32_t>(ps.seq->slot * spec_tokens_ + ps.offset + t) : -1;
     }
+    d.spec = d.spec || ps.spec;
     seqv[4 * i] = ps.seq->slot;
     seqv[4 * i + 1] = static_cast<int32_t>(row);
     seqv[4 * i + 2] = static_cast<int32_t>(row + ps.count);
@@ -580,14 +628,15 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
 
   // Decode passes replay captured graphs; their grids are sized for capacity, not for this pass.
   bool use_graph =
-      opt_.graphs && !graphs_broken_ && !hidden_hook_ && ranks_.size() == 1 && decode && d.n <= logit_rows_cap_;
+      opt_.graphs && !graphs_broken_ && !hidden_hook_ && ranks_.size() == 1 && decode && !d.spec &&
+      d.n <= logit_rows_cap_;
   if (use_graph) {
     d.max_windows_csa = d.max_windows_hca = 1;
     d.max_vis = ranks_[0]->sc.score_ld;
   }
   for (auto& r : ranks_) {
     NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->sc.meta, meta, static_cast<size_t>(8 * NR) * sizeof(int32_t),
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->sc.meta, meta, static_cast<size_t>(9 * NR) * sizeof(int32_t),
                                                cudaMemcpyHostToDevice, r->stream));
   }
   if (use_graph && graphs_.find({d.n, d.greedy}) == graphs_.end()) {
@@ -709,9 +758,84 @@ Status CudaModel::ReleaseSequence(SequenceId seq) {
   return absl::OkStatus();
 }
 
-Status CudaModel::Rollback(SequenceId seq, int64_t) {
-  if (seqs_.find(seq) == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
-  return absl::UnimplementedError("CUDA backend: speculative steps (Rollback) are not implemented yet");
+Status CudaModel::Rollback(SequenceId seq, int64_t num_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  Seq& s = it->second;
+  if (num_tokens < 0) return absl::InvalidArgumentError("Rollback: num_tokens must be >= 0");
+  if (num_tokens == 0) return absl::OkStatus();
+  if (!s.spec || s.position - num_tokens < s.spec_start) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", seq, ": can only roll back tokens of its last step, and only when it was speculative"));
+  }
+  const int64_t to = s.position - num_tokens, keep = to - s.spec_start;
+  for (auto& r : ranks_) {
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->fixed.as<char>() + s.slot * slot_bytes_,
+                                               r->snap.as<char>() + s.slot * slot_bytes_,
+                                               static_cast<size_t>(slot_bytes_), cudaMemcpyDeviceToDevice, r->stream));
+    if (keep > 0) {
+      if (bf16_cache_) {
+        RETURN_IF_ERROR(EnqueueReplay<__nv_bfloat16>(*r, s, keep));
+      } else {
+        RETURN_IF_ERROR(EnqueueReplay<float>(*r, s, keep));
+      }
+    }
+  }
+  for (auto& r : ranks_) {
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream));
+  }
+  s.position = to;
+  // Pages that only held entries past the new end go back to the pool (the table's stale tail is never read).
+  while (static_cast<int64_t>(s.pages.size()) > PagesFor(to)) {
+    free_pages_.push_back(s.pages.back());
+    s.pages.pop_back();
+  }
+  return absl::OkStatus();
+}
+
+// On the restored copy of the state at spec_start: the window ring and compressor updates of the step's first
+// `keep` rows, from the log, as single-sequence passes of at most rows_cap_ rows would have done them.
+template <typename T>
+Status CudaModel::EnqueueReplay(Rank& r, const Seq& s, int64_t keep) {
+  const int64_t NR = rows_cap_;
+  int32_t* meta = meta_h_.as<int32_t>();
+  const CacheDev cache = CacheOf(r);
+  const char* log = r.spec_log.as<char>() + s.slot * spec_slot_bytes_;
+  for (int64_t r0 = 0; r0 < keep; r0 += NR) {
+    const int64_t n = std::min(NR, keep - r0), start = s.spec_start + r0, end = start + n;
+    for (int64_t t = 0; t < n; ++t) {
+      meta[NR + t] = static_cast<int32_t>(start + t);  // pos
+      meta[2 * NR + t] = 0;                            // sequence index
+    }
+    StepSeq* sq = reinterpret_cast<StepSeq*>(meta + 3 * NR);
+    sq->slot = s.slot;
+    sq->begin = 0;
+    sq->end = static_cast<int32_t>(n);
+    sq->start_pos = static_cast<int32_t>(start);
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.sc.meta, meta, static_cast<size_t>(3 * NR + 4) * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, r.stream));
+    PassDims d;
+    d.n = n;
+    d.num_seqs = 1;
+    const StepDev step = StepOf(r, d);
+    for (const LayerDev& L : r.layers) {
+      RingUpdate<T>(reinterpret_cast<const T*>(log + L.st.log_kv_off) + r0 * hd_, static_cast<int>(hd_),
+                    static_cast<int>(cfg_.sliding_window), L.st.ring_off, step, cache, r.stream);
+      if (L.type == AttnType::kSliding) continue;
+      const float* comp = reinterpret_cast<const float*>(log + L.st.log_comp_off) + r0 * L.st.log_comp_w;
+      const int windows = static_cast<int>(end / L.rate - start / L.rate);
+      CompressStep<T>(MainCompArgs(r, L, comp, L.st.log_comp_w), step, cache, windows, r.stream);
+      if (L.type == AttnType::kCSA) {
+        CompressStep<T>(IndexCompArgs(r, L, comp, L.st.log_comp_w), step, cache, windows, r.stream);
+      }
+    }
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    // The staging buffer is rewritten by the next chunk (or rank): wait for this copy first.
+    if (keep > NR || ranks_.size() > 1) NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+  }
+  return absl::OkStatus();
 }
 
 StatusOr<SequenceMemory> CudaModel::Memory(SequenceId seq) const {
@@ -765,6 +889,7 @@ Status CudaModel::FillRandomContext(SequenceId seq, int64_t position, uint64_t s
     NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream));
   }
   s.position = position;
+  s.spec = false;
   return absl::OkStatus();
 }
 

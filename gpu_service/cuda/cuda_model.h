@@ -62,6 +62,12 @@ struct CudaOptions {
   int64_t max_step_tokens = 2048;
   // Replay decode steps (one token per sequence) as CUDA graphs, one per layer segment (tp == 1 only).
   bool graphs = true;
+  // Tokens of one speculative step per sequence (the last sampled token + up to max_spec_tokens - 1 drafts;
+  // 17 covers SpecConfig's depth limit of 16); 0 refuses speculative steps and allocates nothing for them.
+  // Rollback needs, per slot: a copy of the fixed state taken before the step (as large as the state itself)
+  // and the step's window keys and compressor projections (max_spec_tokens rows per layer), so that it can
+  // restore the state and replay the kept tokens' cache updates. Speculative steps never use CUDA graphs.
+  int64_t max_spec_tokens = 17;
 };
 
 // Timings of the last Forward (filled when CudaBackend::set_collect_stats(true)).

@@ -35,6 +35,10 @@ struct LayerState {
   int64_t i_pend_kv = 0, i_pend_gate = 0, i_prev_kv = 0, i_prev_gate = 0;
   int64_t c_page_off = 0, i_page_off = 0;
   int32_t epp = 0;  // entries per page of this layer's rate
+  // Speculative log (bytes inside a slot's log region): the step's window keys CacheT [T, hd] and the first
+  // log_comp_w columns of its compressor projections fp32 [T, log_comp_w] (main kv, main gate, and for CSA
+  // the indexer's kv and gate: everything the compressor state is built from).
+  int64_t log_kv_off = 0, log_comp_off = 0, log_comp_w = 0;
 };
 
 struct LayerDev {
@@ -86,6 +90,9 @@ struct Rank {
   const float *inv_main = nullptr, *inv_compress = nullptr;
   std::vector<LayerDev> layers;
   DeviceMem fixed, pages, table, scratch_mem;
+  // Speculative steps: snap = a copy of each slot's fixed state from before its last speculative step
+  // [max_sequences, slot_bytes]; spec_log = that step's inputs [max_sequences, spec_slot_bytes] (LayerState).
+  DeviceMem snap, spec_log;
   Scratch sc;
   std::vector<cudaEvent_t> ev_begin, ev_end;
   int64_t weight_bytes = 0;  // read per decode step
@@ -105,6 +112,7 @@ struct PassDims {
   int64_t max_vis = 0;      // indexer entries visible to the furthest row (score grid)
   int64_t logit_rows = 0;   // rows whose logits are needed
   bool greedy = false;      // argmax on the device instead of copying logits
+  bool spec = false;        // some rows belong to speculative steps: log their cache inputs (never a graph)
 };
 
 class CudaModel final : public CudaBackend {
@@ -119,7 +127,10 @@ class CudaModel final : public CudaBackend {
   Status Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
                  std::vector<SequenceLogits>* out) override;
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
-  // Speculative steps are not supported on the device yet: Forward rejects them and Rollback is Unimplemented.
+  // A speculative step copies each of its sequences' fixed state (slot) aside and logs the step's window keys
+  // and compressor projections. Rollback restores the copy and replays the window and compressor updates of
+  // the kept tokens from the log (the same kernels on the same inputs), so the state is what a step of only
+  // the kept tokens would have left; compressed entries past the new position are simply no longer counted.
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
 
@@ -137,6 +148,10 @@ class CudaModel final : public CudaBackend {
     int32_t slot = 0;
     int64_t position = 0;
     std::vector<int32_t> pages;
+    // The last step was speculative: it began at spec_start (the slot copy's position); Rollback may go
+    // back to any position in [spec_start, position].
+    bool spec = false;
+    int64_t spec_start = 0;
   };
   // One sequence's share of a device pass.
   struct PassSeq {
@@ -147,6 +162,7 @@ class CudaModel final : public CudaBackend {
     bool logits_all;    // logits for every row of this chunk
     bool logits_last;   // logits for the last row (the step's last token)
     int64_t offset;     // index of the first token within the step
+    bool spec;          // the step is speculative: log its rows
   };
 
   CudaModel(const ModelConfig& cfg, const CudaOptions& opt);
@@ -177,6 +193,11 @@ class CudaModel final : public CudaBackend {
   Status CheckLaunches();
   void EmitHidden(Rank& r, int64_t layer, const PassDims& d);
 
+  template <typename T>
+  Status EnqueueReplay(Rank& r, const Seq& s, int64_t keep);
+  CompArgs MainCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
+  CompArgs IndexCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
+
   StepDev StepOf(const Rank& r, const PassDims& d) const;
   CacheDev CacheOf(const Rank& r) const;
   void Gemm(Rank& r, const DevW& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
@@ -191,6 +212,7 @@ class CudaModel final : public CudaBackend {
   int64_t page_tokens_ = 0, page_elems_ = 0, max_pages_ = 0, num_pages_ = 0, slot_bytes_ = 0;
   int64_t fixed_bytes_per_seq_ = 0;
   int64_t rows_cap_ = 0, logit_rows_cap_ = 0;
+  int64_t spec_tokens_ = 0, spec_slot_bytes_ = 0;  // CudaOptions::max_spec_tokens; log bytes per slot
   std::vector<LayerState> layout_;
   // Sequences.
   std::map<SequenceId, Seq> seqs_;

@@ -77,6 +77,10 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Checkpoint* ckpt, c
     return absl::InvalidArgumentError(
         "CudaOptions: max_sequences and max_step_tokens must be >= 1, max_context and cache_mb >= 0");
   }
+  if (opt.max_spec_tokens < 0 || opt.max_spec_tokens > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaOptions::max_spec_tokens must be in [0, 4096] (got ", opt.max_spec_tokens, ")"));
+  }
   if (cfg.head_dim % 2 != 0 || cfg.head_dim > 512 || cfg.rope_dim % 2 != 0 || cfg.rope_dim > cfg.head_dim) {
     return absl::UnimplementedError(absl::StrCat("CUDA attention supports even head_dim <= 512 with an even rope dim (got ",
                                                  cfg.head_dim, ", rope ", cfg.rope_dim, ")"));
@@ -152,6 +156,21 @@ void CudaModel::ComputeLayout() {
     }
   }
   slot_bytes_ = std::max<int64_t>(off, 256);
+  // The speculative log of one slot: per layer the window keys, then the compressor inputs (SetupLayer's
+  // column order: main kv, main gate, indexer kv, indexer gate, indexer weights - the last is not state).
+  spec_tokens_ = opt_.max_spec_tokens;
+  int64_t lo = 0;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    LayerState& st = layout_[static_cast<size_t>(l)];
+    const AttnType type = cfg_.layer_types[static_cast<size_t>(l)];
+    st.log_kv_off = lo;
+    lo += RoundUp(spec_tokens_ * hd_ * tsize, 256);
+    if (type == AttnType::kSliding) continue;
+    st.log_comp_w = type == AttnType::kCSA ? 4 * hd_ + 4 * id : 2 * hd_;
+    st.log_comp_off = lo;
+    lo += RoundUp(spec_tokens_ * st.log_comp_w * 4, 256);
+  }
+  spec_slot_bytes_ = spec_tokens_ > 0 ? lo : 0;
   page_elems_ = any ? RoundUp(pe, 64) : 0;
   max_pages_ = std::max<int64_t>(PagesFor(max_context_), 1);
 }
@@ -200,7 +219,7 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
   for (int64_t s = opt_.max_sequences - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
 
   const int64_t NR = rows_cap_, K = c.num_experts_per_tok;
-  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(static_cast<size_t>(8 * NR) * sizeof(int32_t), "step metadata"));
+  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(static_cast<size_t>(9 * NR) * sizeof(int32_t), "step metadata"));
   ASSIGN_OR_RETURN(y_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE input staging"));
   ASSIGN_OR_RETURN(routed_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE output staging"));
   ASSIGN_OR_RETURN(ids_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(int32_t), "expert ids"));
@@ -353,6 +372,7 @@ Status CudaModel::SetupLayer(Rank& r, const WeightSource& src, int64_t l, uint64
       L.i_gate_col = L.i_kv_col + 2 * id;
       L.iw_col = L.i_gate_col + 2 * id;
       L.comp_width = L.iw_col + ih;
+      if (L.st.log_comp_w != L.iw_col) return absl::InternalError(absl::StrCat(ap, ": speculative log width mismatch"));
       RETURN_IF_ERROR(vec(ap + "indexer.compressor.ape", L.rate * 2 * id, &L.i_ape));
       RETURN_IF_ERROR(vec(ap + "indexer.compressor.norm.weight", id, &L.i_norm));
       ASSIGN_OR_RETURN(StagedMatrix iq, src.Matrix(ap + "indexer.wq_b.weight", ih * id, qr));
@@ -402,6 +422,13 @@ Status CudaModel::SetupState(Rank& r) {
   ASSIGN_OR_RETURN(r.table, DeviceMem::Alloc(static_cast<size_t>(opt_.max_sequences * max_pages_) * sizeof(int32_t),
                                              "page tables"));
   NUMOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r.table.get(), 0, r.table.bytes(), r.stream));
+  if (spec_slot_bytes_ > 0) {
+    ASSIGN_OR_RETURN(r.snap, DeviceMem::Alloc(static_cast<size_t>(opt_.max_sequences * slot_bytes_),
+                                              "speculative state copies (CudaOptions::max_spec_tokens, 0 = none)"));
+    ASSIGN_OR_RETURN(r.spec_log, DeviceMem::Alloc(static_cast<size_t>(opt_.max_sequences * spec_slot_bytes_),
+                                                  absl::StrCat("speculative step log (", spec_tokens_,
+                                                               " tokens per slot, CudaOptions::max_spec_tokens)")));
+  }
 
   // Scratch for rows_cap_ rows, carved out of one allocation (256-byte aligned pieces).
   const ModelConfig& c = cfg_;
@@ -446,7 +473,7 @@ Status CudaModel::SetupState(Rank& r) {
       {&s.kvT, NR * hd_ * tsize},
       {reinterpret_cast<void**>(&s.sel), NR * std::max<int64_t>(c.index_topk, 1) * 4},
       {reinterpret_cast<void**>(&s.ids), NR * c.num_experts_per_tok * 4},
-      {reinterpret_cast<void**>(&s.meta), 8 * NR * 4},
+      {reinterpret_cast<void**>(&s.meta), 9 * NR * 4},
       {reinterpret_cast<void**>(&s.greedy), NR * 8},
   };
   int64_t total = 0;
@@ -485,7 +512,10 @@ std::string CudaModel::Describe() const {
      << (weight_bytes_per_step() >> 20) << " MiB read per decode step; " << opt_.max_sequences << " slots x "
      << (slot_bytes_ >> 10) << " KiB fixed state, " << num_pages_ << " pages x " << page_tokens_ << " tokens ("
      << ((page_elems_ * (bf16_cache_ ? 2 : 4)) >> 10) << " KiB), max_context " << max_context_ << ", "
-     << rows_cap_ << " rows per pass, graphs " << (opt_.graphs && opt_.tp == 1 ? "on" : "off");
+     << rows_cap_ << " rows per pass, graphs " << (opt_.graphs && opt_.tp == 1 ? "on" : "off")
+     << ", speculative steps of up to " << spec_tokens_ << " tokens ("
+     << ((opt_.max_sequences * (slot_bytes_ + spec_slot_bytes_) * (spec_tokens_ > 0 ? 1 : 0)) >> 20)
+     << " MiB per GPU)";
   return os.str();
 }
 

@@ -140,6 +140,10 @@ void SwiGlu(const float* g, const float* u, int64_t ldgu, float* h, int64_t n, i
             cudaStream_t stream);
 void AddInPlace(float* y, const float* a, int64_t count, cudaStream_t stream);
 void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, float* dst, cudaStream_t stream);
+// Speculative log: for each row r < n with map[r] >= 0 (= slot·T + t), copies `width` bytes from
+// src + r·src_ld to dst + slot·slot_stride + t·row_bytes. Byte counts and addresses are multiples of 4.
+void SaveSpecRows(const void* src, int64_t src_ld, int64_t width, int64_t n, const int32_t* map, int32_t T,
+                  void* dst, int64_t slot_stride, int64_t row_bytes, cudaStream_t stream);
 // packed[r] = (order key of max(logits[r, :V]) << 32) | ~argmax; ArgmaxOf(packed[r]) is the id (ties -> lowest).
 void ArgmaxRows(const float* logits, int64_t m, int64_t V, unsigned long long* packed, cudaStream_t stream);
 inline int32_t ArgmaxOf(unsigned long long packed) { return static_cast<int32_t>(~static_cast<uint32_t>(packed)); }

@@ -284,6 +284,16 @@ __global__ void GatherKernel(const float* src, int64_t d, const int32_t* rows, f
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = s[i];
 }
 
+__global__ void SaveSpecRowsKernel(const uint32_t* src, int64_t src_ld, int64_t words, const int32_t* map, int32_t T,
+                                   char* dst, int64_t slot_stride, int64_t row_bytes) {
+  const int32_t m = map[blockIdx.x];
+  if (m < 0) return;
+  const uint32_t* s = src + static_cast<int64_t>(blockIdx.x) * src_ld;
+  uint32_t* o = reinterpret_cast<uint32_t*>(dst + static_cast<int64_t>(m / T) * slot_stride +
+                                            static_cast<int64_t>(m % T) * row_bytes);
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) o[i] = s[i];
+}
+
 // Many blocks per row; each folds its slice into one 64-bit key (order-preserving float bits, then the
 // complemented index so that ties go to the lowest id) and atomicMax-es it into packed[row].
 __global__ void ArgmaxKernel(const float* logits, int64_t V, unsigned long long* packed) {
@@ -417,6 +427,14 @@ void AddInPlace(float* y, const float* a, int64_t count, cudaStream_t stream) {
 void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, float* dst, cudaStream_t stream) {
   if (m <= 0) return;
   GatherKernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(src, d, rows, dst);
+}
+
+void SaveSpecRows(const void* src, int64_t src_ld, int64_t width, int64_t n, const int32_t* map, int32_t T,
+                  void* dst, int64_t slot_stride, int64_t row_bytes, cudaStream_t stream) {
+  if (n <= 0 || width <= 0) return;
+  SaveSpecRowsKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(static_cast<const uint32_t*>(src), src_ld / 4,
+                                                                   width / 4, map, T, static_cast<char*>(dst),
+                                                                   slot_stride, row_bytes);
 }
 
 void ArgmaxRows(const float* logits, int64_t m, int64_t V, unsigned long long* packed, cudaStream_t stream) {

@@ -296,7 +296,7 @@ TEST_F(CudaCapacityTest, MemoryAccountingAndRollback) {
     EXPECT_EQ(mem->growing_bytes, ComputeStateSize(cfg).GrowingValuesAt(cfg, 37) * v.elem);
     EXPECT_GE(mem->capacity_bytes, mem->growing_bytes + mem->fixed_bytes);
     EXPECT_GT(mem->fixed_bytes, 0);
-    EXPECT_EQ((*m)->Rollback(*s, 1).code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ((*m)->Rollback(*s, 1).code(), absl::StatusCode::kFailedPrecondition);  // last step not speculative
     EXPECT_EQ((*m)->ReleaseSequence(*s + 1000).code(), absl::StatusCode::kNotFound);
   }
 }

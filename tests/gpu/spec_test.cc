@@ -1,0 +1,410 @@
+// Speculative decoding on the CUDA backend: speculative steps + Rollback leave every cache (window ring,
+// compressor pending windows, CSA overlap halves, indexer state, compressed entries) as if the rolled-back
+// tokens never ran; greedy speculative decoding with the n-gram drafter emits exactly the tokens of plain
+// greedy decoding (depths 1-7, batches 1/3/8, tiny-v4 and demo-v4), which also equal the CPU backend's.
+// Every test skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "common/log.h"
+#include "common/quant.h"
+#include "common/safetensors.h"
+#include "gpu_service/cpu/cpu_model.h"
+#include "gpu_service/cpu/reference_experts.h"
+#include "gpu_service/cuda/cuda_model.h"
+#include "gpu_service/model/generation.h"
+
+namespace numoe {
+namespace {
+
+bool HaveGpus(int n) { return CudaCompiledIn() && CudaDeviceCount() >= n; }
+
+struct Fixture {
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<cpu::ReferenceExperts> experts;
+};
+
+Fixture* Get(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Fixture>> cache;
+  auto& slot = cache[name];
+  if (slot) return slot.get();
+  auto f = std::make_unique<Fixture>();
+  auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/" + name);
+  if (!ck.ok()) {
+    ADD_FAILURE() << ck.status();
+    return nullptr;
+  }
+  f->ckpt = std::move(*ck);
+  auto e = cpu::ReferenceExperts::Load(*f->ckpt);
+  if (!e.ok()) {
+    ADD_FAILURE() << e.status();
+    return nullptr;
+  }
+  f->experts = std::move(*e);
+  slot = std::move(f);
+  return slot.get();
+}
+
+// ---- rollback: state after (speculative step of k + Rollback(k - j)) == state after consuming j ----------
+
+Status Feed(ModelBackend& m, ExpertBackend& ex, SequenceId seq, std::span<const int32_t> toks, bool spec,
+           std::vector<float>* logits) {
+  SequenceStep st;
+  st.seq = seq;
+  st.tokens = toks;
+  st.all_logits = true;
+  st.speculative = spec;
+  std::vector<SequenceLogits> out;
+  RETURN_IF_ERROR(m.Forward({&st, 1}, &ex, &out));
+  if (logits != nullptr) *logits = std::move(out[0].logits);
+  return absl::OkStatus();
+}
+
+float MaxDiff(const std::vector<float>& a, const std::vector<float>& b, size_t rows_vals) {
+  float worst = 0;
+  for (size_t i = 0; i < rows_vals && i < a.size() && i < b.size(); ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (!(d <= worst)) worst = d;  // NaN counts as worst
+  }
+  return worst;
+}
+
+struct RollbackCase {
+  int64_t prompt;  // tokens before the speculative step
+  int64_t k;       // tokens of the speculative step
+  std::vector<int64_t> rollbacks;  // successive Rollback amounts (usually one)
+};
+
+// Runs sequence A: prompt, speculative step of k, the rollbacks, then a 13-token chunk and 6 single-token
+// steps; sequence B: prompt, the kept tokens as a plain step, the same continuation. Compares every logit
+// row (the speculative step's kept rows too) and the positions.
+void CheckRollback(CudaBackend& m, ExpertBackend& ex, int64_t vocab, const RollbackCase& c, float tol,
+                   const std::string& what) {
+  std::mt19937 rng(static_cast<uint32_t>(c.prompt * 131 + c.k));
+  std::vector<int32_t> prompt, draft, cont;
+  for (int64_t i = 0; i < c.prompt; ++i) prompt.push_back(static_cast<int32_t>(rng() % vocab));
+  for (int64_t i = 0; i < c.k; ++i) draft.push_back(static_cast<int32_t>(rng() % vocab));
+  for (int i = 0; i < 19; ++i) cont.push_back(static_cast<int32_t>(rng() % vocab));
+  int64_t dropped = 0;
+  for (int64_t r : c.rollbacks) dropped += r;
+  const int64_t j = c.k - dropped;
+  ASSERT_GE(j, 0) << what;
+
+  auto a = m.CreateSequence();
+  auto b = m.CreateSequence();
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<float> la, lb;
+  if (!prompt.empty()) {
+    ASSERT_TRUE(Feed(m, ex, *a, prompt, false, nullptr).ok()) << what;
+    ASSERT_TRUE(Feed(m, ex, *b, prompt, false, nullptr).ok()) << what;
+  }
+  Status st = Feed(m, ex, *a, draft, true, &la);
+  ASSERT_TRUE(st.ok()) << what << ": " << st;
+  for (int64_t r : c.rollbacks) {
+    st = m.Rollback(*a, r);
+    ASSERT_TRUE(st.ok()) << what << ": " << st;
+  }
+  EXPECT_EQ(m.Memory(*a)->position, c.prompt + j) << what;
+  if (j > 0) {
+    ASSERT_TRUE(Feed(m, ex, *b, std::span<const int32_t>(draft.data(), static_cast<size_t>(j)), false, &lb).ok());
+    const float d = MaxDiff(la, lb, static_cast<size_t>(j * vocab));
+    EXPECT_LE(d, tol) << what << ": kept rows of the speculative step";
+  }
+  EXPECT_EQ(m.Memory(*a)->position, m.Memory(*b)->position) << what;
+  // The continuation: one chunk that closes the windows left open, then decode steps (CUDA graphs).
+  float worst = 0;
+  ASSERT_TRUE(Feed(m, ex, *a, std::span<const int32_t>(cont.data(), 13), false, &la).ok());
+  ASSERT_TRUE(Feed(m, ex, *b, std::span<const int32_t>(cont.data(), 13), false, &lb).ok());
+  worst = std::max(worst, MaxDiff(la, lb, static_cast<size_t>(13 * vocab)));
+  for (size_t t = 13; t < cont.size(); ++t) {
+    std::vector<SequenceStep> steps(2);
+    steps[0].seq = *a;
+    steps[1].seq = *b;
+    steps[0].tokens = steps[1].tokens = std::span<const int32_t>(cont.data() + t, 1);
+    std::vector<SequenceLogits> out;
+    ASSERT_TRUE(m.Forward(steps, &ex, &out).ok()) << what;
+    worst = std::max(worst, MaxDiff(out[0].logits, out[1].logits, static_cast<size_t>(vocab)));
+  }
+  NLOG(INFO) << what << ": continuation max |spec+rollback - plain| = " << worst;
+  EXPECT_LE(worst, tol) << what << ": logits after the rollback";
+  EXPECT_TRUE(m.ReleaseSequence(*a).ok());
+  EXPECT_TRUE(m.ReleaseSequence(*b).ok());
+}
+
+struct ModeCase {
+  std::string name;
+  bool fp32;
+  int tp;
+};
+
+class CudaRollbackTest : public ::testing::TestWithParam<ModeCase> {};
+
+// tiny-v4: window 8, CSA rate 4 (layers 1, 3), HCA rate 128 (layers 2, 4).
+TEST_P(CudaRollbackTest, TinyStateEqualsKeptTokensOnly) {
+  const ModeCase& mode = GetParam();
+  if (!HaveGpus(mode.tp)) GTEST_SKIP() << "needs " << mode.tp << " GPU(s)";
+  Fixture* f = Get("tiny-v4");
+  ASSERT_NE(f, nullptr);
+  CudaOptions opt;
+  opt.fp32 = mode.fp32;
+  opt.tp = mode.tp;
+  auto m = CreateCudaBackend(*f->ckpt, opt);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const int64_t V = f->ckpt->config().vocab_size;
+  const float tol = mode.fp32 ? 1e-3f : 5e-2f;  // tests/data/README.md "matches"
+  const std::vector<RollbackCase> cases = {
+      // Across the HCA (128) and CSA (124, 128) boundaries, keeping 0..k tokens; k = 8 = the window.
+      {123, 8, {8}}, {123, 8, {7}}, {123, 8, {5}}, {123, 8, {4}}, {123, 8, {3}}, {123, 8, {1}}, {123, 8, {0}},
+      // The kept tokens close an HCA window, the dropped ones open the next.
+      {126, 6, {3}},
+      // Longer than the window (twice over) and than a CSA window: kept rows overwritten ring slots.
+      {120, 17, {13}}, {120, 17, {6}}, {5, 17, {16}}, {0, 17, {9}},
+      // Rollback in two calls equals one.
+      {61, 7, {2, 3}}, {125, 9, {1, 1, 1, 4}},
+      // Mid-context, no boundary of the HCA rate.
+      {37, 3, {2}}, {40, 1, {1}},
+  };
+  for (const RollbackCase& c : cases) {
+    std::string rb;
+    for (int64_t r : c.rollbacks) rb += std::to_string(r) + " ";
+    CheckRollback(**m, *f->experts, V, c, tol,
+                  mode.name + " prompt " + std::to_string(c.prompt) + " k " + std::to_string(c.k) + " rollback " + rb);
+  }
+}
+
+// A batch step where speculative and plain sequences (prefill chunks) share the passes, with a small
+// max_step_tokens so a speculative step is cut into several device passes.
+TEST_P(CudaRollbackTest, MixedBatchAndMultiPassSteps) {
+  const ModeCase& mode = GetParam();
+  if (!HaveGpus(mode.tp)) GTEST_SKIP() << "needs " << mode.tp << " GPU(s)";
+  Fixture* f = Get("tiny-v4");
+  ASSERT_NE(f, nullptr);
+  CudaOptions opt;
+  opt.fp32 = mode.fp32;
+  opt.tp = mode.tp;
+  opt.max_step_tokens = 12;
+  auto mm = CreateCudaBackend(*f->ckpt, opt);
+  ASSERT_TRUE(mm.ok()) << mm.status();
+  CudaBackend& m = **mm;
+  ExpertBackend& ex = *f->experts;
+  const int64_t V = f->ckpt->config().vocab_size;
+  const float tol = mode.fp32 ? 1e-3f : 5e-2f;
+  std::mt19937 rng(17);
+  auto toks = [&](int n) {
+    std::vector<int32_t> v;
+    for (int i = 0; i < n; ++i) v.push_back(static_cast<int32_t>(rng() % V));
+    return v;
+  };
+  // Speculative sequences s0 (k 17), s1 (k 4), plain p (a 20-token chunk); twins t0, t1 take the kept tokens.
+  // s0 keeps 15 > max_step_tokens rows, so its replay runs in two chunks too.
+  const auto pre0 = toks(30), pre1 = toks(126), prep = toks(7), d0 = toks(17), d1 = toks(4), chunk = toks(20);
+  std::vector<SequenceId> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto s = m.CreateSequence();
+    ASSERT_TRUE(s.ok());
+    ids.push_back(*s);
+  }
+  const SequenceId s0 = ids[0], s1 = ids[1], p = ids[2], t0 = ids[3], t1 = ids[4];
+  ASSERT_TRUE(Feed(m, ex, s0, pre0, false, nullptr).ok());
+  ASSERT_TRUE(Feed(m, ex, t0, pre0, false, nullptr).ok());
+  ASSERT_TRUE(Feed(m, ex, s1, pre1, false, nullptr).ok());
+  ASSERT_TRUE(Feed(m, ex, t1, pre1, false, nullptr).ok());
+  ASSERT_TRUE(Feed(m, ex, p, prep, false, nullptr).ok());
+  std::vector<SequenceStep> steps(3);
+  steps[0] = {.seq = p, .tokens = chunk, .all_logits = true};
+  steps[1] = {.seq = s0, .tokens = d0, .all_logits = true, .speculative = true};
+  steps[2] = {.seq = s1, .tokens = d1, .all_logits = true, .speculative = true};
+  std::vector<SequenceLogits> out;
+  Status st = m.Forward(steps, &ex, &out);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(m.Rollback(s0, 2).ok());  // keeps 15
+  ASSERT_TRUE(m.Rollback(s1, 1).ok());  // keeps 3: 126 + 3 crosses 128
+  EXPECT_EQ(m.Memory(s0)->position, 45);
+  EXPECT_EQ(m.Memory(s1)->position, 129);
+  EXPECT_EQ(m.Memory(p)->position, 27);
+  // A plain step on the rolled-back sequences disarms them: no second rollback.
+  std::vector<float> la, lb;
+  ASSERT_TRUE(Feed(m, ex, t0, std::span<const int32_t>(d0.data(), 15), false, &lb).ok());
+  EXPECT_LE(MaxDiff(out[1].logits, lb, static_cast<size_t>(15 * V)), tol);
+  ASSERT_TRUE(Feed(m, ex, t1, std::span<const int32_t>(d1.data(), 3), false, &lb).ok());
+  EXPECT_LE(MaxDiff(out[2].logits, lb, static_cast<size_t>(3 * V)), tol);
+  const auto cont = toks(15);
+  for (auto [x, y] : {std::pair{s0, t0}, std::pair{s1, t1}}) {
+    ASSERT_TRUE(Feed(m, ex, x, cont, false, &la).ok());
+    ASSERT_TRUE(Feed(m, ex, y, cont, false, &lb).ok());
+    EXPECT_LE(MaxDiff(la, lb, la.size()), tol) << "sequence " << x;
+  }
+  Status again = m.Rollback(s0, 1);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  for (SequenceId s : ids) EXPECT_TRUE(m.ReleaseSequence(s).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CudaRollbackTest,
+                         ::testing::Values(ModeCase{"fp32", true, 1}, ModeCase{"bf16", false, 1},
+                                           ModeCase{"fp32_tp2", true, 2}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(CudaRollbackErrors, RefusedWithClearErrors) {
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device";
+  Fixture* f = Get("tiny-v4");
+  ASSERT_NE(f, nullptr);
+  CudaOptions opt;
+  opt.max_spec_tokens = 5;
+  auto mm = CreateCudaModel(*f->ckpt, opt);
+  ASSERT_TRUE(mm.ok()) << mm.status();
+  ModelBackend& m = **mm;
+  ExpertBackend& ex = *f->experts;
+  auto s = m.CreateSequence();
+  ASSERT_TRUE(s.ok());
+  const std::vector<int32_t> six = {5, 9, 11, 13, 17, 19};
+  ASSERT_TRUE(Feed(m, ex, *s, six, false, nullptr).ok());
+  // The last step was not speculative.
+  EXPECT_EQ(m.Rollback(*s, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(m.Rollback(*s, 0).ok());
+  EXPECT_EQ(m.Rollback(*s, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.Rollback(*s + 1000, 1).code(), absl::StatusCode::kNotFound);
+  // Longer than max_spec_tokens: refused before anything runs.
+  Status big = Feed(m, ex, *s, six, true, nullptr);
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted) << big;
+  EXPECT_NE(big.message().find("max_spec_tokens"), std::string::npos) << big;
+  EXPECT_EQ(m.Memory(*s)->position, 6);
+  // Within the step only.
+  ASSERT_TRUE(Feed(m, ex, *s, std::span<const int32_t>(six.data(), 5), true, nullptr).ok());
+  EXPECT_EQ(m.Rollback(*s, 6).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(m.Rollback(*s, 5).ok());
+  EXPECT_EQ(m.Memory(*s)->position, 6);
+  EXPECT_EQ(m.Rollback(*s, 1).code(), absl::StatusCode::kFailedPrecondition);
+
+  CudaOptions none;
+  none.max_spec_tokens = 0;
+  auto m0 = CreateCudaModel(*f->ckpt, none);
+  ASSERT_TRUE(m0.ok()) << m0.status();
+  auto s0 = (*m0)->CreateSequence();
+  ASSERT_TRUE(s0.ok());
+  Status off = Feed(**m0, ex, *s0, std::span<const int32_t>(six.data(), 1), true, nullptr);
+  EXPECT_EQ(off.code(), absl::StatusCode::kResourceExhausted) << off;
+  EXPECT_NE(off.message().find("max_spec_tokens"), std::string::npos) << off;
+  CudaOptions bad;
+  bad.max_spec_tokens = -1;
+  auto mb = CreateCudaModel(*f->ckpt, bad);
+  ASSERT_FALSE(mb.ok());
+  EXPECT_EQ(mb.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mb.status().message().find("max_spec_tokens"), std::string::npos) << mb.status();
+}
+
+// ---- greedy speculative decoding == plain greedy --------------------------------------------------------
+
+// Repetitive prompts (the model's golden prompt p0 three times, cut at different points), as in
+// tests/model/spec_test.cc, so the n-gram drafter finds continuations to propose.
+std::vector<GenerateRequest> Prompts(const std::string& model, int64_t count, int64_t new_tokens) {
+  std::vector<int32_t> base;
+  auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/" + model + "/golden.safetensors");
+  EXPECT_TRUE(g.ok());
+  if (g.ok()) {
+    auto ids = ToF32(**(*g)->Get("p0.input_ids"));
+    EXPECT_TRUE(ids.ok());
+    for (int rep = 0; rep < 3 && ids.ok(); ++rep) {
+      for (float v : ids->data) base.push_back(static_cast<int32_t>(v));
+    }
+  }
+  std::vector<GenerateRequest> reqs;
+  for (int64_t i = 0; i < count; ++i) {
+    GenerateRequest r;
+    r.prompt.assign(base.begin(), base.end() - (i * 5) % 30);
+    r.max_new_tokens = new_tokens;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+struct GreedyCase {
+  std::string model;
+  bool fp32;
+};
+
+class CudaGreedySpecTest : public ::testing::TestWithParam<GreedyCase> {};
+
+TEST_P(CudaGreedySpecTest, NgramEqualsPlainGreedyAndTheCpuBackend) {
+  const GreedyCase& c = GetParam();
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device";
+  Fixture* f = Get(c.model);
+  ASSERT_NE(f, nullptr);
+  CudaOptions opt;
+  opt.fp32 = c.fp32;
+  auto gpu = CreateCudaModel(*f->ckpt, opt);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = cpu::CpuModel::Create(*f->ckpt, nullptr);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  int64_t accepted = 0, drafted = 0;
+  for (int64_t batch : {1, 3, 8}) {
+    const auto reqs = Prompts(c.model, batch, 24);
+    auto plain = GenerateBatch(**gpu, *f->experts, reqs);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    if (c.fp32 && batch != 8) {  // the CPU reference (fp32: no near-tie flips; batches 1 and 3 cover it)
+      auto ref = GenerateBatch(**cpu, *f->experts, reqs);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ((*plain)[i].tokens, (*ref)[i].tokens) << c.model << " cuda vs cpu, batch " << batch << " seq " << i;
+      }
+    }
+    for (int64_t depth = 1; depth <= 7; ++depth) {
+      SpecConfig spec{.method = SpecMethod::kNgram, .depth = depth};
+      auto got = GenerateBatch(**gpu, *f->experts, reqs, nullptr, spec);
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens)
+            << c.model << (c.fp32 ? " fp32" : " bf16") << " batch " << batch << " depth " << depth << " seq " << i;
+        accepted += (*got)[i].spec.accepted;
+        drafted += (*got)[i].spec.drafted;
+      }
+    }
+  }
+  NLOG(INFO) << c.model << (c.fp32 ? " fp32" : " bf16") << ": accepted " << accepted << " of " << drafted
+             << " n-gram drafts";
+  EXPECT_GT(drafted, 0);
+  if (c.model == "demo-v4") {
+    EXPECT_GE(accepted, 20) << accepted << "/" << drafted;
+  }
+}
+
+// Adaptive depth and keep_logits: the logits that chose each token are the plain run's.
+TEST(CudaGreedySpec, AdaptiveDepthKeepsLogits) {
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device";
+  Fixture* f = Get("demo-v4");
+  ASSERT_NE(f, nullptr);
+  CudaOptions opt;
+  opt.fp32 = true;
+  auto gpu = CreateCudaModel(*f->ckpt, opt);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto reqs = Prompts("demo-v4", 2, 20);
+  for (auto& r : reqs) r.keep_logits = true;
+  auto plain = GenerateBatch(**gpu, *f->experts, reqs);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  SpecConfig spec{.method = SpecMethod::kNgram, .depth = 6, .adaptive = true};
+  auto got = GenerateBatch(**gpu, *f->experts, reqs, nullptr, spec);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens);
+    ASSERT_EQ((*got)[i].step_logits.size(), (*plain)[i].step_logits.size());
+    EXPECT_LE(MaxDiff((*got)[i].step_logits, (*plain)[i].step_logits, (*got)[i].step_logits.size()), 1e-3f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaGreedySpecTest,
+                         ::testing::Values(GreedyCase{"tiny-v4", true}, GreedyCase{"tiny-v4", false},
+                                           GreedyCase{"demo-v4", true}, GreedyCase{"demo-v4", false}),
+                         [](const auto& info) {
+                           return info.param.model.substr(0, 4) + (info.param.fp32 ? "_fp32" : "_bf16");
+                         });
+
+}  // namespace
+}  // namespace numoe

@@ -9,6 +9,12 @@
 //   a minute of uptime), logged; numoe-gpu restarting makes the workers exit and restart too
 //   SIGINT/SIGTERM: SIGTERM to every child, SIGKILL after --stop-timeout, then exit
 //
+// Speculative decoding: --spec / --spec-depth / --spec-adaptive go to numoe-gpu (which drafter to load)
+// and to every worker (which drafter the engine uses). Combinations that cannot run (a drafter the
+// checkpoint lacks, a model drafter on the CUDA backend) are refused here, before anything is loaded.
+// Any --max-seqs x --spec-depth x --max-step-tokens runs: the engine shares the step budget between
+// decode tokens, drafts and prompt chunks.
+//
 // No orphans: children are in serve's process group and have PR_SET_PDEATHSIG(SIGTERM), so even a
 // SIGKILLed serve takes them down. A child that fails before it was ever ready (bad model, port in use)
 // stops serve with its exit status: restarting a misconfiguration forever would hide it.
@@ -36,11 +42,13 @@
 
 #include "cli/commands.h"
 #include "common/args.h"
+#include "common/checkpoint.h"
 #include "common/log.h"
 #include "common/numa.h"
 #include "common/status.h"
 #include "deploy/model_memory.h"
 #include "deploy/planner.h"
+#include "gpu_service/model/spec.h"
 
 namespace numoe::cli {
 namespace {
@@ -61,7 +69,34 @@ struct ServeConfig {
   std::string log_dir;
   double stop_timeout_s = 15;
   double startup_timeout_s = 900;
+  std::string spec = "auto";  // auto | none | dspark | mtp | ngram
+  int64_t spec_depth = 0;     // 0 = the checkpoint's dspark_block_size, else 5
+  bool spec_adaptive = false;
 };
+
+// The checks numoe-gpu and the workers would fail on, made before any child starts (and before any
+// weight is loaded), with what to change.
+Status CheckSpecFlags(const ServeConfig& c) {
+  if (c.spec == "auto") return absl::OkStatus();
+  auto m = ParseSpecMethod(c.spec);
+  if (!m.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec must be auto, none, dspark, mtp or ngram (got '", c.spec, "')"));
+  }
+  if (*m != SpecMethod::kDspark && *m != SpecMethod::kMtp) return absl::OkStatus();
+  if (c.backend == "cuda") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--spec ", c.spec, ": the CUDA backend has no model drafter yet; use --spec ngram or none, or --backend cpu"));
+  }
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(c.model_dir));
+  const char* own = ckpt->mtp_stages() == 0 ? "none" : ckpt->config().dspark_block_size > 0 ? "dspark" : "mtp";
+  if (c.spec != own) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--spec ", c.spec, ": ", c.model_dir, " has ", std::string(own) == "none" ? "no drafter stages" : absl::StrCat("a ", own, " drafter"),
+        " (", ckpt->mtp_stages(), " mtp.* stages, dspark_block_size ", ckpt->config().dspark_block_size, "); use --spec ",
+        std::string(own) == "none" ? "ngram or none" : absl::StrCat(own, ", ngram or none")));
+  }
+  return absl::OkStatus();
+}
 
 // A free TCP port on 127.0.0.1 (bound, read, released). Ports are chosen once, so a restarted worker
 // comes back where the router expects it.
@@ -397,6 +432,7 @@ int Serve(const ServeConfig& c) {
   if (c.backend != "cpu" && c.backend != "cuda") {
     return fail(absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda (got '", c.backend, "')")));
   }
+  if (Status st = CheckSpecFlags(c); !st.ok()) return fail(st);
   if (!c.log_dir.empty()) std::filesystem::create_directories(c.log_dir);
   auto slots = PlaceWorkers(c);
   if (!slots.ok()) return fail(slots.status());
@@ -411,7 +447,7 @@ int Serve(const ServeConfig& c) {
   Child* gpu = sup.Add(Child{.name = "numoe-gpu",
                              .binary = bin + "/numoe-gpu",
                              .args = {"--model", model, "--backend", c.backend, "--host", "127.0.0.1", "--port",
-                                      std::to_string(*gpu_port)}});
+                                      std::to_string(*gpu_port), "--spec", c.spec}});
   std::vector<Child*> workers;
   std::vector<std::string> worker_addrs;
   for (size_t i = 0; i < slots->size(); ++i) {
@@ -431,6 +467,9 @@ int Serve(const ServeConfig& c) {
     if (c.max_seqs > 0) args.insert(args.end(), {"--max-seqs", std::to_string(c.max_seqs)});
     if (c.max_step_tokens > 0) args.insert(args.end(), {"--max-step-tokens", std::to_string(c.max_step_tokens)});
     if (c.prefill_chunk >= 0) args.insert(args.end(), {"--prefill-chunk", std::to_string(c.prefill_chunk)});
+    args.insert(args.end(), {"--spec", c.spec});
+    if (c.spec_depth > 0) args.insert(args.end(), {"--spec-depth", std::to_string(c.spec_depth)});
+    if (c.spec_adaptive) args.push_back("--spec-adaptive");
     workers.push_back(sup.Add(Child{.name = absl::StrCat("numoe-worker-", i),
                                     .tier = 1,
                                     .binary = bin + "/numoe-worker",
@@ -505,6 +544,15 @@ int RunServe(int argc, char** argv) {
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &c.max_seqs, 0, 4096);
   p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &c.max_step_tokens, 0, 65536);
   p.AddInt("prefill-chunk", "N", "numoe-worker --prefill-chunk (-1 = its default)", &c.prefill_chunk, -1, 65536);
+  p.AddString("spec", "auto|none|dspark|mtp|ngram",
+              "speculative decoding (numoe-gpu and every worker): auto = the checkpoint's drafter (dspark with DSpark "
+              "stages, mtp with MTP stages, else none; none on --backend cuda); ngram drafts from the prompt and "
+              "generated text (no weights); none turns it off",
+              &c.spec);
+  p.AddInt("spec-depth", "K", "draft tokens per step (0 = the checkpoint's dspark_block_size, else 5); any "
+           "--max-seqs x --spec-depth runs, drafts share --max-step-tokens", &c.spec_depth, 0, 16);
+  p.AddFlag("spec-adaptive", "adapt each sequence's draft depth from its recent acceptance (up to --spec-depth)",
+            &c.spec_adaptive);
   p.AddFlag("no-numa-bind", "start workers with --no-numa-bind (no NUMA rights, e.g. containers)", &c.no_numa_bind);
   p.AddFlag("no-router", "start numoe-gpu and the workers only (the ready line lists the workers)", &c.no_router);
   p.AddString("log-dir", "DIR", "write each child's log to DIR/<name>.log (default: this terminal's stderr)",

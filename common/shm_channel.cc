@@ -93,6 +93,9 @@ Status ValidateGeometry(const Geometry& g) {
   RETURN_IF_ERROR(range("max_seqs", g.max_seqs, 1, 4096));
   RETURN_IF_ERROR(range("vocab", g.vocab, 1, 1u << 24));
   RETURN_IF_ERROR(range("logits_rows", g.logits_rows, 0, g.max_seqs));
+  RETURN_IF_ERROR(range("drafter", g.drafter, kDrafterNone, kDrafterMtp));
+  RETURN_IF_ERROR(range("max_model_drafts", g.max_model_drafts, 0, g.drafter == kDrafterNone ? 0 : 4096));
+  RETURN_IF_ERROR(range("verify", g.verify, g.drafter == kDrafterNone ? 0 : 1, 1));
   const size_t total = ComputeLayout(g).total;
   if (total > (size_t{16} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("shm geometry: the region would need ", total,
@@ -123,6 +126,10 @@ Layout ComputeLayout(const Geometry& g) {
   take(&l.moe_ids, rows * K * sizeof(int32_t));
   take(&l.moe_weights, rows * K * sizeof(float));
   take(&l.sampled, S * sizeof(int32_t));
+  take(&l.counts, S * sizeof(int32_t));
+  take(&l.drafted, S * sizeof(int32_t));
+  take(&l.accepted, S * sizeof(int32_t));
+  take(&l.emitted, rows * sizeof(int32_t));
   take(&l.logits, size_t{g.logits_rows} * g.vocab * sizeof(float));
   take(&l.down_error, kErrorTextBytes);
   l.total = at;
@@ -335,6 +342,10 @@ float* Channel::moe_x() const { return reinterpret_cast<float*>(base_ + layout_.
 int32_t* Channel::moe_ids() const { return reinterpret_cast<int32_t*>(base_ + layout_.moe_ids); }
 float* Channel::moe_weights() const { return reinterpret_cast<float*>(base_ + layout_.moe_weights); }
 int32_t* Channel::sampled() const { return reinterpret_cast<int32_t*>(base_ + layout_.sampled); }
+int32_t* Channel::counts() const { return reinterpret_cast<int32_t*>(base_ + layout_.counts); }
+int32_t* Channel::drafted() const { return reinterpret_cast<int32_t*>(base_ + layout_.drafted); }
+int32_t* Channel::accepted() const { return reinterpret_cast<int32_t*>(base_ + layout_.accepted); }
+int32_t* Channel::emitted() const { return reinterpret_cast<int32_t*>(base_ + layout_.emitted); }
 float* Channel::logits() const { return reinterpret_cast<float*>(base_ + layout_.logits); }
 
 // ---- the doorbell ----

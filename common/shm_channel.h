@@ -9,7 +9,8 @@
 //                                         <- MoeRequest  (layer, rows, x, expert ids, weights)
 //   MoeResponse (rows of the expert sum)   ->
 //                 ... one MoeRequest/MoeResponse pair per layer (and per micro-step) ...
-//                                         <- StepResult  (one sampled token per sampling entry, logits)
+//                                         <- StepResult  (per entry: emitted tokens, drafts verified and
+//                                                         accepted; logits)
 //   (either side may answer with Error instead; the conversation then returns to idle)
 //
 // Layout of the region (every array 64-byte aligned, capacities from Geometry; see ComputeLayout):
@@ -18,10 +19,18 @@
 //   up slot   (worker -> gpu): MsgHeader, entries[max_seqs], tokens[max_rows] i32, releases[max_seqs] i64,
 //                              moe_out[max_rows x hidden] f32, error text
 //   down slot (gpu -> worker): MsgHeader, x[max_rows x hidden] f32, ids[max_rows x top_k] i32,
-//                              weights[max_rows x top_k] f32, sampled[max_seqs] i32,
+//                              weights[max_rows x top_k] f32, sampled[max_seqs] i32, counts[max_seqs] i32,
+//                              drafted[max_seqs] i32, accepted[max_seqs] i32, emitted[max_rows] i32,
 //                              logits[logits_rows x vocab] f32, error text
 // The arrays are read and written in place (zero copy): the worker's expert backend reads x straight
 // from the down slot and writes its sum straight into the up slot.
+//
+// Speculative decoding (gpu_service/model/spec.h has the rule): an entry may carry `drafts` (trailing
+// draft tokens of a weightless drafter, e.g. n-gram, run by the worker) or ask for `model_drafts` (numoe-gpu
+// drafts with the model's own drafter, Geometry::drafter). numoe-gpu runs the target once over
+// [last token, drafts], verifies, rolls the rejected positions back in every cache and answers with the
+// entry's emitted tokens (1 + accepted). An entry occupies num_tokens + model_drafts rows of max_rows, so
+// the emitted tokens of one step always fit emitted[max_rows].
 //
 // Doorbell: the sender publishes the message by incrementing a 32-bit counter (release); the receiver
 // spins on it for `spin_us`, then sleeps in FUTEX_WAIT (shared futex, works across processes) in slices of
@@ -43,12 +52,18 @@
 namespace numoe::shm {
 
 inline constexpr uint64_t kMagic = 0x314d48535f454f4eULL;  // "NOE_SHM1" little-endian
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: speculative decoding (drafts, emitted tokens)
 inline constexpr size_t kErrorTextBytes = 1024;
 
-// Capacities of one channel. Limits (ValidateGeometry): hidden in [1, 65536], top_k in [1, 64],
-// max_rows in [1, 65536], max_seqs in [1, 4096], vocab in [1, 1<<24], logits_rows in [0, max_seqs],
-// and the whole region at most 16 GiB.
+// Geometry::drafter: numoe-gpu's model drafter (the values of numoe::SpecMethod, which common/ does not see).
+inline constexpr uint32_t kDrafterNone = 0;
+inline constexpr uint32_t kDrafterDspark = 1;
+inline constexpr uint32_t kDrafterMtp = 2;
+
+// Capacities of one channel, and what numoe-gpu can do with it. Limits (ValidateGeometry): hidden in
+// [1, 65536], top_k in [1, 64], max_rows in [1, 65536], max_seqs in [1, 4096], vocab in [1, 1<<24],
+// logits_rows in [0, max_seqs], drafter one of kDrafter*, max_model_drafts in [0, 4096] and 0 without a
+// drafter, verify 0 or 1 (and 1 with a drafter), and the whole region at most 16 GiB.
 struct Geometry {
   uint32_t hidden = 0;       // D: width of one MoE row (fp32)
   uint32_t top_k = 0;        // routed experts per row
@@ -56,6 +71,12 @@ struct Geometry {
   uint32_t max_seqs = 0;     // sequences per step
   uint32_t vocab = 0;        // logits width
   uint32_t logits_rows = 0;  // StepResult logits capacity in rows of `vocab` (0: logits never returned)
+  // Speculative decoding: the model drafter StepEntry::model_drafts uses (kDrafterNone: none loaded), the
+  // most model drafts one entry may ask for, and whether numoe-gpu verifies drafts at all (its backend
+  // runs speculative steps and rolls them back; 0: entries must carry no drafts).
+  uint32_t drafter = kDrafterNone;
+  uint32_t max_model_drafts = 0;
+  uint32_t verify = 0;
 };
 Status ValidateGeometry(const Geometry& g);
 
@@ -63,7 +84,8 @@ Status ValidateGeometry(const Geometry& g);
 struct Layout {
   size_t header = 0, to_gpu = 0, to_worker = 0;
   size_t up_msg = 0, entries = 0, tokens = 0, releases = 0, moe_out = 0, up_error = 0;
-  size_t down_msg = 0, moe_x = 0, moe_ids = 0, moe_weights = 0, sampled = 0, logits = 0, down_error = 0;
+  size_t down_msg = 0, moe_x = 0, moe_ids = 0, moe_weights = 0, sampled = 0, counts = 0, drafted = 0, accepted = 0,
+         emitted = 0, logits = 0, down_error = 0;
   size_t total = 0;
 };
 Layout ComputeLayout(const Geometry& g);
@@ -92,11 +114,16 @@ inline constexpr uint32_t kEntrySample = 1u << 1;  // sample a token from the la
 inline constexpr uint32_t kEntryLogits = 1u << 2;  // also return the last row's logits (needs logits_rows)
 
 // One sequence's part of a StepRequest; its tokens follow the previous entries' in `tokens`.
+// Speculative entries (drafts > 0 or model_drafts > 0) need kEntrySample, and neither kEntryLogits nor
+// kEntryOpen; at most one of the two is non-zero. Their step costs num_tokens + model_drafts rows.
 struct StepEntry {
   int64_t seq = 0;         // the worker's key for the sequence (unique among its open sequences)
   int32_t num_tokens = 0;  // >= 1
   uint32_t flags = 0;
   WireSampling sampling;   // read with kEntryOpen
+  int32_t drafts = 0;        // the last `drafts` tokens are proposals to verify (< num_tokens; needs verify)
+  int32_t model_drafts = 0;  // numoe-gpu's drafter proposes this many after the single token (num_tokens 1;
+                             // <= Geometry::max_model_drafts)
 };
 
 // The fixed header of a message; which fields mean something depends on `type`.
@@ -111,6 +138,7 @@ struct MsgHeader {
   int64_t num_tokens = 0;    // kStepRequest
   int64_t num_releases = 0;  // kStepRequest: sequences to free before the step runs
   int64_t num_logits = 0;    // kStepResult: rows in logits (entries with kEntryLogits, in order)
+  int64_t num_emitted = 0;   // kStepResult: tokens in emitted (the sum of counts)
   int64_t compute_ns = 0;    // kMoeResponse: time the worker spent computing (hop overhead = RTT - this)
   int64_t text_len = 0;      // kError
 };
@@ -199,7 +227,11 @@ class Channel {
   float* moe_x() const;         // down: [max_rows, hidden]
   int32_t* moe_ids() const;     // down: [max_rows, top_k]
   float* moe_weights() const;   // down: [max_rows, top_k]
-  int32_t* sampled() const;     // down: [max_seqs]
+  int32_t* sampled() const;     // down: [max_seqs] the first emitted token per entry (-1: did not sample)
+  int32_t* counts() const;      // down: [max_seqs] tokens emitted per entry (0, 1, or 1 + accepted)
+  int32_t* drafted() const;     // down: [max_seqs] drafts verified per entry
+  int32_t* accepted() const;    // down: [max_seqs] drafts kept per entry
+  int32_t* emitted() const;     // down: [max_rows] every entry's emitted tokens, entry after entry
   float* logits() const;        // down: [logits_rows, vocab]
 
  private:

@@ -22,6 +22,11 @@ int main(int argc, char** argv) {
            4096);
   p.AddInt("cuda-device", "N", "--backend cuda: first GPU", &c.cuda_device, 0, 1024);
   p.AddInt("tp", "N", "--backend cuda: tensor-parallel GPUs", &c.tp, 1, 64);
+  p.AddString("spec", "auto|none|dspark|mtp|ngram",
+              "speculative decoding: the model drafter to load (auto = the checkpoint's: dspark with DSpark stages, "
+              "mtp with MTP stages, else none; none on --backend cuda). ngram and none load no drafter; workers "
+              "send n-gram drafts either way and numoe-gpu verifies them",
+              &c.spec);
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   return numoe::gpu::RunGpuApp(c);

@@ -35,6 +35,15 @@ int main(int argc, char** argv) {
   p.AddString("experts", "kernels|reference",
               "routed experts: packed for the CPU kernels (NUMOE_ISA forces an ISA), or fp32 reference (small models)",
               &c.experts);
+  p.AddString("spec", "auto|none|dspark|mtp|ngram",
+              "speculative decoding: auto = numoe-gpu's model drafter when it loaded one (this worker then also "
+              "holds the drafter stages' routed experts), else none; dspark/mtp must match numoe-gpu's --spec; "
+              "ngram drafts here from prompt + generated text and numoe-gpu verifies",
+              &c.spec);
+  p.AddInt("spec-depth", "K", "draft tokens per step (0 = the checkpoint's dspark_block_size, else 5)", &c.spec_depth,
+           0, 16);
+  p.AddFlag("spec-adaptive", "adapt each sequence's depth from its recent acceptance (up to --spec-depth)",
+            &c.spec_adaptive);
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   if (!numa_nodes.empty() && !c.no_numa_bind) {

@@ -19,9 +19,10 @@ namespace numoe::gpu {
 
 namespace {
 
-StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, const Checkpoint& ckpt, ThreadPool* pool) {
+StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, const Checkpoint& ckpt, ThreadPool* pool,
+                                                      bool drafter) {
   if (c.backend == "cpu") {
-    ASSIGN_OR_RETURN(auto model, cpu::CpuModel::Create(ckpt, pool));
+    ASSIGN_OR_RETURN(auto model, cpu::CpuModel::Create(ckpt, pool, {.drafter = drafter}));
     return std::unique_ptr<ModelBackend>(std::move(model));
   }
   CudaOptions o;
@@ -32,6 +33,37 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   auto model = CreateCudaModel(ckpt, o);
   if (!model.ok()) return Status(model.status().code(), absl::StrCat("--backend cuda: ", model.status().message()));
   return model;
+}
+
+// Resolves --spec against the checkpoint and the backend, before any weight is loaded. Errors say what to
+// change.
+StatusOr<SpecMethod> ResolveSpec(const GpuAppConfig& c, const Checkpoint& ckpt) {
+  const std::string own = CheckpointDrafter(ckpt);
+  if (c.spec == "auto") {
+    if (c.backend == "cuda" && own != "none") {
+      NLOG(INFO) << "numoe-gpu: the checkpoint has a " << own
+                 << " drafter, but the CUDA backend cannot run it yet: no model drafter (--spec none)";
+      return SpecMethod::kNone;
+    }
+    return ParseSpecMethod(own);
+  }
+  auto m = ParseSpecMethod(c.spec);
+  if (!m.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec must be auto, none, dspark, mtp or ngram (got '", c.spec, "')"));
+  }
+  if (*m == SpecMethod::kDspark || *m == SpecMethod::kMtp) {
+    if (c.backend == "cuda") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--spec ", c.spec, ": the CUDA backend has no model drafter yet; use --spec ngram or none, or --backend cpu"));
+    }
+    if (own != c.spec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--spec ", c.spec, ": ", c.model_dir, " has ", own == std::string("none") ? "no drafter stages" : "a " + own +
+          " drafter", " (", ckpt.mtp_stages(), " mtp.* stages, dspark_block_size ", ckpt.config().dspark_block_size,
+          "); use --spec ", own == std::string("none") ? "ngram or none" : own + ", ngram or none"));
+    }
+  }
+  return *m;
 }
 
 }  // namespace
@@ -50,18 +82,40 @@ int RunGpuApp(const GpuAppConfig& config) {
   if (!ckpt.ok()) return fail(ckpt.status());
   auto fingerprint = ModelFingerprint(config.model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
+  auto spec = ResolveSpec(config, **ckpt);
+  if (!spec.ok()) return fail(spec.status());
+  const bool load_drafter = *spec == SpecMethod::kDspark || *spec == SpecMethod::kMtp;
   // The CPU backend's matmuls run on this pool; one Forward at a time uses it (steps are serialised).
   const int threads = config.threads > 0 ? static_cast<int>(config.threads)
                                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   std::unique_ptr<ThreadPool> pool;
   if (config.backend == "cpu") pool = std::make_unique<ThreadPool>(threads);
-  auto model = CreateBackend(config, **ckpt, pool.get());
+  auto model = CreateBackend(config, **ckpt, pool.get(), load_drafter);
   if (!model.ok()) return fail(model.status());
+  if (load_drafter && (*model)->drafter() != *spec) {
+    return fail(absl::UnimplementedError(absl::StrCat("--spec ", SpecMethodName(*spec), ": the ", config.backend,
+                                                      " backend loaded no ", SpecMethodName(*spec),
+                                                      " drafter for this checkpoint; use --spec ngram or none")));
+  }
+  // Verification needs speculative steps and Rollback: probe the backend with an empty rollback.
+  bool verify = false;
+  {
+    auto probe = (*model)->CreateSequence();
+    if (!probe.ok()) return fail(probe.status());
+    const Status st = (*model)->Rollback(*probe, 0);
+    verify = st.code() != absl::StatusCode::kUnimplemented;
+    (void)(*model)->ReleaseSequence(*probe);
+  }
+  if (!verify && *spec != SpecMethod::kNone) {
+    return fail(absl::UnimplementedError(absl::StrCat("--spec ", SpecMethodName(*spec), ": the ", config.backend,
+                                                      " backend cannot verify drafts yet (no Rollback); use --spec none")));
+  }
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NLOG(INFO) << "numoe-gpu: loaded " << config.model_dir << " on the " << config.backend << " backend in " << load_s
              << " s, " << (config.backend == "cpu" ? absl::StrCat(threads, " threads") : std::string("GPU"))
              << " (" << (*ckpt)->config().num_hidden_layers << " layers, hidden " << (*ckpt)->config().hidden_size
-             << ", vocab " << (*ckpt)->config().vocab_size << ")";
+             << ", vocab " << (*ckpt)->config().vocab_size << "); drafter " << SpecMethodName((*model)->drafter())
+             << (verify ? ", verifies drafts" : ", cannot verify drafts (speculative decoding off)");
 
   GpuServerOptions opts;
   opts.backend = config.backend;
@@ -71,6 +125,8 @@ int RunGpuApp(const GpuAppConfig& config) {
   opts.max_workers = config.max_workers;
   opts.max_sequences = config.max_sequences;
   opts.channel.spin_us = static_cast<int>(config.spin_us);
+  opts.drafter = (*model)->drafter();
+  opts.verify = verify;
   GpuServer server(model->get(), (*ckpt)->config(), opts);
   GpuGrpcService service(&server);
 

@@ -44,6 +44,14 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
   g.max_seqs = req.max_sequences();
   g.vocab = static_cast<uint32_t>(config_.vocab_size);
   g.logits_rows = req.return_logits() ? g.max_seqs : 0;
+  static_assert(static_cast<uint32_t>(SpecMethod::kDspark) == shm::kDrafterDspark &&
+                static_cast<uint32_t>(SpecMethod::kMtp) == shm::kDrafterMtp &&
+                static_cast<uint32_t>(SpecMethod::kNone) == shm::kDrafterNone);
+  if (options_.drafter == SpecMethod::kDspark || options_.drafter == SpecMethod::kMtp) {
+    g.drafter = static_cast<uint32_t>(options_.drafter);
+    g.max_model_drafts = static_cast<uint32_t>(std::clamp<int64_t>(options_.max_model_drafts, 1, 4096));
+  }
+  g.verify = options_.verify || g.drafter != shm::kDrafterNone ? 1 : 0;
 
   uint64_t lease;
   {
@@ -73,7 +81,8 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
   }
   NLOG(INFO) << "worker " << req.worker_id() << " (pid " << req.pid() << ") registered: lease " << lease
              << ", channel " << name << " (" << bytes / 1024 << " KiB, " << g.max_seqs << " sequences x "
-             << g.max_rows << " tokens per step)";
+             << g.max_rows << " tokens per step, drafter " << SpecMethodName(options_.drafter)
+             << (g.verify ? ", verifies drafts)" : ")");
   v1::RegisterResponse resp;
   resp.set_lease(lease);
   resp.set_shm_name(name);

@@ -32,6 +32,13 @@ struct GpuServerOptions {
   int64_t max_step_tokens = 16384; // upper bound on what a worker may ask for (channel size)
   int64_t max_sequences = 1024;
   shm::ChannelOptions channel;
+  // Speculative decoding, told to every worker in its channel's geometry: the model drafter (kNone,
+  // kDspark or kMtp; the model's drafter()), the most model drafts one entry may ask for (the largest
+  // --spec-depth ValidateSpec accepts), and whether the backend verifies drafts (speculative steps and
+  // Rollback).
+  SpecMethod drafter = SpecMethod::kNone;
+  int64_t max_model_drafts = 16;
+  bool verify = false;
 };
 
 class GpuServer {

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/checkpoint.h"
+
 namespace numoe {
 
 namespace {
@@ -21,6 +23,11 @@ uint64_t Fnv1a(uint64_t h, const std::string& bytes) {
 }
 
 }  // namespace
+
+const char* CheckpointDrafter(const Checkpoint& ckpt) {
+  if (ckpt.mtp_stages() == 0) return "none";
+  return ckpt.config().dspark_block_size > 0 ? "dspark" : "mtp";
+}
 
 StatusOr<std::string> ModelFingerprint(const std::string& model_dir) {
   namespace fs = std::filesystem;

@@ -12,6 +12,12 @@
 
 namespace numoe {
 
+class Checkpoint;
+
+// The checkpoint's own drafter, the default of --spec on numoe-gpu, numoe-worker and `numoe serve`:
+// "dspark" (mtp.* stages and dspark_* config keys), "mtp" (mtp.* stages without DSpark config) or "none".
+const char* CheckpointDrafter(const Checkpoint& ckpt);
+
 // A stable hex digest of DIR/config.json and DIR/model.safetensors.index.json (or the single
 // model.safetensors' size): equal for two processes that loaded the same checkpoint.
 StatusOr<std::string> ModelFingerprint(const std::string& model_dir);

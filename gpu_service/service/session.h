@@ -4,7 +4,11 @@
 //
 // The serving thread loops: receive a StepRequest, release what it lists, create the sequences it opens,
 // run the model's Forward for the whole step (the MoE of every layer going back to the worker over the
-// channel), sample, answer with the StepResult, or with an Error that names the bad field. It exits when
+// channel), sample, answer with the StepResult, or with an Error that names the bad field.
+// Speculative entries (common/shm_channel.h): the model drafter proposes for the entries that ask for
+// model drafts (one batched Draft), the one Forward runs them as speculative steps with every row's
+// logits, VerifyDrafts (gpu_service/model/spec.h) decides with the sequence's sampler, and Rollback drops
+// the rejected positions before the result goes back. It exits when
 // the worker's process dies or closes the channel, or on Stop(); the owner then frees the session.
 #pragma once
 
@@ -36,6 +40,10 @@ struct ModelHost {
   LatencyRecorder hops;
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> tokens{0};
+  // Speculative decoding: verify steps (entries with drafts), drafts verified, drafts accepted.
+  std::atomic<uint64_t> spec_steps{0};
+  std::atomic<uint64_t> spec_drafted{0};
+  std::atomic<uint64_t> spec_accepted{0};
 };
 
 struct SessionInfo {
@@ -97,6 +105,9 @@ class WorkerSession {
   std::vector<int32_t> tokens_buf_;
   std::vector<SequenceStep> steps_buf_;
   std::vector<SequenceLogits> logits_;
+  std::vector<std::vector<int32_t>> feed_;         // per entry: tokens followed by the model's drafts
+  std::vector<std::vector<float>> draft_logits_;   // per entry: the model drafts' distributions
+  std::vector<int32_t> num_drafts_;                // per entry: drafts verified (0: not speculative)
 };
 
 int64_t SteadyMillis();

@@ -19,10 +19,15 @@ RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts) : 
 
 ExecutorLimits RemoteExecutor::limits() const {
   const shm::Geometry& g = ch_->geometry();
+  const bool model = g.drafter == shm::kDrafterDspark || g.drafter == shm::kDrafterMtp;
   return ExecutorLimits{.vocab_size = g.vocab,
                         .max_step_tokens = g.max_rows,
                         .max_seqs = g.max_seqs,
-                        .logits = g.logits_rows > 0};
+                        .logits = g.logits_rows > 0,
+                        .drafter = g.drafter == shm::kDrafterDspark ? SpecMethod::kDspark
+                                   : g.drafter == shm::kDrafterMtp  ? SpecMethod::kMtp
+                                                                    : SpecMethod::kNone,
+                        .max_model_drafts = model ? static_cast<int64_t>(g.max_model_drafts) : 0};
 }
 
 Status RemoteExecutor::Broken(const Status& st) {
@@ -72,18 +77,37 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
   if (releases_.size() > g.max_seqs) releases_.resize(g.max_seqs);
 
   shm::MsgHeader& m = ch_->outgoing();
-  int64_t tokens = 0, logits_rows = 0;
+  int64_t tokens = 0, rows = 0, logits_rows = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     if (it.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, " has no tokens"));
-    if (tokens + static_cast<int64_t>(it.tokens.size()) > g.max_rows) {
+    if (rows + it.rows() > g.max_rows) {
       return absl::InvalidArgumentError(absl::StrCat("executor: the step has more than ", g.max_rows,
-                                                     " tokens (the channel's max_rows)"));
+                                                     " rows, tokens + model drafts (the channel's max_rows)"));
+    }
+    // The gpu checks these too; failing here keeps a bad item from costing a round trip.
+    if (it.drafts < 0 || it.model_drafts < 0 || (it.drafts > 0 && it.model_drafts > 0) ||
+        it.drafts >= static_cast<int64_t>(it.tokens.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, ": drafts ", it.drafts, " / model_drafts ",
+                                                     it.model_drafts, " do not fit its ", it.tokens.size(), " tokens"));
+    }
+    if ((it.drafts > 0 || it.model_drafts > 0) && (!it.sample || it.logits || g.verify == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "executor: item ", i, ": drafts need sample and no logits",
+          g.verify == 0 ? ", and numoe-gpu's backend cannot verify drafts" : ""));
+    }
+    if (it.model_drafts > 0 && (limits().drafter == SpecMethod::kNone || it.model_drafts > static_cast<int64_t>(g.max_model_drafts) ||
+                                it.tokens.size() != 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, ": model_drafts ", it.model_drafts,
+                                                     " (numoe-gpu's drafter ", SpecMethodName(limits().drafter),
+                                                     ", at most ", g.max_model_drafts, ", after exactly one token)"));
     }
     shm::StepEntry& e = ch_->entries()[i];
     e = shm::StepEntry{};
     e.seq = it.seq;
     e.num_tokens = static_cast<int32_t>(it.tokens.size());
+    e.drafts = it.drafts;
+    e.model_drafts = it.model_drafts;
     if (auto p = pending_open_.find(it.seq); p != pending_open_.end()) {
       e.flags |= shm::kEntryOpen;
       e.sampling = shm::WireSampling{p->second.temperature, p->second.top_p, p->second.top_k, p->second.seed};
@@ -100,6 +124,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
     }
     std::memcpy(ch_->tokens() + tokens, it.tokens.data(), it.tokens.size() * sizeof(int32_t));
     tokens += static_cast<int64_t>(it.tokens.size());
+    rows += it.rows();
   }
   for (size_t i = 0; i < releases_.size(); ++i) ch_->releases()[i] = releases_[i];
   m.num_entries = static_cast<int64_t>(items.size());
@@ -152,22 +177,14 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
       }
       case shm::MsgType::kStepResult: {
         if (!expert_error.ok()) return expert_error;
-        if (in.num_entries != static_cast<int64_t>(items.size()) || in.num_logits != logits_rows) {
-          return Broken(absl::DataLossError(absl::StrCat("StepResult for ", in.num_entries, " entries and ",
-                                                         in.num_logits, " logit rows; expected ", items.size(),
-                                                         " and ", logits_rows)));
+        if (in.num_entries != static_cast<int64_t>(items.size()) || in.num_logits != logits_rows ||
+            in.num_emitted < 0 || in.num_emitted > rows) {
+          return Broken(absl::DataLossError(absl::StrCat("StepResult for ", in.num_entries, " entries, ",
+                                                         in.num_logits, " logit rows and ", in.num_emitted,
+                                                         " emitted tokens; expected ", items.size(), ", ",
+                                                         logits_rows, " and at most ", rows)));
         }
-        out->tokens.assign(items.size(), -1);
-        out->logits.clear();
-        int64_t row = 0;
-        for (size_t i = 0; i < items.size(); ++i) {
-          if (items[i].sample) out->tokens[i] = ch_->sampled()[i];
-          if (items[i].logits) {
-            const float* l = ch_->logits() + row++ * g.vocab;
-            out->logits.emplace_back(l, l + g.vocab);
-          }
-        }
-        return absl::OkStatus();
+        return ReadResult(items, in.num_emitted, out);
       }
       case shm::MsgType::kError:
         return expert_error.ok() ? ch_->IncomingError() : expert_error;
@@ -176,6 +193,61 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
             absl::StrCat("unexpected ", shm::MsgTypeName(*type), " while waiting for a step's result")));
     }
   }
+}
+
+Status RemoteExecutor::ReadResult(std::span<const StepItem> items, int64_t num_emitted, StepOutput* out) {
+  const shm::Geometry& g = ch_->geometry();
+  const size_t n = items.size();
+  out->tokens.assign(n, -1);
+  out->counts.assign(n, 0);
+  out->drafted.assign(n, 0);
+  out->accepted.assign(n, 0);
+  out->emitted.clear();
+  out->logits.clear();
+  int64_t row = 0, at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const StepItem& it = items[i];
+    const int32_t count = ch_->counts()[i], drafted = ch_->drafted()[i], accepted = ch_->accepted()[i];
+    // What the gpu may answer for this item: no token without sample; 1 + accepted with drafts, where
+    // accepted <= drafted <= what was proposed.
+    const int32_t proposed = it.drafts + it.model_drafts;
+    const bool ok = it.sample ? (drafted >= 0 && drafted <= proposed && accepted >= 0 && accepted <= drafted &&
+                                 count == 1 + accepted && at + count <= num_emitted)
+                              : (count == 0 && drafted == 0 && accepted == 0);
+    if (!ok) {
+      return Broken(absl::DataLossError(absl::StrCat("StepResult entry ", i, ": count ", count, ", drafted ", drafted,
+                                                     ", accepted ", accepted, " do not fit the item (sample ",
+                                                     it.sample, ", ", proposed, " drafts)")));
+    }
+    if (count > 0) {
+      const int32_t* e = ch_->emitted() + at;
+      if (e[0] != ch_->sampled()[i]) {
+        return Broken(absl::DataLossError(absl::StrCat("StepResult entry ", i, ": sampled ", ch_->sampled()[i],
+                                                       " != its first emitted token ", e[0])));
+      }
+      for (int32_t k = 0; k < count; ++k) {
+        if (e[k] < 0 || e[k] >= static_cast<int32_t>(g.vocab)) {
+          return Broken(absl::DataLossError(absl::StrCat("StepResult entry ", i, ": emitted token ", e[k],
+                                                         " outside the vocabulary")));
+        }
+      }
+      out->tokens[i] = e[0];
+      out->emitted.insert(out->emitted.end(), e, e + count);
+      at += count;
+    }
+    out->counts[i] = count;
+    out->drafted[i] = drafted;
+    out->accepted[i] = accepted;
+    if (it.logits) {
+      const float* l = ch_->logits() + row++ * g.vocab;
+      out->logits.emplace_back(l, l + g.vocab);
+    }
+  }
+  if (at != num_emitted) {
+    return Broken(absl::DataLossError(absl::StrCat("StepResult: counts add up to ", at, ", num_emitted says ",
+                                                   num_emitted)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace numoe::engine

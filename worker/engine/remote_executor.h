@@ -1,8 +1,10 @@
 // RemoteExecutor: the Executor over numoe-gpu's shared-memory channel (common/shm_channel.h).
 //
-// Step() publishes one StepRequest (entries, tokens, pending releases), then serves the gpu's per-layer
-// MoeRequests with this worker's ExpertBackend, reading x from and writing the expert sum into the
-// channel in place, until the StepResult (one sampled token per sampling entry) or an Error arrives.
+// Step() publishes one StepRequest (entries with their drafts, tokens, pending releases), then serves the
+// gpu's per-layer MoeRequests with this worker's ExpertBackend (the drafter stages' too, as layers
+// num_hidden_layers + s, when numoe-gpu drafts), reading x from and writing the expert sum into the
+// channel in place, until the StepResult (per entry: emitted tokens, drafts verified and accepted) or an
+// Error arrives. limits() reports numoe-gpu's model drafter and max model drafts from the geometry.
 // Open() only reserves a key: the sequence is created on the gpu by the first step that carries it
 // (kEntryOpen + sampling parameters). Close() is deferred: releases ride on the next StepRequest, or go
 // alone on Flush().
@@ -38,6 +40,9 @@ class RemoteExecutor final : public Executor {
 
  private:
   Status Exchange(std::span<const StepItem> items, StepOutput* out);
+  // Reads and checks the StepResult's per-entry arrays into `out` (a gpu answer that does not fit the
+  // items breaks the executor: the two sides no longer agree).
+  Status ReadResult(std::span<const StepItem> items, int64_t num_emitted, StepOutput* out);
   Status Broken(const Status& st);
 
   shm::Channel* ch_;

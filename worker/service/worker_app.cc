@@ -27,23 +27,26 @@ namespace {
 
 // Loads the routed experts of every main layer into this (bound) process's memory: repacked for the
 // CPU kernels (default), or dequantized to fp32 (reference: exact, small models only).
+// `drafter`: also the MTP/DSpark stages' experts (layers num_hidden_layers + s), for numoe-gpu's drafter.
 StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, const Checkpoint& ckpt, ThreadPool* pool,
-                                                     const NumaBinding& binding) {
+                                                     const NumaBinding& binding, bool drafter) {
   if (c.experts != "auto" && c.experts != "kernels" && c.experts != "reference") {
     return absl::InvalidArgumentError(
         absl::StrCat("--experts must be kernels or reference (got '", c.experts, "')"));
   }
-  const int64_t total = StoredFootprint(ckpt).routed_expert_bytes;
+  const ModelFootprint fp = StoredFootprint(ckpt);
+  const int64_t total = fp.routed_expert_bytes + (drafter ? fp.mtp_routed_expert_bytes : 0);
   ProgressBar bar("loading routed experts", total);
   bar.Update(0);
   if (c.experts == "reference") {
-    ASSIGN_OR_RETURN(auto experts, cpu::ReferenceExperts::Load(ckpt));
+    ASSIGN_OR_RETURN(auto experts, cpu::ReferenceExperts::Load(ckpt, drafter));
     bar.Done(total);
     NLOG(INFO) << "numoe-worker: routed experts loaded as fp32 reference";
     return std::unique_ptr<ExpertBackend>(std::move(experts));
   }
   InProcessExpertsOptions o;
   o.numa_node = binding.memory_node;
+  o.include_drafter = drafter;
   // Progress in stored bytes (what the checkpoint holds), by layers packed.
   o.progress = [&](int64_t done, int64_t layers, int64_t) { bar.Update(layers > 0 ? total * done / layers : 0); };
   ASSIGN_OR_RETURN(auto experts, InProcessExperts::Load(ckpt, pool, o));
@@ -51,6 +54,66 @@ StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, c
   NLOG(INFO) << "numoe-worker: routed experts packed for the " << IsaName(experts->isa()) << " kernels ("
              << experts->bytes() << " bytes, " << pool->size() << " threads)";
   return std::unique_ptr<ExpertBackend>(std::move(experts));
+}
+
+// --spec / --spec-depth / --spec-adaptive against the checkpoint, before anything is loaded. `method`
+// stays "auto" until numoe-gpu's drafter is known (ResolveSpecWithGpu).
+struct WorkerSpec {
+  std::string method;  // auto | none | dspark | mtp | ngram
+  SpecConfig config;   // method filled by ResolveSpecWithGpu
+  bool load_drafter_experts = false;
+};
+
+StatusOr<WorkerSpec> ResolveSpec(const WorkerAppConfig& c, const Checkpoint& ckpt) {
+  WorkerSpec w;
+  w.method = c.spec;
+  const std::string own = CheckpointDrafter(ckpt);
+  if (c.spec != "auto") {
+    auto m = ParseSpecMethod(c.spec);
+    if (!m.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--spec must be auto, none, dspark, mtp or ngram (got '", c.spec, "')"));
+    }
+    if ((*m == SpecMethod::kDspark || *m == SpecMethod::kMtp) && own != c.spec) {
+      return absl::FailedPreconditionError(absl::StrCat("--spec ", c.spec, ": ", c.model_dir, " has ",
+                                                        own == std::string("none") ? "no drafter stages" : "a " + own +
+                                                        " drafter", "; use --spec ngram or none"));
+    }
+  }
+  w.load_drafter_experts = c.spec == "dspark" || c.spec == "mtp" || (c.spec == "auto" && own != std::string("none"));
+  const int64_t block = ckpt.config().dspark_block_size;
+  w.config.depth = c.spec_depth > 0 ? c.spec_depth : (block > 0 ? block : 5);
+  w.config.adaptive = c.spec_adaptive;
+  if (Status st = ValidateSpec(w.config); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec-depth: ", st.message()));
+  }
+  return w;
+}
+
+// The spec against what numoe-gpu told us in the channel's geometry. Errors say which flag to change.
+Status ResolveSpecWithGpu(WorkerSpec* w, const engine::ExecutorLimits& limits, const shm::Geometry& g) {
+  SpecConfig& s = w->config;
+  if (w->method == "auto") {
+    s.method = w->load_drafter_experts ? limits.drafter : SpecMethod::kNone;
+  } else {
+    ASSIGN_OR_RETURN(s.method, ParseSpecMethod(w->method));
+  }
+  if (s.method == SpecMethod::kNone) return absl::OkStatus();
+  if ((s.method == SpecMethod::kDspark || s.method == SpecMethod::kMtp) && limits.drafter != s.method) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--spec ", SpecMethodName(s.method), ": numoe-gpu drafts with ", SpecMethodName(limits.drafter),
+        "; start numoe-gpu with --spec ", SpecMethodName(s.method), " (or this worker with --spec ",
+        limits.drafter == SpecMethod::kNone ? "ngram or none" : SpecMethodName(limits.drafter), ")"));
+  }
+  if (g.verify == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--spec ", SpecMethodName(s.method),
+                                                      ": numoe-gpu's backend cannot verify drafts; use --spec none"));
+  }
+  if (limits.max_model_drafts > 0 && s.method != SpecMethod::kNgram && s.depth > limits.max_model_drafts) {
+    return absl::FailedPreconditionError(absl::StrCat("--spec-depth ", s.depth, ": numoe-gpu drafts at most ",
+                                                      limits.max_model_drafts, " tokens per step; lower --spec-depth"));
+  }
+  return absl::OkStatus();
 }
 
 std::string DefaultWorkerId(const std::vector<int>& nodes) {
@@ -85,7 +148,9 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   if (!ckpt.ok()) return fail(ckpt.status());
   auto fingerprint = ModelFingerprint(c.model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
-  auto experts = LoadExperts(c, **ckpt, pool->get(), binding);
+  auto spec = ResolveSpec(c, **ckpt);  // before loading: a bad flag fails at once
+  if (!spec.ok()) return fail(spec.status());
+  auto experts = LoadExperts(c, **ckpt, pool->get(), binding, spec->load_drafter_experts);
   if (!experts.ok()) return fail(experts.status());
 
   // 3. numoe-gpu: register, attach the channel, keep the lease.
@@ -109,12 +174,17 @@ int RunWorkerApp(const WorkerAppConfig& c) {
 
   // 4. The engine over the remote executor.
   engine::RemoteExecutor executor(channel->get(), experts->get());
+  if (Status st = ResolveSpecWithGpu(&*spec, executor.limits(), (*channel)->geometry()); !st.ok()) {
+    (void)(*gpu)->Release();
+    return fail(st);
+  }
   engine::EngineOptions eo{.max_seqs = c.max_seqs,
                            .max_step_tokens = c.max_step_tokens,
                            .prefill_chunk = c.prefill_chunk,
                            .max_queue = c.max_queue,
                            .eos_token_id = (*ckpt)->config().eos_token_id,
-                           .max_context = (*ckpt)->config().max_position_embeddings};
+                           .max_context = (*ckpt)->config().max_position_embeddings,
+                           .spec = spec->config};
   if (Status st = engine::ValidateEngineOptions(eo); !st.ok()) return fail(st);
   engine::Engine engine(&executor, eo);
   engine.Start();
@@ -136,7 +206,12 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   const std::string bound = absl::StrCat(c.host, ":", port);
   NLOG(INFO) << "numoe-worker " << worker_id << ": serving Worker on " << bound << " (max " << eo.max_seqs
              << " sequences, " << engine.options().max_step_tokens << " tokens per step, prefill chunk "
-             << eo.prefill_chunk << ")";
+             << eo.prefill_chunk << ", speculative decoding "
+             << (eo.spec.method == SpecMethod::kNone
+                     ? std::string("off")
+                     : absl::StrCat(SpecMethodName(eo.spec.method), " depth ", eo.spec.depth,
+                                    eo.spec.adaptive ? " adaptive" : ""))
+             << ")";
   NotifyReady(bound);
 
   // 6. Until a signal, or until numoe-gpu is gone (lease lost, channel broken, or its process exited:

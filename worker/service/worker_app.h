@@ -27,6 +27,12 @@ struct WorkerAppConfig {
   std::string worker_id;                        // default "worker-<nodes>-<pid>"
   int64_t gpu_wait_ms = 60000;                  // how long to retry registering while numoe-gpu starts
   std::string experts = "kernels";              // "kernels" (packed MXFP4, ISA-dispatched) | "reference" (fp32)
+  // Speculative decoding. spec: "auto" (numoe-gpu's model drafter when it loaded one, else none), "none",
+  // "dspark" / "mtp" (numoe-gpu must draft with it), "ngram" (drafted here; numoe-gpu verifies).
+  // spec_depth 0 = the checkpoint's dspark_block_size, else 5. Checked against numoe-gpu at start-up.
+  std::string spec = "auto";
+  int64_t spec_depth = 0;
+  bool spec_adaptive = false;
 };
 
 // Runs until a signal (exit code 0) or a fatal error (1, logged).

@@ -54,13 +54,32 @@ TEST(ShmGeometry, ValidatesEveryField) {
   g.hidden = 65536;
   g.max_rows = 65536;  // 2 x 16 GiB of rows
   EXPECT_NE(ValidateGeometry(g).message().find("16 GiB"), std::string::npos);
+  // Speculative decoding: a known drafter; model drafts only with one; a drafter needs verification.
+  g = SmallGeometry();
+  g.drafter = 3;  // ngram is no model drafter
+  EXPECT_NE(ValidateGeometry(g).message().find("drafter"), std::string::npos);
+  g = SmallGeometry();
+  g.max_model_drafts = 5;  // without a drafter
+  EXPECT_NE(ValidateGeometry(g).message().find("max_model_drafts"), std::string::npos);
+  g.drafter = kDrafterDspark;
+  EXPECT_NE(ValidateGeometry(g).message().find("verify"), std::string::npos);
+  g.verify = 1;
+  EXPECT_TRUE(ValidateGeometry(g).ok()) << ValidateGeometry(g);
+  g.max_model_drafts = 4097;
+  EXPECT_NE(ValidateGeometry(g).message().find("max_model_drafts"), std::string::npos);
+  g = SmallGeometry();
+  g.verify = 2;
+  EXPECT_NE(ValidateGeometry(g).message().find("verify"), std::string::npos);
+  g.verify = 1;  // an n-gram-only gpu: verifies, no model drafter
+  EXPECT_TRUE(ValidateGeometry(g).ok());
 }
 
 TEST(ShmGeometry, LayoutIsAlignedAndDisjoint) {
   const Layout l = ComputeLayout(SmallGeometry());
   const std::vector<size_t> offs = {l.header,  l.to_gpu, l.to_worker,   l.up_msg,  l.entries, l.tokens,
                                     l.releases, l.moe_out, l.up_error, l.down_msg, l.moe_x,   l.moe_ids,
-                                    l.moe_weights, l.sampled, l.logits, l.down_error, l.total};
+                                    l.moe_weights, l.sampled, l.counts, l.drafted, l.accepted, l.emitted,
+                                    l.logits, l.down_error, l.total};
   for (size_t i = 0; i < offs.size(); ++i) {
     EXPECT_EQ(offs[i] % 64, 0u) << i;
     if (i > 0) {
@@ -69,6 +88,8 @@ TEST(ShmGeometry, LayoutIsAlignedAndDisjoint) {
   }
   EXPECT_GE(l.moe_ids - l.moe_x, 16u * 64 * sizeof(float));
   EXPECT_GE(l.down_error - l.logits, 2u * 100 * sizeof(float));
+  EXPECT_GE(l.counts - l.sampled, 4u * sizeof(int32_t));
+  EXPECT_GE(l.logits - l.emitted, 16u * sizeof(int32_t));  // max_rows emitted tokens
 }
 
 TEST(ShmChannel, CreateRejectsBadNames) {
@@ -132,6 +153,8 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
     EXPECT_EQ(gpu->entries()[1].seq, 42);
     EXPECT_EQ(gpu->entries()[1].sampling.seed, 7u);
     EXPECT_EQ(gpu->tokens()[2], 9);
+    EXPECT_EQ(gpu->entries()[0].drafts, 1);
+    EXPECT_EQ(gpu->entries()[1].model_drafts, 3);
     for (int layer = 0; layer < kLayers; ++layer) {
       MsgHeader& m = gpu->outgoing();
       m.layer = layer;
@@ -145,15 +168,23 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
       EXPECT_EQ(gpu->incoming().layer, layer);
       for (int i = 0; i < 3 * D; ++i) ASSERT_EQ(gpu->moe_out()[i], 2.0f * (layer * 1000 + i));
     }
+    // Entry 0 verified its one draft (kept), entry 1 had 3 model drafts and kept none.
     gpu->sampled()[0] = 11;
     gpu->sampled()[1] = 12;
+    const int32_t counts[2] = {2, 1}, drafted[2] = {1, 3}, accepted[2] = {1, 0}, emitted[3] = {11, 13, 12};
+    std::memcpy(gpu->counts(), counts, sizeof(counts));
+    std::memcpy(gpu->drafted(), drafted, sizeof(drafted));
+    std::memcpy(gpu->accepted(), accepted, sizeof(accepted));
+    std::memcpy(gpu->emitted(), emitted, sizeof(emitted));
     gpu->outgoing().num_entries = 2;
+    gpu->outgoing().num_emitted = 3;
     ASSERT_TRUE(gpu->Send(MsgType::kStepResult).ok());
   });
 
   StepEntry* e = worker->entries();
-  e[0] = StepEntry{.seq = 41, .num_tokens = 2, .flags = kEntryOpen | kEntrySample};
-  e[1] = StepEntry{.seq = 42, .num_tokens = 1, .flags = kEntryOpen | kEntrySample, .sampling = {.seed = 7}};
+  e[0] = StepEntry{.seq = 41, .num_tokens = 2, .flags = kEntryOpen | kEntrySample, .drafts = 1};
+  e[1] = StepEntry{
+      .seq = 42, .num_tokens = 1, .flags = kEntryOpen | kEntrySample, .sampling = {.seed = 7}, .model_drafts = 3};
   worker->tokens()[0] = 5;
   worker->tokens()[1] = 6;
   worker->tokens()[2] = 9;
@@ -179,6 +210,11 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
   EXPECT_EQ(worker->incoming().num_entries, 2);
   EXPECT_EQ(worker->sampled()[0], 11);
   EXPECT_EQ(worker->sampled()[1], 12);
+  EXPECT_EQ(worker->incoming().num_emitted, 3);
+  EXPECT_EQ(std::vector<int32_t>(worker->counts(), worker->counts() + 2), (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(std::vector<int32_t>(worker->drafted(), worker->drafted() + 2), (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(std::vector<int32_t>(worker->accepted(), worker->accepted() + 2), (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(std::vector<int32_t>(worker->emitted(), worker->emitted() + 3), (std::vector<int32_t>{11, 13, 12}));
 }
 
 TEST(ShmChannel, SendBeforeThePeerReceivedIsRefused) {

@@ -448,6 +448,8 @@ int Serve(const ServeConfig& c) {
                              .binary = bin + "/numoe-gpu",
                              .args = {"--model", model, "--backend", c.backend, "--host", "127.0.0.1", "--port",
                                       std::to_string(*gpu_port), "--spec", c.spec}});
+  // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
+  if (c.max_seqs > 256) gpu->args.insert(gpu->args.end(), {"--max-sequences", std::to_string(c.max_seqs)});
   std::vector<Child*> workers;
   std::vector<std::string> worker_addrs;
   for (size_t i = 0; i < slots->size(); ++i) {
@@ -542,7 +544,8 @@ int RunServe(int argc, char** argv) {
   p.AddInt("threads-per-worker", "N", "expert kernel threads per worker (0 = its CPUs)", &c.threads_per_worker, 0,
            4096);
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &c.max_seqs, 0, 4096);
-  p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &c.max_step_tokens, 0, 65536);
+  // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
+  p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &c.max_step_tokens, 0, 16384);
   p.AddInt("prefill-chunk", "N", "numoe-worker --prefill-chunk (-1 = its default)", &c.prefill_chunk, -1, 65536);
   p.AddString("spec", "auto|none|dspark|mtp|ngram",
               "speculative decoding (numoe-gpu and every worker): auto = the checkpoint's drafter (dspark with DSpark "

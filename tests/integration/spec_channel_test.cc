@@ -3,6 +3,7 @@
 // drafter stages) comes back over the channel to ReferenceExperts. On tiny-v4:
 //   - model drafts (StepItem::model_drafts) at depths 1..7 for 4 sequences at once emit exactly the
 //     golden greedy tokens (the stages are random: acceptance is near zero, so this exercises rollback);
+//   - with temperature > 0 the tokens equal one-process GenerateBatch's with the same drafter and seeds;
 //   - worker drafts (StepItem::drafts) that are the goldens themselves are all accepted (1 + k tokens per
 //     step), wrong ones are all rejected and rolled back, and the tokens still equal the goldens;
 //   - every bad speculative field is refused by numoe-gpu with an error that names it, and the channel
@@ -19,6 +20,7 @@
 #include "common/shm_channel.h"
 #include "gpu_service/cpu/cpu_model.h"
 #include "gpu_service/cpu/reference_experts.h"
+#include "gpu_service/model/generation.h"
 #include "gpu_service/service/session.h"
 #include "tests/unit/runtime/runtime_test_util.h"
 #include "worker/engine/remote_executor.h"
@@ -117,69 +119,120 @@ TEST(SpecChannel, LimitsReportTheGpusDrafter) {
   EXPECT_EQ(plain->remote->limits().max_model_drafts, 0);
 }
 
+struct SpecCounts {
+  int64_t verify_steps = 0, drafted = 0, accepted = 0;
+};
+
+// Generates `want` tokens for every prompt at once over the remote executor, asking numoe-gpu's drafter
+// for min(depth, tokens still wanted - 1) drafts per step (GenerateBatch's rule), and checks every
+// StepOutput's per-item figures. Sequences are closed at the end.
+std::vector<std::vector<int32_t>> GenerateRemote(Rig& r, const std::vector<std::vector<int32_t>>& prompts,
+                                                 const std::vector<SamplingParams>& sampling, int32_t depth,
+                                                 size_t want, SpecCounts* counts) {
+  const size_t n = prompts.size();
+  std::vector<ExecSeq> seqs;
+  std::vector<std::vector<int32_t>> got(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto s = r.remote->Open(sampling[i]);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return {};
+    seqs.push_back(*s);
+    got[i].push_back(Prefill(r, *s, prompts[i]));
+  }
+  for (int step = 0; step < 200; ++step) {
+    std::vector<StepItem> items;
+    std::vector<size_t> owner;
+    for (size_t i = 0; i < n; ++i) {
+      if (got[i].size() >= want) continue;
+      const int32_t k = std::min<int32_t>(depth, static_cast<int32_t>(want - got[i].size()) - 1);
+      items.push_back(StepItem{.seq = seqs[i],
+                               .tokens = std::span<const int32_t>(&got[i].back(), 1),
+                               .sample = true,
+                               .model_drafts = std::max(k, 0)});
+      owner.push_back(i);
+    }
+    if (items.empty()) break;
+    StepOutput out;
+    Status st = r.remote->Step(items, &out);
+    EXPECT_TRUE(st.ok()) << "depth " << depth << ": " << st;
+    if (!st.ok()) return {};
+    EXPECT_EQ(out.counts.size(), items.size());
+    size_t at = 0;
+    for (size_t j = 0; j < items.size() && j < out.counts.size(); ++j) {
+      EXPECT_LE(out.drafted[j], items[j].model_drafts);
+      EXPECT_LE(out.accepted[j], out.drafted[j]);
+      EXPECT_EQ(out.counts[j], 1 + out.accepted[j]);
+      EXPECT_EQ(out.tokens[j], out.emitted[at]);
+      if (out.drafted[j] > 0) ++counts->verify_steps;
+      counts->drafted += out.drafted[j];
+      counts->accepted += out.accepted[j];
+      got[owner[j]].insert(got[owner[j]].end(), out.emitted.begin() + static_cast<std::ptrdiff_t>(at),
+                           out.emitted.begin() + static_cast<std::ptrdiff_t>(at + out.counts[j]));
+      at += static_cast<size_t>(out.counts[j]);
+    }
+    EXPECT_EQ(at, out.emitted.size());
+  }
+  for (ExecSeq s : seqs) EXPECT_TRUE(r.remote->Close(s).ok());
+  EXPECT_TRUE(r.remote->Flush().ok());
+  return got;
+}
+
 // Greedy with the model drafter equals the goldens, every depth 1-7, four sequences per step.
 TEST(SpecChannel, ModelDraftsEmitTheGreedyGoldensAtEveryDepth) {
   auto r = MakeRig(/*drafter=*/true, /*verify=*/true);
   ASSERT_NE(r, nullptr);
   ASSERT_EQ(r->goldens.size(), 4u);
-  int64_t drafted = 0, accepted = 0, verify_steps = 0;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& g : r->goldens) prompts.push_back(g.input_ids);
+  SpecCounts c;
   for (int32_t depth = 1; depth <= 7; ++depth) {
-    std::vector<ExecSeq> seqs;
-    std::vector<std::vector<int32_t>> got(4);
-    for (size_t i = 0; i < 4; ++i) {
-      auto s = r->remote->Open(SamplingParams{});
-      ASSERT_TRUE(s.ok()) << s.status();
-      seqs.push_back(*s);
-      const int32_t first = Prefill(*r, *s, r->goldens[i].input_ids);
-      got[i].push_back(first);
-    }
-    const size_t want = r->goldens[0].greedy.size();  // 32
-    for (int step = 0; step < 200; ++step) {
-      std::vector<StepItem> items;
-      std::vector<size_t> owner;
-      for (size_t i = 0; i < 4; ++i) {
-        if (got[i].size() >= want) continue;
-        // Never draft past what is still wanted: 1 + drafts tokens at most.
-        const int32_t k = std::min<int32_t>(depth, static_cast<int32_t>(want - got[i].size()) - 1);
-        items.push_back(StepItem{.seq = seqs[i],
-                                 .tokens = std::span<const int32_t>(&got[i].back(), 1),
-                                 .sample = true,
-                                 .model_drafts = std::max(k, 0)});
-        owner.push_back(i);
-      }
-      if (items.empty()) break;
-      StepOutput out;
-      Status st = r->remote->Step(items, &out);
-      ASSERT_TRUE(st.ok()) << "depth " << depth << ": " << st;
-      ASSERT_EQ(out.counts.size(), items.size());
-      size_t at = 0;
-      for (size_t j = 0; j < items.size(); ++j) {
-        EXPECT_LE(out.drafted[j], items[j].model_drafts);
-        EXPECT_LE(out.accepted[j], out.drafted[j]);
-        EXPECT_EQ(out.counts[j], 1 + out.accepted[j]);
-        EXPECT_EQ(out.tokens[j], out.emitted[at]);
-        if (out.drafted[j] > 0) ++verify_steps;
-        drafted += out.drafted[j];
-        accepted += out.accepted[j];
-        got[owner[j]].insert(got[owner[j]].end(), out.emitted.begin() + static_cast<std::ptrdiff_t>(at),
-                             out.emitted.begin() + static_cast<std::ptrdiff_t>(at + out.counts[j]));
-        at += static_cast<size_t>(out.counts[j]);
-      }
-      EXPECT_EQ(at, out.emitted.size());
-    }
-    for (size_t i = 0; i < 4; ++i) {
-      EXPECT_EQ(got[i], r->goldens[i].greedy) << "depth " << depth << ", " << r->goldens[i].name;
-      ASSERT_TRUE(r->remote->Close(seqs[i]).ok());
-    }
-    ASSERT_TRUE(r->remote->Flush().ok());
+    auto got = GenerateRemote(*r, prompts, std::vector<SamplingParams>(4), depth, r->goldens[0].greedy.size(), &c);
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i], r->goldens[i].greedy) << "depth " << depth << ", " << r->goldens[i].name;
   }
-  std::cout << "model drafts, depths 1-7: " << verify_steps << " verify steps, " << drafted << " drafted, "
-            << accepted << " accepted\n";
-  EXPECT_GT(drafted, 0);
-  EXPECT_GT(verify_steps, 0);
-  EXPECT_EQ(r->host.spec_drafted.load(), static_cast<uint64_t>(drafted));
-  EXPECT_EQ(r->host.spec_accepted.load(), static_cast<uint64_t>(accepted));
+  std::cout << "model drafts, depths 1-7: " << c.verify_steps << " verify steps, " << c.drafted << " drafted, "
+            << c.accepted << " accepted\n";
+  EXPECT_GT(c.drafted, 0);
+  EXPECT_GT(c.verify_steps, 0);
+  EXPECT_EQ(r->host.spec_drafted.load(), static_cast<uint64_t>(c.drafted));
+  EXPECT_EQ(r->host.spec_accepted.load(), static_cast<uint64_t>(c.accepted));
   EXPECT_EQ(r->session->sequences(), 0);
+}
+
+// With temperature the gpu draws drafts and verifies with the sequence's own sampler in GenerateBatch's
+// order, so the tokens equal one-process GenerateBatch with the same spec and seeds.
+TEST(SpecChannel, SampledSpeculativeTokensEqualGenerateBatch) {
+  auto r = MakeRig(/*drafter=*/true, /*verify=*/true);
+  ASSERT_NE(r, nullptr);
+  auto local = cpu::CpuModel::Create(*r->ckpt, nullptr, {.drafter = true});
+  ASSERT_TRUE(local.ok()) << local.status();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> sampling;
+  std::vector<GenerateRequest> reqs;
+  for (size_t i = 0; i < r->goldens.size(); ++i) {
+    prompts.push_back(r->goldens[i].input_ids);
+    sampling.push_back(SamplingParams{.temperature = 0.9, .top_p = 0.95, .top_k = 0, .seed = 1234 + i});
+    reqs.push_back(GenerateRequest{.prompt = prompts.back(),
+                                   .max_new_tokens = 24,
+                                   .sampling = sampling.back(),
+                                   .ignore_eos = true,
+                                   .prefill_chunk = kMaxRows});
+  }
+  const int32_t depth = 3;
+  auto want = GenerateBatch(**local, *r->experts, reqs, nullptr,
+                            SpecConfig{.method = SpecMethod::kDspark, .depth = depth});
+  ASSERT_TRUE(want.ok()) << want.status();
+  SpecCounts c;
+  auto got = GenerateRemote(*r, prompts, sampling, depth, 24, &c);
+  ASSERT_EQ(got.size(), want->size());
+  int sampled_away = 0;  // temperature really sampled: not the greedy continuation
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], (*want)[i].tokens) << r->goldens[i].name;
+    const auto& g = r->goldens[i].greedy;
+    sampled_away += std::vector<int32_t>(g.begin(), g.begin() + 24) != got[i];
+  }
+  EXPECT_GT(sampled_away, 0);
+  EXPECT_GT(c.drafted, 0);
 }
 
 // Worker drafts: right ones are all kept (1 + k tokens per step), wrong ones all rolled back.

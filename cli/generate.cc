@@ -87,9 +87,13 @@ int RunGenerate(int argc, char** argv) {
               "reference",
               &f.experts);
   p.AddString("spec", "none|dspark|mtp|ngram",
-              "speculative decoding drafter (default: dspark when the checkpoint has DSpark stages, else none)", &f.spec);
-  p.AddInt("spec-depth", "K", "draft tokens per step (default: the checkpoint's dspark_block_size, else 5)", &f.spec_depth,
-           0, 16);
+              "speculative decoding drafter (default: the checkpoint's own drafter: dspark when it has DSpark stages, "
+              "mtp when it has an MTP block (mtp.0 without a DSpark config), else none)",
+              &f.spec);
+  p.AddInt("spec-depth", "K",
+           "draft tokens per step (default: the checkpoint's dspark_block_size, else 5; mtp applies its one "
+           "block recursively)",
+           &f.spec_depth, 0, 16);
   p.AddFlag("spec-adaptive", "adapt the depth per sequence from recent acceptance (up to --spec-depth)",
             &f.spec_adaptive);
   int rc = 0;
@@ -135,22 +139,31 @@ int RunGenerate(int argc, char** argv) {
 
   SpecConfig spec;
   const bool has_dspark = (*ckpt)->mtp_stages() > 0 && cfg.dspark_block_size > 0;
+  const bool has_mtp = (*ckpt)->mtp_stages() > 0 && cfg.dspark_block_size <= 0;
   if (f.spec == "default") {
-    spec.method = has_dspark ? SpecMethod::kDspark : SpecMethod::kNone;
+    spec.method = has_dspark ? SpecMethod::kDspark : has_mtp ? SpecMethod::kMtp : SpecMethod::kNone;
   } else {
     auto m = ParseSpecMethod(f.spec);
     if (!m.ok()) return Fail(m.status());
     spec.method = *m;
   }
+  // The same default as numoe serve's --spec-depth.
   spec.depth = f.spec_depth > 0 ? f.spec_depth : (cfg.dspark_block_size > 0 ? cfg.dspark_block_size : 5);
+  if (spec.method == SpecMethod::kDspark && !has_dspark) {
+    return Fail(absl::FailedPreconditionError(
+        has_mtp ? "--spec dspark: this checkpoint has no DSpark stages (it has an MTP block: use --spec mtp)"
+                : "--spec dspark: this checkpoint has no DSpark stages"));
+  }
+  if (spec.method == SpecMethod::kMtp && !has_mtp) {
+    return Fail(absl::FailedPreconditionError(
+        has_dspark ? "--spec mtp: this checkpoint has no MTP block (its mtp.* stages are DSpark: use --spec dspark)"
+                   : "--spec mtp: this checkpoint has no MTP block (no mtp.* tensors)"));
+  }
   spec.adaptive = f.spec_adaptive;
   if (spec.method != SpecMethod::kNone) {
     if (Status s = ValidateSpec(spec); !s.ok()) return Fail(s);
   }
-  if (spec.method == SpecMethod::kDspark && !has_dspark) {
-    return Fail(absl::FailedPreconditionError("--spec dspark: this checkpoint has no DSpark stages"));
-  }
-  const bool drafter = spec.method == SpecMethod::kDspark;
+  const bool drafter = spec.method == SpecMethod::kDspark || spec.method == SpecMethod::kMtp;
 
   const int nthreads = f.threads > 0 ? static_cast<int>(f.threads)
                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));

@@ -134,10 +134,16 @@ std::string ScheduleText(const ModelConfig& c) {
   return s;
 }
 
+std::string DrafterText(const testing::Preset& p) {
+  if (p.drafter == "dspark") return absl::StrCat("dspark (", p.mtp_stages, " stages)");
+  if (p.drafter == "mtp") return "mtp (1 block)";
+  return "none";
+}
+
 }  // namespace
 
 int RunMkmodel(int argc, char** argv) {
-  std::string preset_name, out;
+  std::string preset_name, out, drafter;
   int64_t layers = 0, experts = 0, seed = 1, shards = 0, dspark_stages = -1, threads = 0;
   bool force = false, quiet = false, no_verify = false, dry_run = false;
   ArgParser p(argv[0],
@@ -155,6 +161,11 @@ int RunMkmodel(int argc, char** argv) {
   p.AddInt("experts", "E", "routed experts per layer (default: the preset's, tiny 8, v4-flash 256)", &experts, 1, 4096);
   p.AddInt("seed", "S", "weight seed", &seed, 0, INT64_MAX);
   p.AddInt("shards", "K", "safetensors shards (default: tiny 2, v4-flash one per ~4 GiB)", &shards, 1, 1000);
+  p.AddString("drafter", "none|mtp|dspark",
+              "the checkpoint's drafter: none, mtp (preview-Flash layout: one mtp.0 block with e_proj/h_proj, "
+              "no dspark_* config) or dspark (0731 layout, --dspark-stages stages, default 3) (default: the "
+              "preset's, tiny dspark, v4-flash none)",
+              &drafter);
   p.AddInt("dspark-stages", "N", "DSpark drafter stages (default: tiny 3, v4-flash 0 to save disk)", &dspark_stages,
            0, 16);
   p.AddInt("threads", "N", "encoding threads (default: all cores; the bytes do not depend on it)", &threads, 1, 4096);
@@ -169,13 +180,18 @@ int RunMkmodel(int argc, char** argv) {
       "plus 2.12 GB of BF16 embedding and head.\n"
       "\nExamples:\n"
       "  numoe mkmodel --preset tiny --out /tmp/tiny --seed 7\n"
+      "  numoe mkmodel --preset tiny --drafter mtp --out /tmp/tiny-mtp\n"
       "  numoe mkmodel --preset v4-flash --layers 2 --out /data/v4-flash-2l\n"
       "  numoe mkmodel --preset v4-flash --layers 4 --experts 32 --out /tmp/v4-narrow\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
 
   auto preset = testing::MakePreset(
-      {.preset = preset_name, .layers = layers, .experts = experts, .dspark_stages = p.given("dspark-stages") ? dspark_stages : -1});
+      {.preset = preset_name,
+       .layers = layers,
+       .experts = experts,
+       .dspark_stages = p.given("dspark-stages") ? dspark_stages : -1,
+       .drafter = drafter});
   if (!preset.ok()) return Fail(preset.status());
   const ModelConfig& cfg = preset->config;
 
@@ -198,11 +214,11 @@ int RunMkmodel(int argc, char** argv) {
 
   if (dry_run) {
     const ModelFootprint dfp = ComputeFootprint(cfg, preset->mtp_stages);
-    std::printf("%s preset: %lld layers [%s], %lld experts top-%lld, %lld DSpark stage(s); %s in %d shard(s) "
+    std::printf("%s preset: %lld layers [%s], %lld experts top-%lld, drafter %s; %s in %d shard(s) "
                 "(routed experts %s, %s read per token)\n",
                 preset_name.c_str(), static_cast<long long>(cfg.num_hidden_layers), ScheduleText(cfg).c_str(),
                 static_cast<long long>(cfg.n_routed_experts), static_cast<long long>(cfg.num_experts_per_tok),
-                static_cast<long long>(preset->mtp_stages), Gb(*total).c_str(), opt.num_shards,
+                DrafterText(*preset).c_str(), Gb(*total).c_str(), opt.num_shards,
                 Gb(dfp.routed_expert_bytes).c_str(), Gb(dfp.routed_bytes_per_token).c_str());
     return 0;
   }
@@ -227,12 +243,12 @@ int RunMkmodel(int argc, char** argv) {
   const ModelFootprint fp = ComputeFootprint(cfg, preset->mtp_stages);
   if (!quiet) {
     std::fprintf(stderr,
-                 "numoe mkmodel: %s preset, %lld layers [%s], %lld experts top-%lld of %lldx%lld, vocab %lld, %lld DSpark "
-                 "stage(s), seed %lld\n  %s in %d shard(s) (routed experts %s, %s read per token), %s free; %d thread(s)\n",
+                 "numoe mkmodel: %s preset, %lld layers [%s], %lld experts top-%lld of %lldx%lld, vocab %lld, drafter %s, "
+                 "seed %lld\n  %s in %d shard(s) (routed experts %s, %s read per token), %s free; %d thread(s)\n",
                  preset_name.c_str(), static_cast<long long>(cfg.num_hidden_layers), ScheduleText(cfg).c_str(),
                  static_cast<long long>(cfg.n_routed_experts), static_cast<long long>(cfg.num_experts_per_tok),
                  static_cast<long long>(cfg.moe_intermediate_size), static_cast<long long>(cfg.hidden_size),
-                 static_cast<long long>(cfg.vocab_size), static_cast<long long>(preset->mtp_stages),
+                 static_cast<long long>(cfg.vocab_size), DrafterText(*preset).c_str(),
                  static_cast<long long>(seed), Gb(*total).c_str(), opt.num_shards, Gb(fp.routed_expert_bytes).c_str(),
                  Gb(fp.routed_bytes_per_token).c_str(), Gb(*free_bytes + reclaim).c_str(), opt.threads);
   }

@@ -73,21 +73,36 @@ StatusOr<Preset> MakePreset(const PresetOptions& o) {
   if (stages > 16) {
     return absl::InvalidArgumentError(absl::StrCat("--dspark-stages must be in [0, 16] (got ", stages, ")"));
   }
+  bool mtp = false;
+  if (o.drafter == "none" || o.drafter == "mtp") {
+    if (o.dspark_stages > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--dspark-stages ", o.dspark_stages, " needs --drafter dspark (got --drafter ",
+                                                     o.drafter, ")"));
+    }
+    stages = 0;
+    mtp = o.drafter == "mtp";
+  } else if (o.drafter == "dspark") {
+    if (o.dspark_stages < 0) stages = 3;
+    if (stages == 0) return absl::InvalidArgumentError("--drafter dspark needs --dspark-stages >= 1 (got 0)");
+  } else if (!o.drafter.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--drafter must be none, mtp or dspark (got '", o.drafter, "')"));
+  }
   SetSchedule(&c, PresetSchedule(layers, sliding), std::min(hash, layers));
-  c.extra_compress_ratios.assign(static_cast<size_t>(stages), 0);
+  c.extra_compress_ratios.assign(static_cast<size_t>(mtp ? 1 : stages), 0);
   if (stages > 0) {
     if (c.dspark_block_size <= 0) return absl::InternalError("preset without a DSpark config");
     c.num_nextn_predict_layers = 1;
     c.dspark_target_layer_ids.clear();
     for (int64_t l = std::max<int64_t>(0, layers - 3); l < layers; ++l) c.dspark_target_layer_ids.push_back(l);
   } else {
-    c.num_nextn_predict_layers = 0;
+    c.num_nextn_predict_layers = mtp ? 1 : 0;
     c.dspark_block_size = 0;
     c.dspark_noise_token_id = -1;
     c.dspark_markov_rank = 0;
     c.dspark_target_layer_ids.clear();
   }
-  p.mtp_stages = stages;
+  p.mtp_stages = mtp ? 1 : stages;
+  p.drafter = mtp ? "mtp" : stages > 0 ? "dspark" : "none";
   // Validate as a loaded config.json would be.
   ASSIGN_OR_RETURN(p.config, ParseModelConfig(ModelConfigToJson(c), absl::StrCat(o.preset, " preset config")));
   return p;

@@ -15,6 +15,9 @@
 // then CSA/HCA alternating, except that with 3 or more layers at most layers-2 are sliding so that at least
 // one CSA and one HCA layer exist (3 Flash layers: sliding, CSA, HCA). The first min(preset's, layers) layers
 // are hash-routed (tiny 2, Flash 3). DSpark stages (when > 0) target the last min(3, layers) layers.
+// Drafter: the preset's (tiny: 3 DSpark stages, v4-flash: none), or `drafter` = "none", "dspark" (stages from
+// `dspark_stages`, default 3) or "mtp" (the preview-Flash layout: one `mtp.0` block with e_proj/h_proj,
+// enorm/hnorm/norm and hc_head_*, num_nextn_predict_layers 1, no dspark_* keys, compress_ratios entry 0).
 #pragma once
 
 #include <cstdint>
@@ -31,11 +34,13 @@ struct PresetOptions {
   int64_t layers = 0;          // main layers, >= 1; 0 = the preset's default (tiny 5, v4-flash 2)
   int64_t experts = 0;         // routed experts per layer, >= top-k; 0 = the preset's (tiny 8, v4-flash 256)
   int64_t dspark_stages = -1;  // DSpark drafter stages; -1 = the preset's default (tiny 3, v4-flash 0)
+  std::string drafter;         // "" = the preset's; "none", "mtp" or "dspark"
 };
 
 struct Preset {
   ModelConfig config;
   int64_t mtp_stages = 0;  // pass as SyntheticOptions::mtp_stages
+  std::string drafter;     // what the checkpoint holds: "none", "mtp" or "dspark"
 };
 
 // InvalidArgument naming the option for an unknown preset or out-of-range numbers.

@@ -170,8 +170,29 @@ StatusOr<std::unique_ptr<DsparkW>> LoadDsparkWeights(const Checkpoint& ck) {
   return w;
 }
 
-CpuModel::CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<DsparkW> dspark, ThreadPool* pool)
-    : cfg_(std::move(cfg)), w_(std::move(w)), dspark_(std::move(dspark)), pool_(pool) {
+StatusOr<std::unique_ptr<MtpW>> LoadMtpWeights(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  if (ck.mtp_stages() == 0 || c.dspark_block_size > 0 || ck.store().Find("mtp.0.e_proj.weight") == nullptr) {
+    return absl::NotFoundError("this checkpoint has no MTP block (mtp.0.e_proj and no dspark_* config keys)");
+  }
+  if (ck.mtp_stages() > 1) {
+    NLOG(INFO) << "the checkpoint has " << ck.mtp_stages() << " MTP stages; drafting uses mtp.0 recursively";
+  }
+  auto w = std::make_unique<MtpW>();
+  ASSIGN_OR_RETURN(w->block, LoadLayer(ck, "mtp.0.", AttnType::kSliding, 0, MoeType::kScored));
+  ASSIGN_OR_RETURN(w->e_proj, LoadLinear(ck, "mtp.0.e_proj.weight", D, D));
+  ASSIGN_OR_RETURN(w->h_proj, LoadLinear(ck, "mtp.0.h_proj.weight", D, D));
+  ASSIGN_OR_RETURN(w->enorm, LoadVec(ck, "mtp.0.enorm.weight", D));
+  ASSIGN_OR_RETURN(w->hnorm, LoadVec(ck, "mtp.0.hnorm.weight", D));
+  ASSIGN_OR_RETURN(w->norm, LoadVec(ck, "mtp.0.norm.weight", D));
+  ASSIGN_OR_RETURN(w->hc_head, LoadHyper(ck, "mtp.0.hc_head_", hc, hc * D, 1));
+  return w;
+}
+
+CpuModel::CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<DsparkW> dspark,
+                   std::unique_ptr<MtpW> mtp, ThreadPool* pool)
+    : cfg_(std::move(cfg)), w_(std::move(w)), dspark_(std::move(dspark)), mtp_(std::move(mtp)), pool_(pool) {
   inv_freq_main_ = RopeInvFreq(cfg_.rope_main, cfg_.rope_dim);
   inv_freq_compress_ = RopeInvFreq(cfg_.rope_compress, cfg_.rope_dim);
 }
@@ -185,10 +206,18 @@ StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const Checkpoint& ckpt, Thr
   }
   ASSIGN_OR_RETURN(std::unique_ptr<ModelW> w, LoadDenseWeights(ckpt));
   std::unique_ptr<DsparkW> dspark;
+  std::unique_ptr<MtpW> mtp;
   if (options.drafter) {
-    ASSIGN_OR_RETURN(dspark, LoadDsparkWeights(ckpt));
+    if (ckpt.config().dspark_block_size > 0) {
+      ASSIGN_OR_RETURN(dspark, LoadDsparkWeights(ckpt));
+    } else if (ckpt.mtp_stages() > 0) {
+      ASSIGN_OR_RETURN(mtp, LoadMtpWeights(ckpt));
+    } else {
+      return absl::NotFoundError("this checkpoint has no drafter (no mtp.* stages): load it without the drafter");
+    }
   }
-  return std::unique_ptr<CpuModel>(new CpuModel(ckpt.config(), std::move(w), std::move(dspark), pool));
+  return std::unique_ptr<CpuModel>(
+      new CpuModel(ckpt.config(), std::move(w), std::move(dspark), std::move(mtp), pool));
 }
 
 std::unique_ptr<CpuModel::SeqState> CpuModel::NewState() const {
@@ -222,6 +251,7 @@ std::unique_ptr<CpuModel::SeqState> CpuModel::NewState() const {
                              std::vector<float>(static_cast<size_t>(cfg_.sliding_window * cfg_.head_dim), 0.0f));
     st->drafter_undo.resize(dspark_->stages.size());
   }
+  if (mtp_) st->mtp_ring.assign(static_cast<size_t>(cfg_.sliding_window * cfg_.head_dim), 0.0f);
   return st;
 }
 
@@ -251,6 +281,7 @@ StatusOr<SequenceMemory> CpuModel::Memory(SequenceId seq) const {
     }
   }
   for (const auto& r : it->second->drafter_rings) m.fixed_bytes += static_cast<int64_t>(r.size() * sizeof(float));
+  m.fixed_bytes += static_cast<int64_t>((it->second->mtp_ring.size() + it->second->mtp_x.size()) * sizeof(float));
   m.capacity_bytes += m.fixed_bytes;
   return m;
 }
@@ -283,6 +314,15 @@ Status CpuModel::Rollback(SequenceId seq, int64_t num_tokens) {
                   static_cast<size_t>(hd) * sizeof(float));
       log.pop_back();
     }
+  }
+  while (!st.mtp_undo.empty() && st.mtp_undo.back().first >= to) {
+    std::memcpy(&st.mtp_ring[(st.mtp_undo.back().first % W) * hd], st.mtp_undo.back().second.data(),
+                static_cast<size_t>(hd) * sizeof(float));
+    st.mtp_undo.pop_back();
+  }
+  if (mtp_) {  // X of the new last position (to - 1) becomes the last kept row
+    const size_t kd = static_cast<size_t>(cfg_.hc_mult * cfg_.hidden_size);
+    st.mtp_x.resize(static_cast<size_t>(std::max<int64_t>(0, to - st.mtp_x_from)) * kd);
   }
   st.position = to;
   return absl::OkStatus();
@@ -611,6 +651,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     SeqState* state = rows.seqs[i].state;
     state->undo_from = st.speculative ? state->position : -1;
     for (auto& log : state->drafter_undo) log.clear();
+    state->mtp_undo.clear();
     for (auto& L : state->layers) {
       L.ring_undo.clear();
       for (CompressorState* c : {L.comp.get(), L.index_comp.get()}) {
@@ -661,6 +702,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     if (hidden_hook_) hidden_hook_(l, X);
   }
   if (T > 0) FeedDrafter(rows, features);
+  if (mtp_) FeedMtp(rows, X);
   for (const Rows::Seq& s : rows.seqs) s.state->position += s.end - s.begin;
 
   // Head: collapse the streams with hc_head, final norm, logits for the rows asked for.

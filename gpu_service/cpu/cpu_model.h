@@ -80,13 +80,27 @@ struct DsparkW {
   int32_t noise_token = 0;
 };
 
+// The preview-Flash MTP drafter's dense weights (one block `mtp.0`; docs/dsv4-architecture.md §4.1). The
+// block input at position q+1 is e_proj(enorm(embed(t_{q+1}))) broadcast to the hc streams plus
+// h_proj(hnorm(X_q[j])) per stream j, X_q = the target's last-layer residual streams at position q.
+struct MtpW {
+  LayerW block;                   // sliding attention (main rope) + scored MoE (experts: layer num_hidden_layers)
+  Linear e_proj, h_proj;          // [D, D]
+  std::vector<float> enorm, hnorm, norm;  // [D]
+  HyperConnW hc_head;             // fn [hc, hc·D], base [hc], scale [1]
+};
+
 // Loads the dense (non-routed-expert) weights of the main layers as fp32.
 StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ckpt);
 // Loads the DSpark stages; NotFound when the checkpoint has none.
 StatusOr<std::unique_ptr<DsparkW>> LoadDsparkWeights(const Checkpoint& ckpt);
+// Loads the MTP block (stage mtp.0 of a checkpoint with MTP stages and no DSpark config); NotFound when the
+// checkpoint has none. Further MTP stages, if any, are not used (depth > 1 applies mtp.0 recursively).
+StatusOr<std::unique_ptr<MtpW>> LoadMtpWeights(const Checkpoint& ckpt);
 
 struct CpuModelOptions {
-  // Load the DSpark drafter (when the checkpoint has one) and keep its per-sequence state up to date.
+  // Load the checkpoint's drafter and keep its per-sequence state up to date: DSpark when the checkpoint has
+  // a DSpark config and stages, else the MTP block when it has MTP stages; NotFound when it has neither.
   bool drafter = false;
 };
 
@@ -104,7 +118,12 @@ class CpuModel final : public ModelBackend {
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
-  SpecMethod drafter() const override { return dspark_ != nullptr ? SpecMethod::kDspark : SpecMethod::kNone; }
+  SpecMethod drafter() const override {
+    return dspark_ != nullptr ? SpecMethod::kDspark : mtp_ != nullptr ? SpecMethod::kMtp : SpecMethod::kNone;
+  }
+  // DSpark: a block of `depth` drafts from one pass. MTP: `depth` sequential passes of the MTP block, each
+  // on the previous pass's output streams and drafted token; the block's draft-time KV entries are
+  // discarded afterwards (only Forward feeds its ring).
   Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
                std::vector<DraftResult>* out) override;
 
@@ -117,9 +136,17 @@ class CpuModel final : public ModelBackend {
  private:
   struct SeqState;
   struct Rows;
-  CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<DsparkW> dspark, ThreadPool* pool);
+  CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<DsparkW> dspark, std::unique_ptr<MtpW> mtp,
+           ThreadPool* pool);
   // DSpark: the target features of n rows ([n, T·D] layer-input stream means) -> each stage's ring.
   void FeedDrafter(const Rows& rows, const std::vector<float>& features);
+  Status DraftDspark(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out);
+  // MTP: the step's target last-layer streams X [rows, hc, D] -> the MTP ring entries of the step's positions
+  // (entry q+1 from X_q and token t_{q+1}) and the sequences' last-streams history.
+  void FeedMtp(const Rows& rows, const std::vector<float>& X);
+  // MTP block input [m, hc, D] from m token ids and m hidden stream sets [m, hc, D].
+  void MtpInput(const int32_t* tokens, const float* hidden, int64_t m, float* x) const;
+  Status DraftMtp(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out);
   std::unique_ptr<SeqState> NewState() const;
   void HyperPre(const HyperConnW& hc, const float* x, int64_t n, float* u, float* post, float* comb) const;
   void HyperPost(const float* y, const float* post, const float* comb, int64_t n, float* x) const;
@@ -136,6 +163,7 @@ class CpuModel final : public ModelBackend {
   ModelConfig cfg_;
   std::unique_ptr<ModelW> w_;
   std::unique_ptr<DsparkW> dspark_;
+  std::unique_ptr<MtpW> mtp_;
   ThreadPool* pool_;
   std::vector<float> inv_freq_main_, inv_freq_compress_;
   std::map<SequenceId, std::unique_ptr<SeqState>> seqs_;

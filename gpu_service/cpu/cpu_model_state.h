@@ -24,6 +24,14 @@ struct CpuModel::SeqState {
   // DSpark: one kv ring [W, hd] per stage fed from the target features, with its speculative undo log.
   std::vector<std::vector<float>> drafter_rings;
   std::vector<std::vector<std::pair<int64_t, std::vector<float>>>> drafter_undo;
+  // MTP: the block's kv ring [W, hd] (entry p from the target's streams at p-1 and the token at p; no entry
+  // at position 0) with its speculative undo log, and the target's last-layer streams [rows, hc·D] of
+  // positions [mtp_x_from, position): the last one only, or after a speculative step also the step's rows
+  // and the one before them, so Rollback can restore X of the new last position.
+  std::vector<float> mtp_ring;
+  std::vector<std::pair<int64_t, std::vector<float>>> mtp_undo;
+  std::vector<float> mtp_x;
+  int64_t mtp_x_from = 0;
 };
 
 // The rows of one step: all sequences' new tokens concatenated.

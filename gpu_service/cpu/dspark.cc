@@ -36,7 +36,7 @@ void CpuModel::FeedDrafter(const Rows& rows, const std::vector<float>& features)
   }
 }
 
-Status CpuModel::Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
+Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBackend* experts,
                        std::vector<DraftResult>* out) {
   if (dspark_ == nullptr) return absl::FailedPreconditionError("the DSpark drafter is not loaded");
   if (experts == nullptr) return absl::InvalidArgumentError("Draft: no expert backend");

@@ -32,7 +32,7 @@ struct Active {
   int32_t next = -1;             // sampled, not yet fed
   std::vector<int32_t> history;  // prompt + generated (n-gram drafter)
   std::vector<int32_t> drafts;   // this step's drafts
-  std::vector<float> draft_logits;  // [drafts, vocab] (DSpark) or empty (deterministic drafter)
+  std::vector<float> draft_logits;  // [drafts, vocab] (model drafter) or empty (deterministic drafter)
   int64_t depth = 0;
 };
 
@@ -46,11 +46,11 @@ class Loop {
   StatusOr<std::vector<GenerateResult>> Run() {
     for (const auto& r : reqs_) RETURN_IF_ERROR(ValidateRequest(r, V_));
     if (spec_.method != SpecMethod::kNone) RETURN_IF_ERROR(ValidateSpec(spec_));
-    if (spec_.method == SpecMethod::kDspark && !model_.HasDrafter()) {
-      return absl::FailedPreconditionError("--spec dspark: the model has no DSpark drafter loaded");
-    }
-    if (spec_.method == SpecMethod::kMtp) {
-      return absl::UnimplementedError("--spec mtp: the MTP drafter is not implemented yet (use dspark or ngram)");
+    if ((spec_.method == SpecMethod::kDspark || spec_.method == SpecMethod::kMtp) && model_.drafter() != spec_.method) {
+      return absl::FailedPreconditionError(absl::StrCat("--spec ", SpecMethodName(spec_.method), ": the model has no ",
+                                                        spec_.method == SpecMethod::kMtp ? "MTP" : "DSpark",
+                                                        " drafter loaded (its drafter: ",
+                                                        SpecMethodName(model_.drafter()), ")"));
     }
     for (size_t i = 0; i < reqs_.size(); ++i) {
       auto seq = model_.CreateSequence();
@@ -110,7 +110,7 @@ class Loop {
       if (depth <= 0) continue;
       if (spec_.method == SpecMethod::kNgram) {
         a.drafts = NgramPropose(a.history, depth, spec_.ngram_max, spec_.ngram_min);
-      } else if (spec_.method == SpecMethod::kDspark) {
+      } else if (spec_.method == SpecMethod::kDspark || spec_.method == SpecMethod::kMtp) {
         dreqs.push_back(DraftRequest{a.seq, a.next, depth, &a.sampler});
         owners.push_back(k);
       }

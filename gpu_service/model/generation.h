@@ -38,8 +38,8 @@ using TokenCallback = std::function<void(size_t, int32_t)>;
 // Errors name the field (empty prompt, ids >= vocab, negative max_new_tokens, bad sampling values).
 Status ValidateRequest(const GenerateRequest& r, int64_t vocab_size);
 
-// With `spec.method` != kNone, decode steps verify drafts (see spec.h); kDspark needs a model whose
-// HasDrafter() is true.
+// With `spec.method` != kNone, decode steps verify drafts (see spec.h); kDspark and kMtp need a model whose
+// drafter() is that method (the drafts come from ModelBackend::Draft); kNgram needs no weights.
 StatusOr<std::vector<GenerateResult>> GenerateBatch(ModelBackend& model, ExpertBackend& experts,
                                                     const std::vector<GenerateRequest>& requests,
                                                     const TokenCallback& on_token = nullptr,

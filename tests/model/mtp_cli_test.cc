@@ -1,0 +1,103 @@
+// numoe mkmodel --drafter mtp writes a preview-Flash layout checkpoint (one mtp.0 block, no DSpark config)
+// that numoe inspect and numoe generate --spec mtp accept; generate's --spec default picks the checkpoint's
+// drafter, speculation does not change the greedy text, and the wrong drafter is refused naming the flag.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "tests/unit/mkmodel/run_util.h"
+
+namespace numoe::test {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// The output without log lines ("I 18:34:48.795 file.cc:69] ..."): what --quiet leaves is the text.
+std::string Text(const std::string& out) {
+  std::string text;
+  size_t at = 0;
+  while (at < out.size()) {
+    size_t end = out.find('\n', at);
+    end = end == std::string::npos ? out.size() : end + 1;
+    const std::string line = out.substr(at, end - at);
+    const bool log = line.size() > 3 && std::string("IWE").find(line[0]) != std::string::npos && line[1] == ' ' &&
+                     std::isdigit(static_cast<unsigned char>(line[2]));
+    if (!log) text += line;
+    at = end;
+  }
+  return text;
+}
+
+RunResult Numoe(std::vector<std::string> args) {
+  args.insert(args.begin(), NumoeBin());
+  return RunProcess(args);
+}
+
+TEST(MtpCliTest, MkmodelInspectGenerate) {
+  TempDir d("mtp-cli");
+  const std::string out = d.str() + "/m";
+  RunResult mk = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "mtp", "--out", out, "--threads", "1"});
+  ASSERT_EQ(mk.exit_code, 0) << mk.output;
+  EXPECT_THAT(mk.output, HasSubstr("drafter mtp (1 block)"));
+  EXPECT_THAT(mk.output, HasSubstr("it loads as a checkpoint"));
+
+  RunResult in = Numoe({"inspect", "--model", out});
+  ASSERT_EQ(in.exit_code, 0) << in.output;
+  EXPECT_THAT(in.output, HasSubstr("MTP stages: 1"));
+  EXPECT_THAT(in.output, Not(HasSubstr("DSpark")));
+
+  const std::vector<std::string> gen = {"generate", "--model", out, "--prompt-ids", "5,17,99,5,17,99,3",
+                                        "--max-new-tokens", "16", "--ignore-eos", "--threads", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = gen;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return Numoe(a);
+  };
+  RunResult plain = with({"--spec", "none", "--quiet"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_GT(Text(plain.output).size(), 1u) << plain.output;
+  for (const char* depth : {"1", "3", "7"}) {
+    RunResult spec = with({"--spec", "mtp", "--spec-depth", depth, "--quiet"});
+    ASSERT_EQ(spec.exit_code, 0) << spec.output;
+    EXPECT_EQ(Text(spec.output), Text(plain.output)) << "depth " << depth;
+  }
+  // Default: the checkpoint's drafter (mtp, depth 5 as numoe serve's), on both expert backends.
+  for (const char* experts : {"kernels", "reference"}) {
+    RunResult def = with({"--experts", experts});
+    ASSERT_EQ(def.exit_code, 0) << def.output;
+    EXPECT_THAT(def.output, HasSubstr("spec mtp depth 5:")) << experts;
+  }
+  RunResult dspark = with({"--spec", "dspark"});
+  EXPECT_EQ(dspark.exit_code, 1);
+  EXPECT_THAT(dspark.output, HasSubstr("--spec dspark: this checkpoint has no DSpark stages"));
+
+  // The DSpark fixture has no MTP block.
+  RunResult fixture = Numoe({"generate", "--model", std::string(NUMOE_TEST_DATA) + "/tiny-v4", "--prompt-ids", "5,6",
+                             "--spec", "mtp"});
+  EXPECT_EQ(fixture.exit_code, 1);
+  EXPECT_THAT(fixture.output, HasSubstr("--spec mtp: this checkpoint has no MTP block"));
+}
+
+TEST(MtpCliTest, MkmodelDrafterFlagErrors) {
+  TempDir d("mtp-cli-flags");
+  const std::string out = d.str() + "/m";
+  RunResult bad = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "eagle", "--out", out});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.output, HasSubstr("--drafter must be none, mtp or dspark"));
+  RunResult both = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "mtp", "--dspark-stages", "2", "--out", out});
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_THAT(both.output, HasSubstr("--dspark-stages 2 needs --drafter dspark"));
+  RunResult none = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "none", "--out", out, "--dry-run"});
+  EXPECT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("drafter none"));
+  RunResult flash = Numoe({"mkmodel", "--preset", "v4-flash", "--drafter", "dspark", "--out", out, "--dry-run"});
+  EXPECT_EQ(flash.exit_code, 0) << flash.output;
+  EXPECT_THAT(flash.output, HasSubstr("drafter dspark (3 stages)"));
+}
+
+}  // namespace
+}  // namespace numoe::test

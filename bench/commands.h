@@ -9,5 +9,6 @@ int RunModelBench(int argc, char** argv);      // bench/model_bench.cc
 int RunDecodeBench(int argc, char** argv);     // bench/decode_bench.cc
 int RunCudaBench(int argc, char** argv);       // bench/cuda_bench.cc
 int RunHopBench(int argc, char** argv);        // bench/hop_bench.cc
+int RunSpecBench(int argc, char** argv);       // bench/spec_bench.cc
 
 }  // namespace numoe::bench

@@ -317,7 +317,8 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   const int z = blockIdx.z;
   const int64_t p = s.pos[r];
   const StepSeq sq = s.seqs[s.seq[r]];
-  const int64_t nwin = min(static_cast<int64_t>(a.window), p + 1);
+  const int64_t nring = a.bidir ? min(static_cast<int64_t>(a.window), static_cast<int64_t>(sq.start_pos)) : 0;
+  const int64_t nwin = a.bidir ? nring + (sq.end - sq.begin) : min(static_cast<int64_t>(a.window), p + 1);
   int64_t ncomp = 0;
   if (a.type == 2) ncomp = (p + 1) / a.rate;
   if (a.type == 1) ncomp = min(static_cast<int64_t>(a.topk), (p + 1) / a.rate);
@@ -346,7 +347,9 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
       const int64_t j = j0 + tid;
       const CacheT* ptr = nullptr;
       if (j < je) {
-        if (j < nwin) {
+        if (a.bidir) {
+          ptr = j < nring ? ring + ((sq.start_pos - nring + j) % a.window) * hd : kv_new + (sq.begin + j - nring) * hd;
+        } else if (j < nwin) {
           const int64_t kpos = p - nwin + 1 + j;
           ptr = kpos >= sq.start_pos ? kv_new + (sq.begin + (kpos - sq.start_pos)) * hd : ring + (kpos % a.window) * hd;
         } else {

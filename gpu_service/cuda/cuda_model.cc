@@ -97,7 +97,7 @@ CompArgs CudaModel::IndexCompArgs(const Rank& r, const LayerDev& L, const float*
 
 template <typename T>
 void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
-  const LayerDev& L = r.layers[static_cast<size_t>(l)];
+  const LayerDev& L = LayerOf(r, l);
   Scratch& s = r.sc;
   const ModelConfig& c = cfg_;
   const int64_t n = d.n, qr = c.q_lora_rank, m = (2 + hc_) * hc_;
@@ -142,7 +142,7 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   NormRope<T>(s.qa + qr, n, 1, static_cast<int>(hd_), s.qa_ld, L.kv_norm, true, eps, rd, inv, pos,
               static_cast<T*>(s.kvT), r.stream);
 
-  if (d.spec) {
+  if (d.spec && !d.draft) {
     // Speculative rows: keep what the window ring is built from (Rollback replays it).
     const int64_t tsize = sizeof(T);
     SaveSpecRows(s.kvT, hd_ * tsize, hd_ * tsize, n, s.meta + 8 * rows_cap_, static_cast<int32_t>(spec_tokens_),
@@ -205,7 +205,8 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   aa.inv_freq = inv;
   aa.out = s.o;
   aa.ldo = Hl_ * hd_;
-  if (n <= kSplitRows) {
+  aa.bidir = d.draft;
+  if (n <= kSplitRows && !d.draft) {
     // Few rows: split each row's keys so that the blocks fill the GPU about twice over.
     int hg = 8;
     while (hg > 1 && Hl_ % hg != 0) hg /= 2;
@@ -214,7 +215,10 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
     aa.part = aa.splits > 1 ? s.attn_part : nullptr;
   }
   Attention<T>(aa, step, cache, r.stream);
-  RingUpdate<T>(static_cast<const T*>(s.kvT), static_cast<int>(hd_), aa.window, L.st.ring_off, step, cache, r.stream);
+  if (!d.draft) {
+    RingUpdate<T>(static_cast<const T*>(s.kvT), static_cast<int>(hd_), aa.window, L.st.ring_off, step, cache,
+                  r.stream);
+  }
 
   // Grouped output projection over this rank's groups, then wo_b over its columns (a partial sum).
   GemmCall g;
@@ -233,7 +237,7 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
 }
 
 void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
-  const LayerDev& L = r.layers[static_cast<size_t>(l)];
+  const LayerDev& L = LayerOf(r, l);
   Scratch& s = r.sc;
   const ModelConfig& c = cfg_;
   const int64_t n = d.n, m = (2 + hc_) * hc_;
@@ -263,7 +267,7 @@ void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
   // Router logits in fp32 (SIMT): top-k decisions must not move with bf16 rounding.
   Gemm(r, L.gate, s.xn, D_, n, s.glog, E, false);
   const int scoring = c.scoring_func == ScoringFunc::kSqrtSoftplus ? 0 : c.scoring_func == ScoringFunc::kSoftmax ? 1 : 2;
-  const bool hash = c.mlp_layer_types[static_cast<size_t>(l)] == MoeType::kHash;
+  const bool hash = l < c.num_hidden_layers && c.mlp_layer_types[static_cast<size_t>(l)] == MoeType::kHash;
   MoeGate(s.glog, n, E, K, scoring, hash ? nullptr : L.bias, hash ? L.tid2eid : nullptr, StepOf(r, d).token,
           static_cast<float>(c.routed_scaling_factor), s.ids, s.wts, r.stream);
   cudaMemcpyAsync(y_h_.as<float>(), s.xn, static_cast<size_t>(n * D_) * sizeof(float), cudaMemcpyDeviceToHost, r.stream);
@@ -274,7 +278,7 @@ void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
 }
 
 void CudaModel::PhaseSharedAndRouted(Rank& r, int l, const PassDims& d) {
-  const LayerDev& L = r.layers[static_cast<size_t>(l)];
+  const LayerDev& L = LayerOf(r, l);
   Scratch& s = r.sc;
   const int64_t n = d.n;
   Gemm(r, L.sh_w1, s.xn, D_, n, s.shg, s.shg_ld);
@@ -352,9 +356,15 @@ void CudaModel::EnqueueSegment(Rank& r, int seg, const PassDims& d) {
   }
   if (hidden_hook_) EmitHidden(r, seg - 1, d);
   if (seg < L) {
+    for (size_t t = 0; t < target_layers_.size(); ++t) {  // DSpark target features: layer seg's input
+      if (target_layers_[t] != seg) continue;
+      const int64_t TD = static_cast<int64_t>(target_layers_.size()) * D_;
+      StreamMean(r.sc.X, d.n, static_cast<int>(hc_), D_, r.features + static_cast<int64_t>(t) * D_, TD, r.stream);
+    }
     PhaseAttention<T>(r, seg, d);
     PhaseFfnPre(r, seg, d);
   } else if (r.index == 0) {
+    if (stages_ > 0) PhaseDrafterFeed<T>(r, d);
     PhaseHead(r, d, 0, std::min(d.logit_rows, logit_rows_cap_));
   }
 }
@@ -831,6 +841,10 @@ Status CudaModel::EnqueueReplay(Rank& r, const Seq& s, int64_t keep) {
         CompressStep<T>(IndexCompArgs(r, L, comp, L.st.log_comp_w), step, cache, windows, r.stream);
       }
     }
+    for (const LayerDev& S : r.stages) {
+      RingUpdate<T>(reinterpret_cast<const T*>(log + S.st.log_kv_off) + r0 * hd_, static_cast<int>(hd_),
+                    static_cast<int>(cfg_.sliding_window), S.st.ring_off, step, cache, r.stream);
+    }
     NUMOE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     // The staging buffer is rewritten by the next chunk (or rank): wait for this copy first.
     if (keep > NR || ranks_.size() > 1) NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
@@ -892,5 +906,9 @@ Status CudaModel::FillRandomContext(SequenceId seq, int64_t position, uint64_t s
   s.spec = false;
   return absl::OkStatus();
 }
+
+// The DSpark draft pass (cuda_dspark.cc) runs the stages through the same attention phase.
+template void CudaModel::PhaseAttention<float>(Rank&, int, const PassDims&);
+template void CudaModel::PhaseAttention<__nv_bfloat16>(Rank&, int, const PassDims&);
 
 }  // namespace numoe::cuda

@@ -68,6 +68,10 @@ struct CudaOptions {
   // and the step's window keys and compressor projections (max_spec_tokens rows per layer), so that it can
   // restore the state and replay the kept tokens' cache updates. Speculative steps never use CUDA graphs.
   int64_t max_spec_tokens = 17;
+  // Load the checkpoint's DSpark drafter (stages mtp.*, tp == 1 only) when it has one: drafter() == kDspark
+  // and Draft() runs its dense parts here (its routed experts through the ExpertBackend, as layers
+  // num_hidden_layers + stage). Every step then also feeds the stages' rings from the target features.
+  bool drafter = true;
 };
 
 // Timings of the last Forward (filled when CudaBackend::set_collect_stats(true)).

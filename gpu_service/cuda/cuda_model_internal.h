@@ -90,6 +90,14 @@ struct Rank {
   const float *inv_main = nullptr, *inv_compress = nullptr;
   std::vector<LayerDev> layers;
   DeviceMem fixed, pages, table, scratch_mem;
+  // DSpark drafter (tp == 1): stages as sliding layers (st.ring_off = the stage's ring in the slot), the
+  // feature projection, the last stage's head and the Markov head; scratch for its per-row tensors.
+  std::vector<LayerDev> stages;
+  DevW main_proj, d_hc_head_fn, markov_w1, markov_w2;
+  const float *main_norm = nullptr, *d_norm = nullptr, *d_hc_head_base = nullptr, *d_hc_head_scale = nullptr;
+  float *features = nullptr, *main_x = nullptr, *h_pre = nullptr, *mrows = nullptr;  // [NR, T·D] [NR, D] [NR, D] [LR, r]
+  int32_t* mids = nullptr;                                                               // [LR]
+  DeviceMem drafter_mem;
   // Speculative steps: snap = a copy of each slot's fixed state from before its last speculative step
   // [max_sequences, slot_bytes]; spec_log = that step's inputs [max_sequences, spec_slot_bytes] (LayerState).
   DeviceMem snap, spec_log;
@@ -113,6 +121,7 @@ struct PassDims {
   int64_t logit_rows = 0;   // rows whose logits are needed
   bool greedy = false;      // argmax on the device instead of copying logits
   bool spec = false;        // some rows belong to speculative steps: log their cache inputs (never a graph)
+  bool draft = false;       // a DSpark draft pass: bidirectional block attention, no cache writes
 };
 
 class CudaModel final : public CudaBackend {
@@ -133,6 +142,9 @@ class CudaModel final : public CudaBackend {
   // the kept tokens would have left; compressed entries past the new position are simply no longer counted.
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
+  SpecMethod drafter() const override { return stages_ > 0 ? SpecMethod::kDspark : SpecMethod::kNone; }
+  Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
+               std::vector<DraftResult>* out) override;
 
   Status ForwardGreedy(std::span<const SequenceStep> steps, ExpertBackend* experts,
                        std::vector<int32_t>* tokens) override;
@@ -195,6 +207,16 @@ class CudaModel final : public CudaBackend {
 
   template <typename T>
   Status EnqueueReplay(Rank& r, const Seq& s, int64_t keep);
+  // DSpark: layers l >= num_hidden_layers are the drafter's stages.
+  const LayerDev& LayerOf(const Rank& r, int l) const {
+    const int L = static_cast<int>(cfg_.num_hidden_layers);
+    return l < L ? r.layers[static_cast<size_t>(l)] : r.stages[static_cast<size_t>(l - L)];
+  }
+  Status SetupDrafter(Rank& r, const WeightSource& src, uint64_t seed);
+  template <typename T>
+  void PhaseDrafterFeed(Rank& r, const PassDims& d);
+  template <typename T>
+  Status RunDraft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out);
   CompArgs MainCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
   CompArgs IndexCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
 
@@ -213,6 +235,12 @@ class CudaModel final : public CudaBackend {
   int64_t fixed_bytes_per_seq_ = 0;
   int64_t rows_cap_ = 0, logit_rows_cap_ = 0;
   int64_t spec_tokens_ = 0, spec_slot_bytes_ = 0;  // CudaOptions::max_spec_tokens; log bytes per slot
+  // DSpark (0 stages = none): the stages' state/log offsets, target layers, noise token, Markov rank.
+  int64_t stages_ = 0, markov_rank_ = 0;
+  std::vector<LayerState> stage_layout_;
+  std::vector<int64_t> target_layers_;
+  int32_t noise_token_ = 0;
+  std::vector<float> confidence_;  // host [D + markov rank]
   std::vector<LayerState> layout_;
   // Sequences.
   std::map<SequenceId, Seq> seqs_;

@@ -155,6 +155,11 @@ void CudaModel::ComputeLayout() {
       pe += RoundUp(st.epp * id, 8);
     }
   }
+  stage_layout_.assign(static_cast<size_t>(stages_), LayerState{});
+  for (LayerState& st : stage_layout_) {  // the DSpark stages' rings of target-feature keys
+    st.ring_off = off;
+    off += RoundUp(W * hd_ * tsize, 256);
+  }
   slot_bytes_ = std::max<int64_t>(off, 256);
   // The speculative log of one slot: per layer the window keys, then the compressor inputs (SetupLayer's
   // column order: main kv, main gate, indexer kv, indexer gate, indexer weights - the last is not state).
@@ -169,6 +174,10 @@ void CudaModel::ComputeLayout() {
     st.log_comp_w = type == AttnType::kCSA ? 4 * hd_ + 4 * id : 2 * hd_;
     st.log_comp_off = lo;
     lo += RoundUp(spec_tokens_ * st.log_comp_w * 4, 256);
+  }
+  for (LayerState& st : stage_layout_) {
+    st.log_kv_off = lo;
+    lo += RoundUp(spec_tokens_ * hd_ * tsize, 256);
   }
   spec_slot_bytes_ = spec_tokens_ > 0 ? lo : 0;
   page_elems_ = any ? RoundUp(pe, 64) : 0;
@@ -188,6 +197,27 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
                                                           131072);
   rows_cap_ = opt_.max_step_tokens;
   logit_rows_cap_ = std::min<int64_t>(rows_cap_, std::max<int64_t>(opt_.max_sequences, 16));
+  if (ckpt != nullptr && opt_.drafter && ckpt->mtp_stages() > 0 && c.dspark_block_size > 0 &&
+      ckpt->store().Find("mtp.0.main_proj.weight") != nullptr) {
+    if (opt_.tp > 1) {
+      NLOG(WARNING) << "CUDA backend: the DSpark drafter is not loaded with tp > 1";
+    } else {
+      for (int64_t t : c.dspark_target_layer_ids) {
+        if (t < 0 || t >= c.num_hidden_layers) {
+          return absl::InvalidArgumentError(absl::StrCat("dspark_target_layer_ids: layer ", t, " is out of range"));
+        }
+      }
+      if (c.dspark_noise_token_id < 0 || c.dspark_noise_token_id >= c.vocab_size || c.dspark_markov_rank <= 0 ||
+          c.dspark_target_layer_ids.empty()) {
+        return absl::InvalidArgumentError(
+            "dspark_noise_token_id, dspark_markov_rank or dspark_target_layer_ids: bad DSpark config");
+      }
+      stages_ = ckpt->mtp_stages();
+      target_layers_ = c.dspark_target_layer_ids;
+      noise_token_ = static_cast<int32_t>(c.dspark_noise_token_id);
+      markov_rank_ = c.dspark_markov_rank;
+    }
+  }
   ComputeLayout();
 
   if (opt_.tp > 1) setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast (shared hosts)
@@ -276,16 +306,52 @@ Status CudaModel::SetupRank(Rank& r, const WeightSource& src, uint64_t seed) {
   ASSIGN_OR_RETURN(r.inv_compress, UploadF32(RopeInvFreq(c.rope_compress, c.rope_dim), "rope", r.stream, &r.keep));
   r.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) RETURN_IF_ERROR(SetupLayer(r, src, l, seed));
+  if (stages_ > 0) RETURN_IF_ERROR(SetupDrafter(r, src, seed));
+  return absl::OkStatus();
+}
+
+Status CudaModel::SetupDrafter(Rank& r, const WeightSource& src, uint64_t seed) {
+  const ModelConfig& c = cfg_;
+  const int64_t T = static_cast<int64_t>(target_layers_.size()), V = c.vocab_size, mr = markov_rank_;
+  r.stages.resize(static_cast<size_t>(stages_));
+  for (int64_t s = 0; s < stages_; ++s) RETURN_IF_ERROR(SetupLayer(r, src, c.num_hidden_layers + s, seed));
+  ASSIGN_OR_RETURN(StagedMatrix mp, src.Matrix("mtp.0.main_proj.weight", D_, T * D_));
+  ASSIGN_OR_RETURN(r.main_proj, Upload(mp, seed + 77, r.stream, &r.keep));
+  ASSIGN_OR_RETURN(std::vector<float> v, src.Vector("mtp.0.main_norm.weight", D_));
+  ASSIGN_OR_RETURN(r.main_norm, UploadF32(v, "mtp.0.main_norm.weight", r.stream, &r.keep));
+  const std::string last = absl::StrCat("mtp.", stages_ - 1, ".");
+  ASSIGN_OR_RETURN(v, src.Vector(last + "norm.weight", D_));
+  ASSIGN_OR_RETURN(r.d_norm, UploadF32(v, last + "norm.weight", r.stream, &r.keep));
+  ASSIGN_OR_RETURN(v, src.Vector(last + "hc_head_fn", hc_ * hc_ * D_));
+  ASSIGN_OR_RETURN(const float* fn, UploadF32(v, last + "hc_head_fn", r.stream, &r.keep));
+  r.d_hc_head_fn = F32Matrix(fn, hc_, hc_ * D_);
+  ASSIGN_OR_RETURN(v, src.Vector(last + "hc_head_base", hc_));
+  ASSIGN_OR_RETURN(r.d_hc_head_base, UploadF32(v, last + "hc_head_base", r.stream, &r.keep));
+  ASSIGN_OR_RETURN(v, src.Vector(last + "hc_head_scale", 1));
+  ASSIGN_OR_RETURN(r.d_hc_head_scale, UploadF32(v, last + "hc_head_scale", r.stream, &r.keep));
+  for (const char* w : {"markov_w1", "markov_w2"}) {
+    const std::string name = absl::StrCat(last, "markov_head.", w, ".weight");
+    ASSIGN_OR_RETURN(StagedMatrix m, src.Matrix(name, V, mr));
+    ASSIGN_OR_RETURN(DevW dw, Upload(m, seed + 78, r.stream, &r.keep));
+    if (dw.type != WType::kBF16 && dw.type != WType::kF32) {
+      return absl::UnimplementedError(absl::StrCat(name, ": the CUDA Markov head needs BF16 or F32 storage"));
+    }
+    (w[8] == '1' ? r.markov_w1 : r.markov_w2) = dw;
+  }
+  ASSIGN_OR_RETURN(confidence_, src.Vector(last + "confidence_head.proj.weight", D_ + mr));
   return absl::OkStatus();
 }
 
 Status CudaModel::SetupLayer(Rank& r, const WeightSource& src, int64_t l, uint64_t seed) {
   const ModelConfig& c = cfg_;
-  LayerDev& L = r.layers[static_cast<size_t>(l)];
-  L.type = c.layer_types[static_cast<size_t>(l)];
-  L.rate = static_cast<int>(c.CompressRate(l));
-  L.st = layout_[static_cast<size_t>(l)];
-  const std::string p = absl::StrCat("layers.", l, "."), ap = p + "attn.", fp = p + "ffn.";
+  // l >= num_hidden_layers: DSpark stage l - num_hidden_layers (sliding attention, scored MoE).
+  const int64_t stage = l - c.num_hidden_layers;
+  LayerDev& L = stage < 0 ? r.layers[static_cast<size_t>(l)] : r.stages[static_cast<size_t>(stage)];
+  L.type = stage < 0 ? c.layer_types[static_cast<size_t>(l)] : AttnType::kSliding;
+  L.rate = stage < 0 ? static_cast<int>(c.CompressRate(l)) : 0;
+  L.st = stage < 0 ? layout_[static_cast<size_t>(l)] : stage_layout_[static_cast<size_t>(stage)];
+  const std::string p = stage < 0 ? absl::StrCat("layers.", l, ".") : absl::StrCat("mtp.", stage, ".");
+  const std::string ap = p + "attn.", fp = p + "ffn.";
   const int64_t H = c.num_attention_heads, qr = c.q_lora_rank, G = c.o_groups, R = c.o_lora_rank;
   const int64_t ih = c.index_n_heads, id = c.index_head_dim, E = c.n_routed_experts, I = c.moe_intermediate_size;
   const int64_t m = (2 + hc_) * hc_, rank = r.index;
@@ -382,7 +448,7 @@ Status CudaModel::SetupLayer(Rank& r, const WeightSource& src, int64_t l, uint64
   // Router and shared expert (the shared expert's width is split across ranks).
   ASSIGN_OR_RETURN(StagedMatrix gate, src.Matrix(fp + "gate.weight", E, D_));
   RETURN_IF_ERROR(up(gate, 8, &L.gate));
-  if (c.mlp_layer_types[static_cast<size_t>(l)] == MoeType::kHash) {
+  if (stage < 0 && c.mlp_layer_types[static_cast<size_t>(l)] == MoeType::kHash) {
     ASSIGN_OR_RETURN(std::vector<int32_t> t, src.Tid2Eid(fp + "gate.tid2eid", c.vocab_size, c.num_experts_per_tok, E));
     ASSIGN_OR_RETURN(L.tid2eid, UploadI32(t, fp + "gate.tid2eid", r.stream, &r.keep));
   } else {
@@ -476,6 +542,22 @@ Status CudaModel::SetupState(Rank& r) {
       {reinterpret_cast<void**>(&s.meta), 9 * NR * 4},
       {reinterpret_cast<void**>(&s.greedy), NR * 8},
   };
+  if (stages_ > 0) {
+    const int64_t T = static_cast<int64_t>(target_layers_.size());
+    std::vector<Piece> dp = {{reinterpret_cast<void**>(&r.features), NR * T * D_ * f},
+                             {reinterpret_cast<void**>(&r.main_x), NR * D_ * f},
+                             {reinterpret_cast<void**>(&r.h_pre), NR * D_ * f},
+                             {reinterpret_cast<void**>(&r.mrows), LR * markov_rank_ * f},
+                             {reinterpret_cast<void**>(&r.mids), LR * 4}};
+    int64_t bytes = 0;
+    for (const Piece& p : dp) bytes += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
+    ASSIGN_OR_RETURN(r.drafter_mem, DeviceMem::Alloc(static_cast<size_t>(bytes), "DSpark drafter scratch"));
+    char* b = static_cast<char*>(r.drafter_mem.get());
+    for (const Piece& p : dp) {
+      *p.ptr = b;
+      b += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
+    }
+  }
   int64_t total = 0;
   for (const Piece& p : pieces) total += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
   ASSIGN_OR_RETURN(r.scratch_mem, DeviceMem::Alloc(static_cast<size_t>(total),
@@ -513,6 +595,7 @@ std::string CudaModel::Describe() const {
      << (slot_bytes_ >> 10) << " KiB fixed state, " << num_pages_ << " pages x " << page_tokens_ << " tokens ("
      << ((page_elems_ * (bf16_cache_ ? 2 : 4)) >> 10) << " KiB), max_context " << max_context_ << ", "
      << rows_cap_ << " rows per pass, graphs " << (opt_.graphs && opt_.tp == 1 ? "on" : "off")
+     << ", DSpark drafter " << (stages_ > 0 ? absl::StrCat(stages_, " stages") : std::string("none"))
      << ", speculative steps of up to " << spec_tokens_ << " tokens ("
      << ((opt_.max_sequences * (slot_bytes_ + spec_slot_bytes_) * (spec_tokens_ > 0 ? 1 : 0)) >> 20)
      << " MiB per GPU)";

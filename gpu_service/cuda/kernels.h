@@ -118,6 +118,7 @@ struct HcPreArgs {
   int hc = 4, iters = 20;
   float hc_eps = 1e-6f, rms_eps = 1e-6f;
   bool head_mode = false;
+  float* u_out = nullptr;  // optional [n, D]: the collapsed u before the norm (DSpark confidence)
 };
 void HcPre(const HcPreArgs& a, cudaStream_t stream);
 // X[r, k] = post[r, k]·y[r] + Σ_j comb[r, j, k]·X[r, j].
@@ -140,6 +141,13 @@ void SwiGlu(const float* g, const float* u, int64_t ldgu, float* h, int64_t n, i
             cudaStream_t stream);
 void AddInPlace(float* y, const float* a, int64_t count, cudaStream_t stream);
 void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, float* dst, cudaStream_t stream);
+// out[r, :D] (row stride ldo) = mean over the hc streams of X[r] (DSpark target features).
+void StreamMean(const float* X, int64_t n, int hc, int64_t D, float* out, int64_t ldo, cudaStream_t stream);
+// In place: x[r] = RMSNorm_w(x[r]) over D.
+void RmsNormRows(float* x, int64_t n, int64_t D, const float* w, float eps, cudaStream_t stream);
+// out[i, :d] = float(table[ids[i], :d]) for a BF16 table [rows, d].
+void GatherBf16Rows(const __nv_bfloat16* table, int64_t d, const int32_t* ids, int64_t m, float* out,
+                    cudaStream_t stream);
 // Speculative log: for each row r < n with map[r] >= 0 (= slot·T + t), copies `width` bytes from
 // src + r·src_ld to dst + slot·slot_stride + t·row_bytes. Byte counts and addresses are multiples of 4.
 void SaveSpecRows(const void* src, int64_t src_ld, int64_t width, int64_t n, const int32_t* map, int32_t T,
@@ -220,6 +228,10 @@ struct AttnArgs {
   // [n, heads, splits, hd + 2] floats of partial results.
   int splits = 1;
   float* part = nullptr;
+  // DSpark draft blocks (type 0, splits 1): each row sees the ring entries before its sequence's first row
+  // (positions start_pos - window .. start_pos - 1) and every row of its sequence in this pass, in both
+  // directions; nothing is written to the ring.
+  bool bidir = false;
 };
 template <typename CacheT>
 void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream);

@@ -138,6 +138,9 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
   ss = BlockSum(ss, red);
   const float inv_u = 1.0f / sqrtf(ss / static_cast<float>(a.D) + a.rms_eps);
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.xn[r * a.D + d] = us[d] * inv_u * a.norm_w[d];
+  if (a.u_out != nullptr) {
+    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.u_out[r * a.D + d] = us[d];
+  }
 }
 
 __global__ void HcPostKernel(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc,
@@ -284,6 +287,31 @@ __global__ void GatherKernel(const float* src, int64_t d, const int32_t* rows, f
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = s[i];
 }
 
+__global__ void StreamMeanKernel(const float* X, int hc, int64_t D, float* out, int64_t ldo) {
+  const int64_t r = blockIdx.x;
+  const float* xr = X + r * hc * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float f = 0.0f;
+    for (int j = 0; j < hc; ++j) f += xr[j * D + d];
+    out[r * ldo + d] = f / static_cast<float>(hc);
+  }
+}
+
+__global__ void __launch_bounds__(1024) RmsNormRowsKernel(float* x, int64_t D, const float* w, float eps) {
+  __shared__ float red[32];
+  float* xr = x + blockIdx.x * D;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = BlockSum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) xr[i] = xr[i] * inv * w[i];
+}
+
+__global__ void GatherBf16RowsKernel(const __nv_bfloat16* table, int64_t d, const int32_t* ids, float* out) {
+  const __nv_bfloat16* src = table + static_cast<int64_t>(ids[blockIdx.x]) * d;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[blockIdx.x * d + i] = __bfloat162float(src[i]);
+}
+
 __global__ void SaveSpecRowsKernel(const uint32_t* src, int64_t src_ld, int64_t words, const int32_t* map, int32_t T,
                                    char* dst, int64_t slot_stride, int64_t row_bytes) {
   const int32_t m = map[blockIdx.x];
@@ -427,6 +455,22 @@ void AddInPlace(float* y, const float* a, int64_t count, cudaStream_t stream) {
 void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, float* dst, cudaStream_t stream) {
   if (m <= 0) return;
   GatherKernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(src, d, rows, dst);
+}
+
+void StreamMean(const float* X, int64_t n, int hc, int64_t D, float* out, int64_t ldo, cudaStream_t stream) {
+  if (n <= 0) return;
+  StreamMeanKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(X, hc, D, out, ldo);
+}
+
+void RmsNormRows(float* x, int64_t n, int64_t D, const float* w, float eps, cudaStream_t stream) {
+  if (n <= 0) return;
+  RmsNormRowsKernel<<<static_cast<unsigned>(n), 1024, 0, stream>>>(x, D, w, eps);
+}
+
+void GatherBf16Rows(const __nv_bfloat16* table, int64_t d, const int32_t* ids, int64_t m, float* out,
+                    cudaStream_t stream) {
+  if (m <= 0) return;
+  GatherBf16RowsKernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(table, d, ids, out);
 }
 
 void SaveSpecRows(const void* src, int64_t src_ld, int64_t width, int64_t n, const int32_t* map, int32_t T,

@@ -1,7 +1,8 @@
 // Speculative decoding on the CUDA backend: speculative steps + Rollback leave every cache (window ring,
 // compressor pending windows, CSA overlap halves, indexer state, compressed entries) as if the rolled-back
 // tokens never ran; greedy speculative decoding with the n-gram drafter emits exactly the tokens of plain
-// greedy decoding (depths 1-7, batches 1/3/8, tiny-v4 and demo-v4), which also equal the CPU backend's.
+// greedy decoding (depths 1-7, batches 1/3/8, tiny-v4 and demo-v4), which also equal the CPU backend's; the
+// device DSpark drafter proposes what the CPU drafter proposes, and greedy DSpark speculation equals plain greedy.
 // Every test skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -43,7 +44,7 @@ Fixture* Get(const std::string& name) {
     return nullptr;
   }
   f->ckpt = std::move(*ck);
-  auto e = cpu::ReferenceExperts::Load(*f->ckpt);
+  auto e = cpu::ReferenceExperts::Load(*f->ckpt, /*include_drafter=*/f->ckpt->mtp_stages() > 0);
   if (!e.ok()) {
     ADD_FAILURE() << e.status();
     return nullptr;
@@ -397,6 +398,131 @@ TEST(CudaGreedySpec, AdaptiveDepthKeepsLogits) {
     ASSERT_EQ((*got)[i].step_logits.size(), (*plain)[i].step_logits.size());
     EXPECT_LE(MaxDiff((*got)[i].step_logits, (*plain)[i].step_logits, (*got)[i].step_logits.size()), 1e-3f);
   }
+}
+
+// ---- the DSpark drafter on the device ---------------------------------------------------------------------
+
+// Drafts (tokens, Markov-corrected logits, confidence) equal the CPU drafter's for sequences at different
+// positions, before and after a speculative step + rollback (the stages' rings are rolled back too).
+TEST(CudaDspark, DraftsMatchTheCpuDrafter) {
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device";
+  Fixture* f = Get("tiny-v4");
+  ASSERT_NE(f, nullptr);
+  auto cpu = cpu::CpuModel::Create(*f->ckpt, nullptr, {.drafter = true});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  CudaOptions opt;
+  opt.fp32 = true;
+  auto gpu = CreateCudaModel(*f->ckpt, opt);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_EQ((*gpu)->drafter(), SpecMethod::kDspark);
+  ExpertBackend& ex = *f->experts;
+  const int64_t V = f->ckpt->config().vocab_size;
+  std::mt19937 rng(23);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {3, 40, 131}) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng() % V));
+    prompts.push_back(p);
+  }
+  std::vector<SequenceId> a, b;
+  for (const auto& p : prompts) {
+    auto x = (*cpu)->CreateSequence();
+    auto y = (*gpu)->CreateSequence();
+    ASSERT_TRUE(x.ok() && y.ok());
+    a.push_back(*x);
+    b.push_back(*y);
+    ASSERT_TRUE(Feed(**cpu, ex, *x, p, false, nullptr).ok());
+    ASSERT_TRUE(Feed(**gpu, ex, *y, p, false, nullptr).ok());
+  }
+  auto compare = [&](const std::string& what) {
+    std::vector<DraftRequest> ra, rb;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const int64_t depth = 3 + static_cast<int64_t>(i);
+      const int32_t next = static_cast<int32_t>((17 * i + 5) % V);
+      ra.push_back(DraftRequest{a[i], next, depth, nullptr});
+      rb.push_back(DraftRequest{b[i], next, depth, nullptr});
+    }
+    std::vector<DraftResult> da, db;
+    Status x = (*cpu)->Draft(ra, &ex, &da);
+    Status y = (*gpu)->Draft(rb, &ex, &db);
+    ASSERT_TRUE(x.ok()) << x;
+    ASSERT_TRUE(y.ok()) << y;
+    ASSERT_EQ(da.size(), db.size());
+    for (size_t i = 0; i < da.size(); ++i) {
+      EXPECT_EQ(da[i].tokens, db[i].tokens) << what << " seq " << i;
+      ASSERT_EQ(da[i].logits.size(), db[i].logits.size());
+      ASSERT_EQ(da[i].confidence.size(), db[i].confidence.size());
+      float scale = 1.0f;
+      for (float v : da[i].logits) scale = std::max(scale, std::fabs(v));
+      const float d = MaxDiff(da[i].logits, db[i].logits, da[i].logits.size()) / scale;
+      NLOG(INFO) << what << " seq " << i << ": max |cpu - cuda| / max(1, |logit|) = " << d;
+      EXPECT_LE(d, 1e-3f) << what << " seq " << i;
+      EXPECT_LE(MaxDiff(da[i].confidence, db[i].confidence, da[i].confidence.size()), 1e-2f) << what;
+    }
+  };
+  compare("after prefill");
+  // A speculative step of 6 on every sequence, 4 rolled back; then one plain token.
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<int32_t> k6;
+    for (int t = 0; t < 6; ++t) k6.push_back(static_cast<int32_t>(rng() % V));
+    ASSERT_TRUE(Feed(**cpu, ex, a[i], k6, true, nullptr).ok());
+    ASSERT_TRUE(Feed(**gpu, ex, b[i], k6, true, nullptr).ok());
+    ASSERT_TRUE((*cpu)->Rollback(a[i], 4).ok());
+    ASSERT_TRUE((*gpu)->Rollback(b[i], 4).ok());
+  }
+  compare("after a rollback");
+  std::vector<DraftRequest> bad = {DraftRequest{b[0], 1, 0, nullptr}};
+  std::vector<DraftResult> out;
+  EXPECT_EQ((*gpu)->Draft(bad, &ex, &out).code(), absl::StatusCode::kInvalidArgument);
+  bad = {DraftRequest{b[0] + 1000, 1, 2, nullptr}};
+  EXPECT_EQ((*gpu)->Draft(bad, &ex, &out).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CudaDspark, GreedyEqualsPlainGreedy) {
+  if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device";
+  Fixture* f = Get("tiny-v4");
+  ASSERT_NE(f, nullptr);
+  const int64_t V = f->ckpt->config().vocab_size;
+  for (bool fp32 : {true, false}) {
+    CudaOptions opt;
+    opt.fp32 = fp32;
+    auto gpu = CreateCudaModel(*f->ckpt, opt);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    int64_t drafted = 0;
+    for (int64_t batch : {1, 3, 8}) {
+      // Short non-repetitive prompts (the random stages accept almost nothing: rollback is what runs).
+      std::vector<GenerateRequest> reqs;
+      for (int64_t i = 0; i < batch; ++i) {
+        GenerateRequest r;
+        const int64_t len = 5 + (i * 7) % 23;
+        for (int64_t t = 0; t < len; ++t) r.prompt.push_back(static_cast<int32_t>((t * 37 + i * 11 + 3) % V));
+        r.max_new_tokens = 24;
+        r.ignore_eos = true;
+        reqs.push_back(r);
+      }
+      auto plain = GenerateBatch(**gpu, *f->experts, reqs);
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      for (int64_t depth = 1; depth <= 7; ++depth) {
+        SpecConfig spec{.method = SpecMethod::kDspark, .depth = depth};
+        auto got = GenerateBatch(**gpu, *f->experts, reqs, nullptr, spec);
+        ASSERT_TRUE(got.ok()) << got.status();
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens)
+              << (fp32 ? "fp32" : "bf16") << " batch " << batch << " depth " << depth << " seq " << i;
+          drafted += (*got)[i].spec.drafted;
+        }
+      }
+    }
+    EXPECT_GT(drafted, 0);
+  }
+  // demo-v4 has no DSpark stages.
+  Fixture* demo = Get("demo-v4");
+  ASSERT_NE(demo, nullptr);
+  auto m = CreateCudaModel(*demo->ckpt, CudaOptions{});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->drafter(), SpecMethod::kNone);
+  std::vector<DraftResult> out;
+  EXPECT_EQ((*m)->Draft({}, demo->experts.get(), &out).code(), absl::StatusCode::kUnimplemented);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGreedySpecTest,

@@ -2,7 +2,10 @@
 // full width, generated in device memory: no checkpoint on disk), at several batch sizes and contexts,
 // next to the floor that the GPU's memory bandwidth sets for the bytes the step reads. The routed experts
 // belong to the CPU worker and are stubbed to zeros; the per-layer host exchange still happens.
+// --verify K also times a speculative verify step (1 + K tokens per sequence, every row's logits copied back,
+// as numoe-gpu verifies drafts) followed by Rollback(K) of every sequence (nothing accepted: the most work).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -103,7 +106,7 @@ int RunCudaBench(int argc, char** argv) {
                    "One decode step of the CUDA backend on V4-Flash-shaped synthetic non-expert weights: GPU time vs "
                    "the memory-bandwidth floor, and device memory per sequence per 1K tokens.");
   std::string batch_s = "1,4,16", context_s = "4096,65536", weights_s = "fp8,bf16", cache_s = "bf16";
-  int64_t layers = 43, steps = 10, device = 0, tp = 1;
+  int64_t layers = 43, steps = 10, device = 0, tp = 1, verify = 0;
   bool json = false, no_graphs = false;
   parser.AddString("batch", "LIST", "batch sizes (sequences decoding together)", &batch_s);
   parser.AddString("context", "LIST", "tokens of context per sequence", &context_s);
@@ -113,6 +116,8 @@ int RunCudaBench(int argc, char** argv) {
   parser.AddInt("steps", "N", "timed decode steps per point", &steps, 1, 100000);
   parser.AddInt("device", "ID", "first GPU", &device, 0, 64);
   parser.AddInt("tp", "N", "tensor-parallel GPUs", &tp, 1, 64);
+  parser.AddInt("verify", "K", "also time a speculative step of 1 + K tokens per sequence + Rollback(K); 0 = off",
+                &verify, 0, 16);
   parser.AddFlag("no-graphs", "launch kernels one by one instead of replaying CUDA graphs", &no_graphs);
   parser.AddFlag("json", "print only the JSON summary line", &json);
   int rc = 0;
@@ -174,8 +179,8 @@ int RunCudaBench(int argc, char** argv) {
     opt.tp = static_cast<int>(tp);
     opt.fp8_weights = fmt == "fp8";
     opt.max_sequences = max_b;
-    opt.max_context = max_c + steps + 16;
-    opt.max_step_tokens = std::max<int64_t>(max_b, 16);
+    opt.max_context = max_c + 2 * (steps + 3) + verify + 32;
+    opt.max_step_tokens = std::max<int64_t>(max_b * (verify + 1), 16);
     opt.graphs = !no_graphs;
     auto model = CreateSyntheticCudaBackend(*cfg, opt, 42);
     if (!model.ok()) {
@@ -218,6 +223,33 @@ int RunCudaBench(int argc, char** argv) {
           }
           if (st.ok()) toks = next;
         }
+        // Verify steps: 1 + K tokens per sequence with all logits, then every sequence rolls back K.
+        double vgpu = 0, vwall = 0, rb_ms = 0;
+        int vtimed = 0;
+        for (int64_t it = 0; verify > 0 && it < steps + 1 && st.ok(); ++it) {
+          std::vector<int32_t> feed(static_cast<size_t>(B * (verify + 1)), 7);
+          std::vector<SequenceStep> step(static_cast<size_t>(B));
+          for (int64_t i = 0; i < B; ++i) {
+            SequenceStep& q = step[static_cast<size_t>(i)];
+            q.seq = seqs[static_cast<size_t>(i)];
+            q.tokens = std::span<const int32_t>(&feed[static_cast<size_t>(i * (verify + 1))],
+                                                static_cast<size_t>(verify + 1));
+            q.all_logits = true;
+            q.speculative = true;
+          }
+          std::vector<SequenceLogits> out;
+          m.set_collect_stats(it >= 1);
+          st = m.Forward(step, &zero, &out);
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int64_t i = 0; i < B && st.ok(); ++i) st = m.Rollback(seqs[static_cast<size_t>(i)], verify);
+          const double rb = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          if (st.ok() && it >= 1) {
+            vgpu += m.last_stats().gpu_ms;
+            vwall += m.last_stats().wall_ms;
+            rb_ms += rb;
+            ++vtimed;
+          }
+        }
         SequenceMemory mem;
         if (st.ok()) {
           auto mm = m.Memory(seqs[0]);
@@ -232,6 +264,11 @@ int RunCudaBench(int argc, char** argv) {
         }
         gpu /= timed;
         wall /= timed;
+        if (vtimed > 0) {
+          vgpu /= vtimed;
+          vwall /= vtimed;
+          rb_ms /= vtimed;
+        }
         const double bytes = static_cast<double>(m.weight_bytes_per_step()) +
                              static_cast<double>(B) * CacheBytesPerRow(*cfg, C, cache == "bf16" ? 2 : 4) *
                                  static_cast<double>(tp);
@@ -242,6 +279,11 @@ int RunCudaBench(int argc, char** argv) {
           std::printf("%6lld %8lld %10.3f %10.3f %10.3f %10.3f %8.0f%% %12.2f %12.1f\n", static_cast<long long>(B),
                       static_cast<long long>(C), gpu, wall, bytes / 1e9, floor_ms, 100.0 * floor_ms / gpu, per_k,
                       static_cast<double>(mem.fixed_bytes) / (1 << 20));
+          if (vtimed > 0) {
+            std::printf("%6s %8s %10.3f %10.3f   <- verify step of %lld tokens/seq (all logits), then Rollback(%lld): "
+                        "%.3f ms for all\n",
+                        "", "", vgpu, vwall, static_cast<long long>(verify + 1), static_cast<long long>(verify), rb_ms);
+          }
         }
         results.push_back({{"weights", fmt},
                            {"cache", cache},
@@ -253,7 +295,11 @@ int RunCudaBench(int argc, char** argv) {
                            {"floor_ms", floor_ms},
                            {"mib_per_seq_per_1k_tokens", per_k},
                            {"fixed_mib_per_seq", static_cast<double>(mem.fixed_bytes) / (1 << 20)},
-                           {"capacity_mib_per_seq", static_cast<double>(mem.capacity_bytes) / (1 << 20)}});
+                           {"capacity_mib_per_seq", static_cast<double>(mem.capacity_bytes) / (1 << 20)},
+                           {"verify_k", verify},
+                           {"verify_gpu_ms", vgpu},
+                           {"verify_wall_ms", vwall},
+                           {"rollback_ms", rb_ms}});
       }
     }
   }

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -252,6 +253,43 @@ TEST(Mtp, RollbackRestoresTheMtpStateBitForBit) {
   }
 }
 
+// The ring entries the MTP block needs at a chunk boundary come from the previous step's last streams: a
+// prompt fed whole, in chunks of 7 or token by token (30 tokens, several times the tiny sliding window of 8)
+// drafts the same tokens from the same distributions.
+TEST(Mtp, PrefillChunkingDoesNotChangeTheDrafts) {
+  Loaded* l = GetMtp();
+  ASSERT_NE(l, nullptr);
+  cpu::CpuModel& m = *l->model;
+  ExpertBackend* ex = l->experts.get();
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 30; ++t) prompt.push_back((t * 71 + 13) % static_cast<int32_t>(m.vocab_size()));
+  std::vector<DraftResult> results;
+  for (size_t chunk : {prompt.size(), size_t{7}, size_t{1}}) {
+    auto s = m.CreateSequence();
+    ASSERT_TRUE(s.ok());
+    std::vector<SequenceLogits> out;
+    for (size_t at = 0; at < prompt.size(); at += chunk) {
+      const size_t n = std::min(chunk, prompt.size() - at);
+      SequenceStep st{*s, std::span<const int32_t>(prompt.data() + at, n)};
+      ASSERT_TRUE(m.Forward(std::span<const SequenceStep>(&st, 1), ex, &out).ok());
+    }
+    std::vector<DraftResult> d;
+    const std::vector<DraftRequest> q = {{*s, 42, 4, nullptr}};
+    ASSERT_TRUE(m.Draft(q, ex, &d).ok());
+    results.push_back(d[0]);
+    ASSERT_TRUE(m.ReleaseSequence(*s).ok());
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].tokens, results[0].tokens) << "case " << i;
+    ASSERT_EQ(results[i].logits.size(), results[0].logits.size());
+    float worst = 0;
+    for (size_t j = 0; j < results[0].logits.size(); ++j) {
+      worst = std::max(worst, std::fabs(results[i].logits[j] - results[0].logits[j]));
+    }
+    EXPECT_LE(worst, 1e-4f) << "case " << i;
+  }
+}
+
 // Batched drafting equals drafting each sequence alone (rows of different sequences never mix), also with
 // different depths in one call.
 TEST(Mtp, BatchedDraftsEqualSingleDrafts) {
@@ -319,16 +357,37 @@ double ChiSquare(const std::map<int32_t, int>& a, const std::map<int32_t, int>& 
   return chi;
 }
 
-TEST(Mtp, SampledTokensFollowTheSameDistributionWithAndWithoutSpeculation) {
-  Loaded* l = GetMtp();
-  ASSERT_NE(l, nullptr);
+// The category of generated token j: its id (top-k sampling keeps few), or its rank under the target's
+// distribution at that position (the logits that chose it), 0..7, else 8.
+enum class Category { kTokenId, kTargetRank };
+
+int32_t CategoryOf(const GenerateResult& r, size_t j, Category c, int64_t V) {
+  if (c == Category::kTokenId) return r.tokens[j];
+  const float* lg = &r.step_logits[j * V];
+  const float mine = lg[r.tokens[j]];
+  int32_t rank = 0;
+  for (int64_t v = 0; v < V && rank < 8; ++v) rank += lg[v] > mine ? 1 : 0;
+  return rank;
+}
+
+struct SampledCase {
+  double temperature;
+  int64_t top_k;
+  Category category;
+  bool expect_accepts;
+};
+
+// 3000 sequences of 3 tokens with and without speculation (depth 2), other seeds; the 2nd and 3rd tokens'
+// categories are compared. Significance 0.001 per comparison.
+void CheckSampled(Loaded* l, const SampledCase& c) {
   auto critical = [](int dof) {  // chi-square 0.999 quantile (Wilson-Hilferty)
     const double k = dof, z = 3.0902;
     const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
     return k * t * t * t;
   };
+  const int64_t V = l->model->vocab_size();
   std::map<int32_t, int> plain2, plain3, spec2, spec3;
-  int64_t drafted = 0;
+  int64_t drafted = 0, accepted = 0;
   constexpr int kSamples = 3000, kBatch = 100;
   for (int round = 0; round < kSamples / kBatch; ++round) {
     std::vector<GenerateRequest> reqs;
@@ -337,8 +396,9 @@ TEST(Mtp, SampledTokensFollowTheSameDistributionWithAndWithoutSpeculation) {
       r.prompt = {5, 17, 99, 5, 17, 99, 5, 17};
       r.max_new_tokens = 3;
       r.ignore_eos = true;
-      r.sampling.temperature = 1.0;
-      r.sampling.top_k = 4;
+      r.keep_logits = c.category == Category::kTargetRank;
+      r.sampling.temperature = c.temperature;
+      r.sampling.top_k = c.top_k;
       r.sampling.seed = static_cast<uint64_t>(round * kBatch + i + 1);
       reqs.push_back(r);
     }
@@ -348,21 +408,43 @@ TEST(Mtp, SampledTokensFollowTheSameDistributionWithAndWithoutSpeculation) {
     auto b = GenerateBatch(*l->model, *l->experts, reqs, nullptr, SpecConfig{.method = SpecMethod::kMtp, .depth = 2});
     ASSERT_TRUE(b.ok()) << b.status();
     for (int i = 0; i < kBatch; ++i) {
-      plain2[(*a)[i].tokens[1]]++;
-      plain3[(*a)[i].tokens[2]]++;
-      spec2[(*b)[i].tokens[1]]++;
-      spec3[(*b)[i].tokens[2]]++;
+      plain2[CategoryOf((*a)[i], 1, c.category, V)]++;
+      plain3[CategoryOf((*a)[i], 2, c.category, V)]++;
+      spec2[CategoryOf((*b)[i], 1, c.category, V)]++;
+      spec3[CategoryOf((*b)[i], 2, c.category, V)]++;
       drafted += (*b)[i].spec.drafted;
+      accepted += (*b)[i].spec.accepted;
     }
   }
   EXPECT_GE(drafted, kSamples);  // one draft per sequence at least (depth is capped by max_new_tokens)
+  if (c.expect_accepts) {
+    EXPECT_GT(accepted, kSamples / 20);
+  }
+  std::printf("mtp sampled T %.2f top-k %lld: %lld drafted, %lld accepted\n", c.temperature,
+              static_cast<long long>(c.top_k), static_cast<long long>(drafted), static_cast<long long>(accepted));
   for (auto [x, y] : {std::make_pair(&plain2, &spec2), std::make_pair(&plain3, &spec3)}) {
     int dof = 0;
     const double chi = ChiSquare(*x, *y, &dof);
     ASSERT_GE(dof, 3);
     EXPECT_LT(chi, critical(dof)) << "chi-square " << chi << " with " << dof << " degrees of freedom";
-    std::printf("mtp sampled: chi-square %.2f, dof %d, critical %.2f\n", chi, dof, critical(dof));
+    std::printf("  chi-square %.2f, dof %d, critical %.2f\n", chi, dof, critical(dof));
   }
+}
+
+// Top-k 4 at temperature 1: the random drafter's top 4 and the target's hardly overlap, so this checks the
+// rejection path (the residual distribution).
+TEST(Mtp, SampledTokensFollowTheSameDistributionWithAndWithoutSpeculation) {
+  Loaded* l = GetMtp();
+  ASSERT_NE(l, nullptr);
+  CheckSampled(l, {1.0, 4, Category::kTokenId, false});
+}
+
+// The full vocabulary at temperature 0.3: draft and target distributions overlap, so a good share of drafts is
+// kept (the acceptance path); tokens are compared by their rank under the target's distribution.
+TEST(Mtp, SampledTokensKeepTheTargetDistributionWhenDraftsAreAccepted) {
+  Loaded* l = GetMtp();
+  ASSERT_NE(l, nullptr);
+  CheckSampled(l, {0.3, 0, Category::kTargetRank, true});
 }
 
 }  // namespace

@@ -487,7 +487,7 @@ void RestGateway::Health(const std::shared_ptr<HttpExchange>& exchange) {
 void RestGateway::MetricsText(const std::shared_ptr<HttpExchange>& exchange) {
   std::vector<WorkerGauge> gauges;
   for (const auto& w : balancer_.Snapshot()) {
-    gauges.push_back({w.address, w.up, w.stats.active_sequences(), w.stats.queued_sequences()});
+    gauges.push_back(WorkerGaugeFromStats(w.address, w.up, w.stats));
   }
   exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.Render(gauges));
 }

@@ -59,6 +59,19 @@ std::string EscapeLabelValue(const std::string& value) {
   return out;
 }
 
+WorkerGauge WorkerGaugeFromStats(const std::string& worker, bool up, const v1::WorkerStats& stats) {
+  WorkerGauge g;
+  g.worker = worker;
+  g.up = up;
+  g.active_sequences = stats.active_sequences();
+  g.queued_sequences = stats.queued_sequences();
+  g.spec_method = stats.spec_method();
+  g.spec_verify_steps = stats.spec_verify_steps();
+  g.spec_drafted = stats.spec_drafted();
+  g.spec_accepted = stats.spec_accepted();
+  return g;
+}
+
 Metrics::Metrics()
     : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
              40.0, 80.0}),
@@ -113,6 +126,30 @@ std::string Metrics::Render(const std::vector<WorkerGauge>& workers) const {
         [](const WorkerGauge& w) { return w.queued_sequences; });
   gauge("numoe_worker_up", "1 when the worker's last health check passed.",
         [](const WorkerGauge& w) { return w.up ? 1 : 0; });
+
+  // Speculative decoding, per worker and drafter.
+  auto spec = [&](const char* name, const char* type, const char* help, auto value_of) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+    for (const WorkerGauge& w : workers) {
+      if (w.spec_method.empty() || w.spec_method == "none") continue;
+      absl::StrAppend(&out, name, "{worker=\"", EscapeLabelValue(w.worker), "\",drafter=\"",
+                      EscapeLabelValue(w.spec_method), "\"} ", value_of(w), "\n");
+    }
+  };
+  spec("numoe_spec_drafted_tokens_total", "counter", "Draft tokens verified by the worker, by drafter.",
+       [](const WorkerGauge& w) { return w.spec_drafted; });
+  spec("numoe_spec_accepted_tokens_total", "counter", "Draft tokens accepted by the worker's verifier, by drafter.",
+       [](const WorkerGauge& w) { return w.spec_accepted; });
+  spec("numoe_spec_verify_steps_total", "counter",
+       "Speculative verify steps (one per sequence per step that carried drafts), by drafter.",
+       [](const WorkerGauge& w) { return w.spec_verify_steps; });
+  spec("numoe_spec_mean_accepted_length", "gauge",
+       "Draft tokens accepted per verify step since the worker started, by drafter.", [](const WorkerGauge& w) {
+         return w.spec_verify_steps == 0
+                    ? std::string("0")
+                    : absl::StrFormat("%.4f", static_cast<double>(w.spec_accepted) /
+                                                  static_cast<double>(w.spec_verify_steps));
+       });
   return out;
 }
 

@@ -10,6 +10,13 @@
 //   numoe_worker_active_sequences{worker}           gauge: from the worker's last Stats answer
 //   numoe_worker_queued_sequences{worker}           gauge: from the worker's last Stats answer
 //   numoe_worker_up{worker}                         gauge: 1 when the last health check passed
+//   numoe_spec_drafted_tokens_total{worker,drafter}  counter: draft tokens the worker's verifier checked
+//   numoe_spec_accepted_tokens_total{worker,drafter} counter: draft tokens it kept
+//   numoe_spec_verify_steps_total{worker,drafter}    counter: verify steps (one per sequence per step with drafts)
+//   numoe_spec_mean_accepted_length{worker,drafter}  gauge: accepted / verify steps since the worker started
+//                                                   (0 before the first); drafter = the worker's --spec
+//                                                   (dspark, mtp, ngram); workers without speculation have no
+//                                                   numoe_spec_* lines
 // Worker gauges are not stored here: the caller passes a snapshot at render time, so they can never go stale.
 //
 // Thread-safety: every method may be called from any thread at once (counters under one mutex, histogram
@@ -24,6 +31,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "numoe/v1/worker.pb.h"
 
 namespace numoe::router {
 
@@ -49,7 +58,15 @@ struct WorkerGauge {
   bool up = false;
   uint64_t active_sequences = 0;
   uint64_t queued_sequences = 0;
+  // Speculative decoding, cumulative since the worker started ("none" or empty: no numoe_spec_* lines).
+  std::string spec_method;
+  uint64_t spec_verify_steps = 0;
+  uint64_t spec_drafted = 0;
+  uint64_t spec_accepted = 0;
 };
+
+// The gauges of one worker from its last Stats answer.
+WorkerGauge WorkerGaugeFromStats(const std::string& worker, bool up, const v1::WorkerStats& stats);
 
 class Metrics {
  public:

@@ -27,6 +27,11 @@ struct Engine::Request {
   int32_t next = -1;     // last sampled token, not fed yet
   int64_t generated = 0;
   bool done = false;
+  // Speculative decoding: prompt + generated (the n-gram drafter's haystack; kept only for kNgram), this
+  // sequence's draft depth, and this step's feed [next, drafts...].
+  std::vector<int32_t> history;
+  int64_t depth = 0;
+  std::vector<int32_t> feed;
 
   int64_t outstanding() const {
     return static_cast<int64_t>(req.prompt.size() - fed) + std::max<int64_t>(req.max_new_tokens - generated, 0);
@@ -45,6 +50,34 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   if (o.max_context < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_context must be >= 0 (got ", o.max_context, ")"));
   }
+  if (o.spec.method != SpecMethod::kNone) {
+    if (Status st = ValidateSpec(o.spec); !st.ok()) return absl::InvalidArgumentError(absl::StrCat("spec: ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckSpec(const SpecConfig& spec, const ExecutorLimits& limits) {
+  if (spec.method == SpecMethod::kNone) return absl::OkStatus();
+  const char* name = SpecMethodName(spec.method);
+  if (Status st = ValidateSpec(spec); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec ", name, ": ", st.message(), " (set --spec-depth)"));
+  }
+  if (spec.method == SpecMethod::kNgram) return absl::OkStatus();  // drafts in the worker, needs no weights
+  if (limits.drafter != spec.method) {
+    const char* what = spec.method == SpecMethod::kDspark ? "DSpark" : "MTP";
+    if (limits.drafter == SpecMethod::kNone) {
+      return absl::FailedPreconditionError(absl::StrCat("--spec ", name, ": numoe-gpu has no ", what,
+                                                        " drafter loaded; start it with --spec ", name,
+                                                        " or use --spec ngram|none"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("--spec ", name, ": numoe-gpu's drafter is ",
+                                                      SpecMethodName(limits.drafter), ", not ", what, "; use --spec ",
+                                                      SpecMethodName(limits.drafter), ", ngram or none"));
+  }
+  if (limits.max_model_drafts > 0 && spec.depth > limits.max_model_drafts) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec-depth ", spec.depth, ": numoe-gpu's drafter proposes at most ",
+                                                   limits.max_model_drafts, " tokens per step"));
+  }
   return absl::OkStatus();
 }
 
@@ -56,6 +89,19 @@ Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(exe
   options_.max_seqs = std::max<int64_t>(options_.max_seqs, 1);
   options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, 1);
   stats_.max_seqs = options_.max_seqs;
+  // The worker refuses a bad spec at start-up (CheckSpec); an engine built without that check serves
+  // without speculation rather than asking the executor for something it cannot do.
+  if (options_.spec.method != SpecMethod::kNone) {
+    if (Status st = CheckSpec(options_.spec, lim); !st.ok()) {
+      NLOG(WARNING) << "speculative decoding off: " << st;
+      options_.spec.method = SpecMethod::kNone;
+    }
+  }
+  max_drafts_ = options_.spec.depth;
+  if (options_.spec.method != SpecMethod::kNgram && lim.max_model_drafts > 0) {
+    max_drafts_ = std::min(max_drafts_, lim.max_model_drafts);
+  }
+  stats_.spec_method = options_.spec.method;
 }
 
 Engine::~Engine() { Stop(); }
@@ -214,11 +260,14 @@ bool Engine::StepOnce() {
     } else {
       r->seq = *seq;
       r->open = true;
+      r->depth = max_drafts_;
+      if (options_.spec.method == SpecMethod::kNgram) r->history = r->req.prompt;
     }
     running_.push_back(std::move(r));
   }
 
-  // 2. Build the step: decode tokens first (rotating start so a tight budget is fair), then prompt chunks.
+  // 2. Build the step: decode tokens first (rotating start so a tight budget is fair), then drafts for
+  // those decode items from what is left of the budget, then prompt chunks.
   items_.clear();
   item_owner_.clear();
   int64_t budget = options_.max_step_tokens;
@@ -227,12 +276,32 @@ bool Engine::StepOnce() {
   for (size_t k = 0; k < n && budget > 0; ++k) {
     Request& r = *running_[(rotate_ + k) % n];
     if (r.done || r.fed < r.req.prompt.size() || r.next < 0) continue;
-    items_.push_back(StepItem{.seq = r.seq, .tokens = std::span<const int32_t>(&r.next, 1), .sample = true});
+    r.feed.assign(1, r.next);
+    items_.push_back(StepItem{.seq = r.seq, .sample = true});
     item_owner_.push_back(&r);
     --budget;
     ++trace.decode_tokens;
   }
   ++rotate_;
+  const size_t decode_items = items_.size();
+  if (options_.spec.method != SpecMethod::kNone) {
+    for (size_t i = 0; i < decode_items && budget > 0; ++i) {
+      Request& r = *item_owner_[i];
+      const int64_t k = DraftsFor(r, budget);
+      if (k <= 0) continue;
+      if (options_.spec.method == SpecMethod::kNgram) {
+        std::vector<int32_t> d = NgramPropose(r.history, k, options_.spec.ngram_max, options_.spec.ngram_min);
+        r.feed.insert(r.feed.end(), d.begin(), d.end());
+        items_[i].drafts = static_cast<int32_t>(d.size());
+        budget -= static_cast<int64_t>(d.size());
+      } else {
+        items_[i].model_drafts = static_cast<int32_t>(k);
+        budget -= k;
+      }
+    }
+  }
+  // The feeds are final now: point the decode items at them.
+  for (size_t i = 0; i < decode_items; ++i) items_[i].tokens = item_owner_[i]->feed;
   for (auto& rp : running_) {
     if (budget <= 0) break;
     Request& r = *rp;
@@ -254,6 +323,7 @@ bool Engine::StepOnce() {
   // 3. Run it.
   bool ran = false;
   int64_t new_tokens = 0;
+  SpecStats spec;
   if (!items_.empty()) {
     ran = true;
     Status st = executor_->Step(items_, &out_);
@@ -266,29 +336,73 @@ bool Engine::StepOnce() {
         }
       }
     } else {
+      size_t offset = 0;  // into out_.emitted
+      const bool have_counts = out_.counts.size() == items_.size() && out_.drafted.size() == items_.size() &&
+                               out_.accepted.size() == items_.size();
       for (size_t i = 0; i < items_.size(); ++i) {
         Request& r = *item_owner_[i];
         if (r.fed < r.req.prompt.size()) r.fed += items_[i].tokens.size();
         if (!items_[i].sample) continue;
-        const int32_t tok = out_.tokens[i];
-        r.next = tok;
-        ++r.generated;
-        ++new_tokens;
-        const auto& stops = r.req.stop_token_ids;
-        std::string_view reason;
-        if ((!r.req.ignore_eos && tok == options_.eos_token_id) ||
-            std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-          reason = "stop";
-        } else if (r.generated >= r.req.max_new_tokens ||
-                   (options_.max_context > 0 &&
-                    static_cast<int64_t>(r.req.prompt.size()) + r.generated >= options_.max_context)) {
-          reason = "length";
+        // The tokens this item emitted: counts[i] of them from out_.emitted, or out_.tokens[i] alone from an
+        // executor that fills neither (it never verifies drafts then).
+        std::span<const int32_t> emitted;
+        int64_t drafted = 0, accepted = 0;
+        if (have_counts) {
+          const int64_t count = out_.counts[i];
+          drafted = out_.drafted[i];
+          accepted = out_.accepted[i];
+          const int64_t rows = items_[i].drafts + items_[i].model_drafts;
+          if (count < 1 || count > 1 + rows || offset + static_cast<size_t>(count) > out_.emitted.size() ||
+              drafted < 0 || drafted > rows || accepted < 0 || accepted > drafted) {
+            Fail(r, absl::InternalError(absl::StrCat("the executor's step output for request ", r.req.request_id,
+                                                     " is inconsistent (count ", count, ", drafted ", drafted,
+                                                     ", accepted ", accepted, ", rows ", rows, ")")));
+            offset = out_.emitted.size();
+            continue;
+          }
+          emitted = std::span<const int32_t>(out_.emitted).subspan(offset, static_cast<size_t>(count));
+          offset += static_cast<size_t>(count);
+        } else {
+          if (items_[i].drafts + items_[i].model_drafts > 0) {
+            Fail(r, absl::InternalError("the executor verified drafts without reporting counts"));
+            continue;
+          }
+          emitted = std::span<const int32_t>(&out_.tokens[i], 1);
         }
+        if (drafted > 0) {
+          ++spec.steps;
+          spec.drafted += drafted;
+          spec.accepted += accepted;
+          trace.draft_tokens += drafted;
+          if (options_.spec.adaptive) {
+            if (accepted == drafted) r.depth = std::min(r.depth + 1, max_drafts_);
+            if (accepted == 0) r.depth = std::max<int64_t>(r.depth - 1, 1);
+          }
+        }
+        // Each token goes through the stop logic; the first that ends the request drops the rest.
+        std::string_view reason;
+        size_t kept = 0;
+        const auto& stops = r.req.stop_token_ids;
+        while (kept < emitted.size() && reason.empty()) {
+          const int32_t tok = emitted[kept++];
+          ++r.generated;
+          if (options_.spec.method == SpecMethod::kNgram) r.history.push_back(tok);
+          if ((!r.req.ignore_eos && tok == options_.eos_token_id) ||
+              std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+            reason = "stop";
+          } else if (r.generated >= r.req.max_new_tokens ||
+                     (options_.max_context > 0 &&
+                      static_cast<int64_t>(r.req.prompt.size()) + r.generated >= options_.max_context)) {
+            reason = "length";
+          }
+        }
+        r.next = emitted[kept - 1];
+        new_tokens += static_cast<int64_t>(kept);
         if (!reason.empty()) {
           CloseSequence(r);  // before the client hears the end (a remote close rides the next step/flush)
           r.done = true;
         }
-        r.sink->OnTokens(std::span<const int32_t>(&tok, 1), reason);
+        r.sink->OnTokens(emitted.first(kept), reason);
       }
     }
   }
@@ -308,10 +422,23 @@ bool Engine::StepOnce() {
     ++stats_.steps;
     stats_.tokens_generated += new_tokens;
     stats_.prompt_tokens += trace.prefill_tokens;
+    stats_.spec_verify_steps += spec.steps;
+    stats_.spec_drafted += spec.drafted;
+    stats_.spec_accepted += spec.accepted;
     trace_ = trace;
     UpdateRateLocked();
   }
   return ran;
+}
+
+int64_t Engine::DraftsFor(const Request& r, int64_t budget) const {
+  // Never draft past what may still be emitted: the step emits up to 1 + k tokens.
+  int64_t k = std::min(r.depth, budget);
+  k = std::min(k, r.req.max_new_tokens - r.generated - 1);
+  if (options_.max_context > 0) {
+    k = std::min(k, options_.max_context - static_cast<int64_t>(r.req.prompt.size()) - r.generated - 1);
+  }
+  return std::max<int64_t>(k, 0);
 }
 
 void Engine::UpdateRateLocked() {

@@ -3,9 +3,18 @@
 // Requests wait in a bounded queue (Submit answers RESOURCE_EXHAUSTED when it is full); up to max_seqs
 // of them run at once. Every step carries, within a budget of max_step_tokens tokens:
 //   1. one decode token for every running sequence that has finished its prompt (its last sampled token),
-//   2. then prompt chunks of sequences still in prefill, oldest first, each at most prefill_chunk tokens,
+//      offered in a rotating order so a budget smaller than the running sequences starves nobody,
+//   2. with speculative decoding (EngineOptions::spec), drafts for those decode items from what is left:
+//      each sequence at most its depth, never more than could still be emitted (max_new_tokens, the
+//      context limit); n-gram drafts are proposed here from prompt + generated, DSpark/MTP drafts are asked
+//      of the executor's model drafter (StepItem::model_drafts),
+//   3. then prompt chunks of sequences still in prefill, oldest first, each at most prefill_chunk tokens,
 // so long prompts are prefilled in chunks interleaved with the decode of the others (no sequence stalls
-// behind a long prompt). A sequence samples only in the step that completes its prompt and after.
+// behind a long prompt), and any max_seqs x depth runs: a tight budget just drafts less. A sequence
+// samples only in the step that completes its prompt and after. A speculative item emits 1 + accepted
+// tokens (the executor verifies and rolls back); they pass the stop logic one by one, the first that ends
+// the request drops the rest, and the kept ones reach the sink in one OnTokens call. With spec.adaptive a
+// sequence's depth moves +1 after a fully accepted step and -1 after a step with none kept, in [1, depth].
 // Stop conditions per request: EOS (unless ignore_eos), any of stop_token_ids (the stop token is emitted,
 // then finish_reason "stop"), max_new_tokens or the context limit ("length"). Cancel() drops a request
 // wherever it is, and its sequence is closed in the executor (freed in numoe-gpu).
@@ -53,6 +62,12 @@ struct EngineOptions {
 // Errors name the option.
 Status ValidateEngineOptions(const EngineOptions& o);
 
+// The start-up check of a speculative-decoding setting against the executor (numoe-gpu): ValidateSpec,
+// and kDspark / kMtp need limits.drafter == spec.method (and spec.depth <= limits.max_model_drafts when
+// that is set). Errors say what to change (the flags --spec / --spec-depth). kNone and kNgram need no
+// drafter. An Engine given a spec that fails this serves without speculation (and logs why).
+Status CheckSpec(const SpecConfig& spec, const ExecutorLimits& limits);
+
 struct EngineRequest {
   std::vector<int32_t> prompt;  // non-empty, ids in [0, vocab)
   int64_t max_new_tokens = 16;  // >= 0 (0: finishes at once with "length")
@@ -66,7 +81,7 @@ struct EngineRequest {
 class TokenSink {
  public:
   virtual ~TokenSink() = default;
-  // New tokens (one per step today). A non-empty finish_reason ("stop" | "length") marks the last call;
+  // New tokens (one per step, or 1 + accepted drafts with speculative decoding). A non-empty finish_reason ("stop" | "length") marks the last call;
   // the request's sequence is already closed by then. max_new_tokens == 0 ends with no tokens.
   virtual void OnTokens(std::span<const int32_t> tokens, std::string_view finish_reason) = 0;
   // The request failed or was cancelled (CANCELLED); the last call.
@@ -136,10 +151,13 @@ class Engine {
   void Fail(Request& r, const Status& status);
   void CloseSequence(Request& r);
   void UpdateRateLocked();
+  // Drafts `r` may carry this step with `budget` rows left (>= 0).
+  int64_t DraftsFor(const Request& r, int64_t budget) const;
 
   Executor* executor_;
   EngineOptions options_;
   int64_t vocab_ = 0;
+  int64_t max_drafts_ = 0;  // spec.depth, within the executor's max_model_drafts
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

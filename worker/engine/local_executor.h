@@ -1,6 +1,10 @@
 // LocalExecutor: the Executor over a model in this process (ModelBackend + ExpertBackend), sampling
 // with one Sampler per sequence exactly as GenerateBatch does, so the engine's tokens equal the
 // one-process loop's for the same requests.
+//
+// Speculative items (executor.h): model drafts come from ModelBackend::Draft, batched over the step's
+// items with each sequence's Sampler; every speculative item runs in the same Forward as the others
+// (speculative, all logits), is verified with VerifyDrafts and rolled back by drafted - accepted.
 #pragma once
 
 #include <map>
@@ -29,6 +33,10 @@ class LocalExecutor final : public Executor {
     SequenceId model_seq;
     Sampler sampler;
   };
+  // The most drafts one item may ask the model drafter for (ValidateSpec's depth bound).
+  static constexpr int64_t kMaxModelDrafts = 16;
+  Status Validate(std::span<const StepItem> items) const;
+
   ModelBackend* model_;
   ExpertBackend* experts_;
   int64_t max_step_tokens_, max_seqs_;
@@ -36,6 +44,10 @@ class LocalExecutor final : public Executor {
   ExecSeq next_ = 1;
   std::vector<SequenceStep> steps_;
   std::vector<SequenceLogits> logits_;
+  std::vector<std::vector<int32_t>> feed_;         // per item with model drafts: [tokens[0], drafts...]
+  std::vector<std::vector<float>> draft_logits_;   // per item: the model drafts' distributions (empty: n-gram)
+  std::vector<DraftRequest> draft_reqs_;
+  std::vector<DraftResult> draft_out_;
 };
 
 }  // namespace numoe::engine

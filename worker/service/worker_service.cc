@@ -170,6 +170,10 @@ grpc::ServerUnaryReactor* WorkerGrpcService::Stats(grpc::CallbackServerContext* 
   response->set_steps(static_cast<uint64_t>(s.steps));
   response->set_max_step_tokens(static_cast<uint32_t>(engine_->options().max_step_tokens));
   response->set_queue_capacity(static_cast<uint32_t>(engine_->options().max_queue));
+  response->set_spec_method(SpecMethodName(s.spec_method));
+  response->set_spec_verify_steps(static_cast<uint64_t>(s.spec_verify_steps));
+  response->set_spec_drafted(static_cast<uint64_t>(s.spec_drafted));
+  response->set_spec_accepted(static_cast<uint64_t>(s.spec_accepted));
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -424,7 +424,17 @@ TEST(Metrics, PrometheusText) {
   m.ObserveTimeToFirstToken(0.003);
   m.ObserveTimeToFirstToken(2.0);
   m.ObserveInterTokenLatency(0.012);
-  std::string t = m.Render({{"127.0.0.1:9101", true, 3, 1}, {"h\"x", false, 0, 0}});
+  // Worker gauges come from fake Stats answers: one worker drafting with DSpark, one without speculation.
+  v1::WorkerStats a;
+  a.set_active_sequences(3);
+  a.set_queued_sequences(1);
+  a.set_spec_method("dspark");
+  a.set_spec_verify_steps(8);
+  a.set_spec_drafted(40);
+  a.set_spec_accepted(10);
+  v1::WorkerStats b;
+  b.set_spec_method("none");
+  std::string t = m.Render({WorkerGaugeFromStats("127.0.0.1:9101", true, a), WorkerGaugeFromStats("h\"x", false, b)});
   for (const char* line : {
            "# TYPE numoe_requests_total counter",
            "numoe_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n",
@@ -444,10 +454,21 @@ TEST(Metrics, PrometheusText) {
            "numoe_worker_queued_sequences{worker=\"127.0.0.1:9101\"} 1\n",
            "numoe_worker_up{worker=\"127.0.0.1:9101\"} 1\n",
            "numoe_worker_up{worker=\"h\\\"x\"} 0\n",
+           "# TYPE numoe_spec_drafted_tokens_total counter",
+           "numoe_spec_drafted_tokens_total{worker=\"127.0.0.1:9101\",drafter=\"dspark\"} 40\n",
+           "# TYPE numoe_spec_accepted_tokens_total counter",
+           "numoe_spec_accepted_tokens_total{worker=\"127.0.0.1:9101\",drafter=\"dspark\"} 10\n",
+           "# TYPE numoe_spec_verify_steps_total counter",
+           "numoe_spec_verify_steps_total{worker=\"127.0.0.1:9101\",drafter=\"dspark\"} 8\n",
+           "# TYPE numoe_spec_mean_accepted_length gauge",
+           "numoe_spec_mean_accepted_length{worker=\"127.0.0.1:9101\",drafter=\"dspark\"} 1.2500\n",
        }) {
     EXPECT_NE(t.find(line), std::string::npos) << line << "\n" << t;
   }
   EXPECT_EQ(t.back(), '\n');
+  // A worker without speculation has no numoe_spec_* series.
+  EXPECT_EQ(t.find("numoe_spec_drafted_tokens_total{worker=\"h"), std::string::npos) << t;
+  EXPECT_EQ(t.find("drafter=\"none\""), std::string::npos) << t;
   // Every non-comment line is "name{labels} value" or "name value".
   std::istringstream in(t);
   for (std::string line; std::getline(in, line);) {

@@ -8,13 +8,18 @@
 //   - a stop id / EOS inside an accepted run ends the request there (the rest is dropped, the kept tokens
 //     arrive in one OnTokens call); drafts never run past max_new_tokens or the context limit;
 //   - with temperature > 0 the engine's tokens equal GenerateBatch's with the same speculation;
+//   - the MTP drafter (a synthetic tiny checkpoint with one random mtp.0 block): speculative greedy equals
+//     the engine's plain greedy, and sampled equals GenerateBatch's;
 //   - the same greedy equality through RemoteExecutor -> shared-memory channel -> a gpu WorkerSession that
 //     verifies (the worker's real data path), with both drafters;
 //   - CheckSpec and LocalExecutor refuse bad settings and items with clear errors.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +30,8 @@
 #include "gpu_service/cpu/cpu_model.h"
 #include "gpu_service/cpu/reference_experts.h"
 #include "common/shm_channel.h"
+#include "common/testing/presets.h"
+#include "common/testing/synthetic.h"
 #include "gpu_service/model/generation.h"
 #include "gpu_service/service/session.h"
 #include "tests/unit/runtime/runtime_test_util.h"
@@ -313,6 +320,125 @@ TEST(SpecEngine, SampledTokensEqualGenerateBatchWithTheSameSpec) {
     }
     EXPECT_GT(engine.stats().spec_verify_steps, 0);
   }
+}
+
+// The synthetic tiny checkpoint with one MTP block (numoe mkmodel --preset tiny --drafter mtp), written
+// to a temporary directory once and removed once loaded.
+struct Mtp {
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<cpu::CpuModel> model;
+  std::unique_ptr<cpu::ReferenceExperts> experts;
+};
+
+Mtp* LoadMtp() {
+  static std::unique_ptr<Mtp> cached;
+  if (cached) return cached.get();
+  auto preset = numoe::testing::MakePreset({.preset = "tiny", .drafter = "mtp"});
+  if (!preset.ok()) {
+    ADD_FAILURE() << preset.status();
+    return nullptr;
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("numoe-spec-engine-mtp-" + std::to_string(::getpid()));
+  numoe::testing::SyntheticOptions opt;
+  opt.seed = 5;
+  opt.mtp_stages = preset->mtp_stages;
+  Status st = numoe::testing::MakeSyntheticCheckpoint(preset->config, dir.string(), opt);
+  auto m = std::make_unique<Mtp>();
+  if (st.ok()) {
+    auto ck = Checkpoint::Open(dir.string());
+    st = ck.status();
+    if (ck.ok()) m->ckpt = std::move(*ck);
+  }
+  if (st.ok()) {
+    auto model = cpu::CpuModel::Create(*m->ckpt, nullptr, {.drafter = true});
+    auto ex = cpu::ReferenceExperts::Load(*m->ckpt, /*include_drafter=*/true);
+    st = !model.ok() ? model.status() : ex.status();
+    if (model.ok() && ex.ok()) {
+      m->model = std::move(*model);
+      m->experts = std::move(*ex);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!st.ok()) {
+    ADD_FAILURE() << st;
+    return nullptr;
+  }
+  cached = std::move(m);
+  return cached.get();
+}
+
+TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {
+  Mtp* m = LoadMtp();
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->model->drafter(), SpecMethod::kMtp);
+  const int64_t V = m->ckpt->config().vocab_size;
+  LocalExecutor local(m->model.get(), m->experts.get());
+  EXPECT_EQ(local.limits().drafter, SpecMethod::kMtp);
+  EXPECT_TRUE(CheckSpec(SpecConfig{.method = SpecMethod::kMtp, .depth = 7}, local.limits()).ok());
+  EXPECT_EQ(CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, local.limits()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto requests = [&](size_t n, bool sampled) {
+    std::vector<EngineRequest> out;
+    for (size_t i = 0; i < n; ++i) {
+      EngineRequest r;
+      for (size_t k = 0; k < 3 + (i * 5) % 11; ++k) r.prompt.push_back(static_cast<int32_t>((k * 37 + i * 11 + 3) % V));
+      r.max_new_tokens = 10;
+      r.ignore_eos = true;
+      if (sampled) r.sampling = SamplingParams{.temperature = 0.7, .top_p = 0.9, .seed = 300 + i};
+      out.push_back(r);
+    }
+    return out;
+  };
+  auto run = [&](const EngineOptions& o, const std::vector<EngineRequest>& reqs, EngineStats* stats) {
+    Engine engine(&local, o);
+    std::vector<std::unique_ptr<RequestStream>> streams;
+    for (const auto& r : reqs) {
+      auto s = RequestStream::Open(&engine, r);
+      EXPECT_TRUE(s.ok()) << s.status();
+      if (s.ok()) streams.push_back(std::move(*s));
+    }
+    RunToEnd(engine);
+    std::vector<std::vector<int32_t>> out;
+    for (auto& s : streams) {
+      auto r = s->Wait();
+      EXPECT_TRUE(r.ok()) << r.status();
+      out.push_back(r.ok() ? r->tokens : std::vector<int32_t>{});
+    }
+    if (stats != nullptr) *stats = engine.stats();
+    return out;
+  };
+  for (size_t batch : {1, 3, 8}) {
+    const auto reqs = requests(batch, false);
+    const auto plain = run(EngineOptions{.max_step_tokens = 256}, reqs, nullptr);
+    for (int64_t depth : {1, 3, 7}) {
+      EngineOptions o{.max_step_tokens = 256};
+      o.spec = SpecConfig{.method = SpecMethod::kMtp, .depth = depth, .adaptive = depth == 3};
+      EngineStats st;
+      EXPECT_EQ(run(o, reqs, &st), plain) << "batch " << batch << " depth " << depth;
+      EXPECT_EQ(st.spec_method, SpecMethod::kMtp);
+      EXPECT_GT(st.spec_drafted, 0);
+    }
+  }
+  // Sampled: the same drafts, verification and RNG draws as GenerateBatch with the same spec.
+  const auto reqs = requests(4, true);
+  const SpecConfig spec{.method = SpecMethod::kMtp, .depth = 3};
+  EngineOptions o{.max_step_tokens = 256};
+  o.spec = spec;
+  std::vector<GenerateRequest> batch;
+  for (const auto& r : reqs) {
+    GenerateRequest g;
+    g.prompt = r.prompt;
+    g.max_new_tokens = r.max_new_tokens;
+    g.ignore_eos = true;
+    g.sampling = r.sampling;
+    batch.push_back(g);
+  }
+  auto expected = GenerateBatch(*m->model, *m->experts, batch, nullptr, spec);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const auto got = run(o, reqs, nullptr);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], (*expected)[i].tokens) << i;
 }
 
 // The worker's data path: engine -> RemoteExecutor -> channel -> gpu WorkerSession (CpuModel with its

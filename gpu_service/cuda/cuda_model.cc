@@ -537,6 +537,7 @@ Status CudaModel::RunSteps(std::span<const SequenceStep> steps, ExpertBackend* e
     }
   }
   if (greedy != nullptr) greedy->assign(steps.size(), 0);
+  RETURN_IF_ERROR(FlushRollbacks());
   // Speculative sequences: copy their fixed state aside before anything of this step runs (same stream).
   for (size_t i = 0; i < steps.size(); ++i) {
     Seq* s = seqs[i];
@@ -778,76 +779,116 @@ Status CudaModel::Rollback(SequenceId seq, int64_t num_tokens) {
     return absl::FailedPreconditionError(absl::StrCat(
         "sequence ", seq, ": can only roll back tokens of its last step, and only when it was speculative"));
   }
-  const int64_t to = s.position - num_tokens, keep = to - s.spec_start;
-  for (auto& r : ranks_) {
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->fixed.as<char>() + s.slot * slot_bytes_,
-                                               r->snap.as<char>() + s.slot * slot_bytes_,
-                                               static_cast<size_t>(slot_bytes_), cudaMemcpyDeviceToDevice, r->stream));
-    if (keep > 0) {
-      if (bf16_cache_) {
-        RETURN_IF_ERROR(EnqueueReplay<__nv_bfloat16>(*r, s, keep));
-      } else {
-        RETURN_IF_ERROR(EnqueueReplay<float>(*r, s, keep));
-      }
-    }
-  }
-  for (auto& r : ranks_) {
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream));
-  }
-  s.position = to;
+  // The device work (restore + replay) waits for the next Forward or Draft, where the rollbacks of all
+  // sequences run together: a handful of launches per layer instead of per sequence.
+  s.position -= num_tokens;
+  s.replay = true;
   // Pages that only held entries past the new end go back to the pool (the table's stale tail is never read).
-  while (static_cast<int64_t>(s.pages.size()) > PagesFor(to)) {
+  while (static_cast<int64_t>(s.pages.size()) > PagesFor(s.position)) {
     free_pages_.push_back(s.pages.back());
     s.pages.pop_back();
   }
   return absl::OkStatus();
 }
 
-// On the restored copy of the state at spec_start: the window ring and compressor updates of the step's first
-// `keep` rows, from the log, as single-sequence passes of at most rows_cap_ rows would have done them.
+Status CudaModel::FlushRollbacks() {
+  std::vector<Seq*> pending;
+  for (auto& [id, s] : seqs_) {
+    if (s.replay) pending.push_back(&s);
+  }
+  if (pending.empty()) return absl::OkStatus();
+  for (auto& r : ranks_) {
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
+    for (Seq* s : pending) {
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->fixed.as<char>() + s->slot * slot_bytes_,
+                                                 r->snap.as<char>() + s->slot * slot_bytes_,
+                                                 static_cast<size_t>(slot_bytes_), cudaMemcpyDeviceToDevice,
+                                                 r->stream));
+    }
+    Status st = bf16_cache_ ? EnqueueReplay<__nv_bfloat16>(*r, pending) : EnqueueReplay<float>(*r, pending);
+    RETURN_IF_ERROR(st);
+  }
+  for (Seq* s : pending) s->replay = false;
+  return absl::OkStatus();
+}
+
+// On the restored copies of the states at spec_start: the window ring and compressor updates of the kept rows
+// (spec_start .. position) of every pending sequence, from the log, as passes of at most rows_cap_ rows
+// (a sequence longer than that is cut into consecutive pieces, like a chunked step).
 template <typename T>
-Status CudaModel::EnqueueReplay(Rank& r, const Seq& s, int64_t keep) {
+Status CudaModel::EnqueueReplay(Rank& r, const std::vector<Seq*>& pending) {
   const int64_t NR = rows_cap_;
+  struct Piece {
+    const Seq* s;
+    int64_t t0, n;
+  };
+  std::vector<std::vector<Piece>> chunks(1);
+  int64_t rows = 0;
+  for (const Seq* s : pending) {
+    for (int64_t t0 = 0; t0 < s->position - s->spec_start; t0 += NR) {
+      const int64_t n = std::min(NR, s->position - s->spec_start - t0);
+      if (rows + n > NR) {
+        chunks.emplace_back();
+        rows = 0;
+      }
+      chunks.back().push_back(Piece{s, t0, n});
+      rows += n;
+    }
+  }
   int32_t* meta = meta_h_.as<int32_t>();
   const CacheDev cache = CacheOf(r);
-  const char* log = r.spec_log.as<char>() + s.slot * spec_slot_bytes_;
-  for (int64_t r0 = 0; r0 < keep; r0 += NR) {
-    const int64_t n = std::min(NR, keep - r0), start = s.spec_start + r0, end = start + n;
-    for (int64_t t = 0; t < n; ++t) {
-      meta[NR + t] = static_cast<int32_t>(start + t);  // pos
-      meta[2 * NR + t] = 0;                            // sequence index
-    }
-    StepSeq* sq = reinterpret_cast<StepSeq*>(meta + 3 * NR);
-    sq->slot = s.slot;
-    sq->begin = 0;
-    sq->end = static_cast<int32_t>(n);
-    sq->start_pos = static_cast<int32_t>(start);
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.sc.meta, meta, static_cast<size_t>(3 * NR + 4) * sizeof(int32_t),
-                                               cudaMemcpyHostToDevice, r.stream));
+  char* log = r.spec_log.as<char>();
+  const int32_t spec_t = static_cast<int32_t>(spec_tokens_);
+  for (const auto& chunk : chunks) {
+    if (chunk.empty()) continue;
     PassDims d;
-    d.n = n;
-    d.num_seqs = 1;
+    int32_t* spec_map = meta + 8 * NR;
+    int csa_windows = 0, hca_windows = 0;
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      const Piece& p = chunk[i];
+      const int64_t start = p.s->spec_start + p.t0, end = start + p.n;
+      for (int64_t t = 0; t < p.n; ++t) {
+        meta[NR + d.n + t] = static_cast<int32_t>(start + t);  // pos
+        meta[2 * NR + d.n + t] = static_cast<int32_t>(i);      // sequence index
+        spec_map[d.n + t] = static_cast<int32_t>(p.s->slot * spec_tokens_ + p.t0 + t);
+      }
+      StepSeq* sq = reinterpret_cast<StepSeq*>(meta + 3 * NR) + i;
+      sq->slot = p.s->slot;
+      sq->begin = static_cast<int32_t>(d.n);
+      sq->end = static_cast<int32_t>(d.n + p.n);
+      sq->start_pos = static_cast<int32_t>(start);
+      auto closing = [&](int64_t rate) { return rate > 0 ? static_cast<int>(end / rate - start / rate) : 0; };
+      csa_windows = std::max(csa_windows, closing(cfg_.csa_rate));
+      hca_windows = std::max(hca_windows, closing(cfg_.hca_rate));
+      d.n += p.n;
+    }
+    d.num_seqs = static_cast<int64_t>(chunk.size());
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.sc.meta, meta, static_cast<size_t>(9 * NR) * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, r.stream));
     const StepDev step = StepOf(r, d);
+    const int32_t* map = r.sc.meta + 8 * NR;
+    T* kv = static_cast<T*>(r.sc.kvT);
+    const int64_t kv_bytes = hd_ * static_cast<int64_t>(sizeof(T));
+    auto ring = [&](const LayerDev& L) {
+      LoadSpecRows(log + L.st.log_kv_off, spec_slot_bytes_, kv_bytes, spec_t, map, d.n, kv, kv_bytes, r.stream);
+      RingUpdate<T>(kv, static_cast<int>(hd_), static_cast<int>(cfg_.sliding_window), L.st.ring_off, step, cache,
+                    r.stream);
+    };
     for (const LayerDev& L : r.layers) {
-      RingUpdate<T>(reinterpret_cast<const T*>(log + L.st.log_kv_off) + r0 * hd_, static_cast<int>(hd_),
-                    static_cast<int>(cfg_.sliding_window), L.st.ring_off, step, cache, r.stream);
+      ring(L);
       if (L.type == AttnType::kSliding) continue;
-      const float* comp = reinterpret_cast<const float*>(log + L.st.log_comp_off) + r0 * L.st.log_comp_w;
-      const int windows = static_cast<int>(end / L.rate - start / L.rate);
-      CompressStep<T>(MainCompArgs(r, L, comp, L.st.log_comp_w), step, cache, windows, r.stream);
+      const int64_t w = L.st.log_comp_w;
+      LoadSpecRows(log + L.st.log_comp_off, spec_slot_bytes_, w * 4, spec_t, map, d.n, r.sc.comp, w * 4, r.stream);
+      const int windows = L.type == AttnType::kCSA ? csa_windows : hca_windows;
+      CompressStep<T>(MainCompArgs(r, L, r.sc.comp, w), step, cache, windows, r.stream);
       if (L.type == AttnType::kCSA) {
-        CompressStep<T>(IndexCompArgs(r, L, comp, L.st.log_comp_w), step, cache, windows, r.stream);
+        CompressStep<T>(IndexCompArgs(r, L, r.sc.comp, w), step, cache, windows, r.stream);
       }
     }
-    for (const LayerDev& S : r.stages) {
-      RingUpdate<T>(reinterpret_cast<const T*>(log + S.st.log_kv_off) + r0 * hd_, static_cast<int>(hd_),
-                    static_cast<int>(cfg_.sliding_window), S.st.ring_off, step, cache, r.stream);
-    }
+    for (const LayerDev& S : r.stages) ring(S);
     NUMOE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    // The staging buffer is rewritten by the next chunk (or rank): wait for this copy first.
-    if (keep > NR || ranks_.size() > 1) NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+    // The staging buffer is rewritten by the next chunk, rank or pass: wait for this copy first.
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
   }
   return absl::OkStatus();
 }

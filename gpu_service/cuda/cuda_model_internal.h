@@ -140,6 +140,7 @@ class CudaModel final : public CudaBackend {
   // and compressor projections. Rollback restores the copy and replays the window and compressor updates of
   // the kept tokens from the log (the same kernels on the same inputs), so the state is what a step of only
   // the kept tokens would have left; compressed entries past the new position are simply no longer counted.
+  // The device work is deferred to the next Forward/Draft, which does every pending rollback in one batch.
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   SpecMethod drafter() const override { return stages_ > 0 ? SpecMethod::kDspark : SpecMethod::kNone; }
@@ -164,6 +165,7 @@ class CudaModel final : public CudaBackend {
     // back to any position in [spec_start, position].
     bool spec = false;
     int64_t spec_start = 0;
+    bool replay = false;  // rolled back: restore + replay pending (FlushRollbacks)
   };
   // One sequence's share of a device pass.
   struct PassSeq {
@@ -205,8 +207,10 @@ class CudaModel final : public CudaBackend {
   Status CheckLaunches();
   void EmitHidden(Rank& r, int64_t layer, const PassDims& d);
 
+  // Runs the pending rollbacks' device work (before anything else reads or writes a sequence's state).
+  Status FlushRollbacks();
   template <typename T>
-  Status EnqueueReplay(Rank& r, const Seq& s, int64_t keep);
+  Status EnqueueReplay(Rank& r, const std::vector<Seq*>& pending);
   // DSpark: layers l >= num_hidden_layers are the drafter's stages.
   const LayerDev& LayerOf(const Rank& r, int l) const {
     const int L = static_cast<int>(cfg_.num_hidden_layers);

@@ -148,6 +148,10 @@ void RmsNormRows(float* x, int64_t n, int64_t D, const float* w, float eps, cuda
 // out[i, :d] = float(table[ids[i], :d]) for a BF16 table [rows, d].
 void GatherBf16Rows(const __nv_bfloat16* table, int64_t d, const int32_t* ids, int64_t m, float* out,
                     cudaStream_t stream);
+// The reverse of SaveSpecRows: for each row r < n, dst + r·dst_ld gets `width` bytes from
+// src + slot·slot_stride + t·row_bytes with map[r] = slot·T + t (row_bytes = width).
+void LoadSpecRows(const void* src, int64_t slot_stride, int64_t width, int32_t T, const int32_t* map, int64_t n,
+                  void* dst, int64_t dst_ld, cudaStream_t stream);
 // Speculative log: for each row r < n with map[r] >= 0 (= slot·T + t), copies `width` bytes from
 // src + r·src_ld to dst + slot·slot_stride + t·row_bytes. Byte counts and addresses are multiples of 4.
 void SaveSpecRows(const void* src, int64_t src_ld, int64_t width, int64_t n, const int32_t* map, int32_t T,

@@ -312,6 +312,15 @@ __global__ void GatherBf16RowsKernel(const __nv_bfloat16* table, int64_t d, cons
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[blockIdx.x * d + i] = __bfloat162float(src[i]);
 }
 
+__global__ void LoadSpecRowsKernel(const char* src, int64_t slot_stride, int64_t words, int32_t T, const int32_t* map,
+                                   uint32_t* dst, int64_t dst_ld) {
+  const int32_t m = map[blockIdx.x];
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src + static_cast<int64_t>(m / T) * slot_stride +
+                                                        static_cast<int64_t>(m % T) * words * 4);
+  uint32_t* o = dst + static_cast<int64_t>(blockIdx.x) * dst_ld;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) o[i] = s[i];
+}
+
 __global__ void SaveSpecRowsKernel(const uint32_t* src, int64_t src_ld, int64_t words, const int32_t* map, int32_t T,
                                    char* dst, int64_t slot_stride, int64_t row_bytes) {
   const int32_t m = map[blockIdx.x];
@@ -471,6 +480,14 @@ void GatherBf16Rows(const __nv_bfloat16* table, int64_t d, const int32_t* ids, i
                     cudaStream_t stream) {
   if (m <= 0) return;
   GatherBf16RowsKernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(table, d, ids, out);
+}
+
+void LoadSpecRows(const void* src, int64_t slot_stride, int64_t width, int32_t T, const int32_t* map, int64_t n,
+                  void* dst, int64_t dst_ld, cudaStream_t stream) {
+  if (n <= 0 || width <= 0) return;
+  LoadSpecRowsKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(static_cast<const char*>(src), slot_stride,
+                                                                   width / 4, T, map, static_cast<uint32_t*>(dst),
+                                                                   dst_ld / 4);
 }
 
 void SaveSpecRows(const void* src, int64_t src_ld, int64_t width, int64_t n, const int32_t* map, int32_t T,

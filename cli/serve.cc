@@ -11,7 +11,7 @@
 //
 // Speculative decoding: --spec / --spec-depth / --spec-adaptive go to numoe-gpu (which drafter to load)
 // and to every worker (which drafter the engine uses). Combinations that cannot run (a drafter the
-// checkpoint lacks, a model drafter on the CUDA backend) are refused here, before anything is loaded.
+// checkpoint lacks, MTP on the CUDA backend) are refused here, before anything is loaded.
 // Any --max-seqs x --spec-depth x --max-step-tokens runs: the engine shares the step budget between
 // decode tokens, drafts and prompt chunks.
 //
@@ -83,9 +83,9 @@ Status CheckSpecFlags(const ServeConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("--spec must be auto, none, dspark, mtp or ngram (got '", c.spec, "')"));
   }
   if (*m != SpecMethod::kDspark && *m != SpecMethod::kMtp) return absl::OkStatus();
-  if (c.backend == "cuda") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--spec ", c.spec, ": the CUDA backend has no model drafter yet; use --spec ngram or none, or --backend cpu"));
+  if (c.backend == "cuda" && *m == SpecMethod::kMtp) {
+    return absl::FailedPreconditionError(
+        "--spec mtp: the CUDA backend has no MTP drafter; use --spec ngram or none, or --backend cpu");
   }
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(c.model_dir));
   const char* own = ckpt->mtp_stages() == 0 ? "none" : ckpt->config().dspark_block_size > 0 ? "dspark" : "mtp";
@@ -549,7 +549,7 @@ int RunServe(int argc, char** argv) {
   p.AddInt("prefill-chunk", "N", "numoe-worker --prefill-chunk (-1 = its default)", &c.prefill_chunk, -1, 65536);
   p.AddString("spec", "auto|none|dspark|mtp|ngram",
               "speculative decoding (numoe-gpu and every worker): auto = the checkpoint's drafter (dspark with DSpark "
-              "stages, mtp with MTP stages, else none; none on --backend cuda); ngram drafts from the prompt and "
+              "stages, mtp with MTP stages, else none; --backend cuda has no mtp); ngram drafts from the prompt and "
               "generated text (no weights); none turns it off",
               &c.spec);
   p.AddInt("spec-depth", "K", "draft tokens per step (0 = the checkpoint's dspark_block_size, else 5); any "

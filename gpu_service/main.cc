@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   p.AddInt("tp", "N", "--backend cuda: tensor-parallel GPUs", &c.tp, 1, 64);
   p.AddString("spec", "auto|none|dspark|mtp|ngram",
               "speculative decoding: the model drafter to load (auto = the checkpoint's: dspark with DSpark stages, "
-              "mtp with MTP stages, else none; none on --backend cuda). ngram and none load no drafter; the drafts "
+              "mtp with MTP stages, else none; --backend cuda runs dspark with --tp 1 and no mtp). ngram and none load no drafter; the drafts "
               "of workers started with --spec ngram are verified whatever this says",
               &c.spec);
   int rc = 0;

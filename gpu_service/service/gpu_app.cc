@@ -29,6 +29,7 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   o.device = static_cast<int>(c.cuda_device);
   o.tp = static_cast<int>(c.tp);
   o.max_sequences = c.max_sequences;
+  o.drafter = drafter;
   // Without a CUDA build this is the stub's UNAVAILABLE, which says so.
   auto model = CreateCudaModel(ckpt, o);
   if (!model.ok()) return Status(model.status().code(), absl::StrCat("--backend cuda: ", model.status().message()));
@@ -39,10 +40,16 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
 // change.
 StatusOr<SpecMethod> ResolveSpec(const GpuAppConfig& c, const Checkpoint& ckpt) {
   const std::string own = CheckpointDrafter(ckpt);
+  // The CUDA backend runs the DSpark drafter on the device with --tp 1; it has no MTP drafter.
+  auto cuda_lacks = [&](const std::string& m) -> std::string {
+    if (c.backend != "cuda") return "";
+    if (m == "mtp") return "the CUDA backend has no MTP drafter";
+    if (m == "dspark" && c.tp != 1) return "the CUDA backend runs the DSpark drafter with --tp 1 only";
+    return "";
+  };
   if (c.spec == "auto") {
-    if (c.backend == "cuda" && own != "none") {
-      NLOG(INFO) << "numoe-gpu: the checkpoint has a " << own
-                 << " drafter, but the CUDA backend cannot run it yet: no model drafter (--spec none)";
+    if (const std::string why = cuda_lacks(own); !why.empty()) {
+      NLOG(INFO) << "numoe-gpu: the checkpoint has a " << own << " drafter, but " << why << ": no model drafter";
       return SpecMethod::kNone;
     }
     return ParseSpecMethod(own);
@@ -52,9 +59,9 @@ StatusOr<SpecMethod> ResolveSpec(const GpuAppConfig& c, const Checkpoint& ckpt) 
     return absl::InvalidArgumentError(absl::StrCat("--spec must be auto, none, dspark, mtp or ngram (got '", c.spec, "')"));
   }
   if (*m == SpecMethod::kDspark || *m == SpecMethod::kMtp) {
-    if (c.backend == "cuda") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--spec ", c.spec, ": the CUDA backend has no model drafter yet; use --spec ngram or none, or --backend cpu"));
+    if (const std::string why = cuda_lacks(c.spec); !why.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--spec ", c.spec, ": ", why, "; use --spec ngram or none, or --backend cpu"));
     }
     if (own != c.spec) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -22,10 +22,11 @@ struct GpuAppConfig {
   int64_t max_sequences = 256;        // per worker channel, and live sequences of the CUDA backend
   int64_t cuda_device = 0;            // --backend cuda: first GPU
   int64_t tp = 1;                     // --backend cuda: tensor-parallel GPUs
-  // Speculative decoding: "auto" (the checkpoint's drafter, CheckpointDrafter; none on the CUDA backend,
-  // which has no model drafter yet), "dspark" / "mtp" (load that drafter; refused before loading when the
-  // checkpoint lacks it or the backend cannot run it), "ngram" / "none" (no drafter loaded; n-gram drafts
-  // come from the workers). Verification needs a backend that rolls back (the CPU backend).
+  // Speculative decoding: "auto" (the checkpoint's drafter, CheckpointDrafter, when the backend runs it:
+  // the CPU backend runs DSpark and MTP, the CUDA backend DSpark with tp 1), "dspark" / "mtp" (load that
+  // drafter; refused before loading when the checkpoint lacks it or the backend cannot run it), "ngram" /
+  // "none" (no drafter loaded; n-gram drafts come from the workers). Verification needs a backend that
+  // rolls back (both do).
   std::string spec = "auto";
 };
 

@@ -123,7 +123,8 @@ class CpuModel final : public ModelBackend {
   }
   // DSpark: a block of `depth` drafts from one pass. MTP: `depth` sequential passes of the MTP block, each
   // on the previous pass's output streams and drafted token; the block's draft-time KV entries are
-  // discarded afterwards (only Forward feeds its ring).
+  // discarded afterwards (only Forward feeds its ring). MTP has no confidence head: DraftResult::confidence
+  // stays empty.
   Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
                std::vector<DraftResult>* out) override;
 

@@ -26,6 +26,11 @@
 // pool of compressed entries, scratch for `max_step_tokens` rows). A step that needs more than that fails with
 // ResourceExhausted naming the limit and leaves every sequence unchanged; it never runs out of device memory.
 //
+// Speculative decoding: SequenceStep::speculative + Rollback (any depth up to max_spec_tokens - 1, any batch)
+// and, for checkpoints with DSpark stages (tp == 1), the DSpark drafter (drafter() == kDspark, Draft()).
+// Speculative steps are never replayed as CUDA graphs; a rollback's device work runs batched at the start of
+// the next Forward/Draft.
+//
 // Thread-safety: one call at a time (the caller serialises steps), like the CPU backend.
 #pragma once
 

@@ -29,6 +29,21 @@ void SpinThenWait(const std::atomic<uint32_t>& word, uint32_t old, int spin_us) 
 
 thread_local const ThreadPool* tls_current_pool = nullptr;
 
+// job_word_ layout: generation in bits [2, 32), then "on available" and "open" flags.
+constexpr uint32_t kOpen = 1, kOnAvailable = 2, kGenStep = 4;
+inline uint32_t Gen(uint32_t word) { return word & ~(kGenStep - 1); }
+
+// Marks the caller's thread as running a job of `pool` (restored on scope exit), so that a nested call
+// is caught instead of deadlocking.
+class ScopedInJob {
+ public:
+  explicit ScopedInJob(const ThreadPool* pool) : saved_(tls_current_pool) { tls_current_pool = pool; }
+  ~ScopedInJob() { tls_current_pool = saved_; }
+
+ private:
+  const ThreadPool* saved_;
+};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& options) {
@@ -51,7 +66,7 @@ StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& options)
   }
   std::unique_ptr<ThreadPool> pool(new ThreadPool(options.num_threads, options.cpus, options.spin_us));
   if (!options.cpus.empty()) {
-    for (int i = 0; i < pool->size(); ++i) {
+    for (int i = 0; i < pool->workers(); ++i) {  // pinned: worker i is thread i
       cpu_set_t set;
       CPU_ZERO(&set);
       CPU_SET(options.cpus[i % options.cpus.size()], &set);
@@ -68,34 +83,94 @@ StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(const Options& options)
 ThreadPool::ThreadPool(int num_threads) : ThreadPool(num_threads, {}, 200) {}
 
 ThreadPool::ThreadPool(int num_threads, std::vector<int> cpus, int spin_us)
-    : per_thread_(new PerThread[num_threads]), cpus_(std::move(cpus)), spin_us_(spin_us) {
+    : num_threads_(num_threads), per_thread_(new PerThread[std::max(1, num_threads)]), cpus_(std::move(cpus)),
+      spin_us_(spin_us) {
   NCHECK(num_threads >= 1) << "thread pool needs at least one thread";
   barrier_count_.store(num_threads);
-  threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this, i] { WorkerLoop(i); });
+  const int workers = num_threads - (caller_participates() ? 1 : 0);
+  threads_.reserve(workers);
+  for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { WorkerLoop(w); });
 }
 
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(caller_mu_);
     stop_ = true;
-    generation_.fetch_add(1, std::memory_order_release);
-    generation_.notify_all();
+    job_word_.store(Gen(job_word_.load(std::memory_order_relaxed)) + kGenStep, std::memory_order_release);
+    job_word_.notify_all();
   }
   for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::WorkerLoop(int idx) {
+uint32_t ThreadPool::Publish(absl::FunctionRef<void(int)>* fn, bool on_available) {
+  job_ = fn;
+  dispatched_.fetch_add(1, std::memory_order_relaxed);
+  const uint32_t gen = Gen(job_word_.load(std::memory_order_relaxed)) + kGenStep;
+  if (on_available) {
+    // active_ is not reset: a worker still skipping the previous job may be counted in it.
+    job_word_.store(gen | kOnAvailable | kOpen, std::memory_order_seq_cst);
+  } else {
+    pending_.store(workers(), std::memory_order_relaxed);
+    job_word_.store(gen, std::memory_order_release);
+  }
+  job_word_.notify_all();
+  return gen;
+}
+
+// finished_ only moves forward (generations compared modulo 2^32), so a thread that was descheduled while
+// finishing an old job cannot move it back under a caller that waits for a newer one.
+void ThreadPool::FinishIfLast(uint32_t gen) {
+  uint32_t cur = finished_.load(std::memory_order_relaxed);
+  while (static_cast<int32_t>(gen - cur) > 0) {
+    if (finished_.compare_exchange_weak(cur, gen, std::memory_order_release, std::memory_order_relaxed)) {
+      finished_.notify_all();
+      return;
+    }
+  }
+}
+
+void ThreadPool::WaitFinished(uint32_t gen) {
+  // The caller has nothing else to do: a short spin keeps short jobs cheap, then it sleeps.
+  for (uint32_t seen = finished_.load(std::memory_order_acquire); seen != gen;
+       seen = finished_.load(std::memory_order_acquire)) {
+    SpinThenWait(finished_, seen, 20);
+  }
+}
+
+void ThreadPool::WorkerLoop(int w) {
+  const int idx = w + first_worker_idx();
   tls_current_pool = this;
   uint32_t seen = 0;
   for (;;) {
-    SpinThenWait(generation_, seen, spin_us_);
-    seen = generation_.load(std::memory_order_acquire);
+    uint32_t word = job_word_.load(std::memory_order_acquire);
+    while (Gen(word) == seen) {  // a job closing (same generation) is not a new job
+      SpinThenWait(job_word_, word, spin_us_);
+      word = job_word_.load(std::memory_order_acquire);
+    }
+    seen = Gen(word);
     if (stop_) return;
-    (*job_)(idx);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      finished_.store(seen, std::memory_order_release);
-      finished_.notify_all();
+    if ((word & kOnAvailable) == 0) {
+      (*job_)(idx);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) FinishIfLast(seen);
+      continue;
+    }
+    // RunOnAvailable: announce, then enter only if the job is still open. The caller (or the last thread
+    // out) sees either this thread's announcement or, if it comes later, this thread sees the job closed:
+    // seq_cst on both sides, so a thread never starts a job whose caller has already returned.
+    // (The word read above may already be closed: a worker that wakes late never enters.)
+    active_.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t open_word = word | kOpen;
+    if (job_word_.load(std::memory_order_seq_cst) == open_word) {
+      (*job_)(idx);
+      uint32_t expected = open_word;
+      job_word_.compare_exchange_strong(expected, open_word & ~kOpen, std::memory_order_seq_cst);
+    }
+    if (active_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+      // Last one out: finished when the job is closed and (read after seeing it closed) nobody is inside.
+      const uint32_t now = job_word_.load(std::memory_order_seq_cst);
+      if ((now & kOnAvailable) != 0 && (now & kOpen) == 0 && active_.load(std::memory_order_seq_cst) == 0) {
+        FinishIfLast(Gen(now));
+      }
     }
   }
 }
@@ -103,17 +178,37 @@ void ThreadPool::WorkerLoop(int idx) {
 void ThreadPool::RunOnAll(absl::FunctionRef<void(int)> fn) {
   NCHECK(tls_current_pool != this) << "ThreadPool::RunOnAll called from inside one of its own jobs";
   std::lock_guard<std::mutex> lock(caller_mu_);
-  job_ = &fn;
-  pending_.store(size(), std::memory_order_relaxed);
-  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
-  generation_.store(gen, std::memory_order_release);
-  generation_.notify_all();
-  // The caller has nothing else to do: a short spin keeps short jobs cheap, then it sleeps.
-  uint32_t seen = finished_.load(std::memory_order_acquire);
-  while (seen != gen) {
-    SpinThenWait(finished_, seen, 20);
-    seen = finished_.load(std::memory_order_acquire);
+  ScopedInJob in_job(this);
+  if (workers() == 0) {
+    fn(0);
+    return;
   }
+  const uint32_t gen = Publish(&fn, /*on_available=*/false);
+  if (caller_participates()) fn(0);
+  WaitFinished(gen);
+  job_ = nullptr;
+}
+
+void ThreadPool::RunOnAvailable(absl::FunctionRef<void(int)> fn) {
+  NCHECK(tls_current_pool != this) << "ThreadPool::RunOnAvailable called from inside one of its own jobs";
+  std::lock_guard<std::mutex> lock(caller_mu_);
+  ScopedInJob in_job(this);
+  if (workers() == 0) {
+    fn(0);
+    return;
+  }
+  const uint32_t gen = Publish(&fn, /*on_available=*/true);
+  if (caller_participates()) {
+    fn(0);
+    uint32_t open = gen | kOnAvailable | kOpen;
+    job_word_.compare_exchange_strong(open, gen | kOnAvailable, std::memory_order_seq_cst);
+    // Closed (by us or a worker) before this read: a worker not counted here will see it closed.
+    if (active_.load(std::memory_order_seq_cst) == 0) {
+      job_ = nullptr;
+      return;
+    }
+  }
+  WaitFinished(gen);
   job_ = nullptr;
 }
 
@@ -143,7 +238,7 @@ void ThreadPool::ParallelForDynamic(int64_t n, int64_t grain, absl::FunctionRef<
   if (n <= 0) return;
   if (grain < 1) grain = 1;
   alignas(kCacheLine) std::atomic<int64_t> next{0};
-  RunOnAll([&](int idx) {
+  RunOnAvailable([&](int idx) {
     for (;;) {
       const int64_t begin = next.fetch_add(grain, std::memory_order_relaxed);
       if (begin >= n) return;

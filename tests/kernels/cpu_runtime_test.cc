@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "common/cpu_features.h"
@@ -106,6 +107,98 @@ TEST(ThreadPool, BarrierSeparatesPhases) {
     });
   }
   EXPECT_FALSE(early.load());
+}
+
+TEST(ThreadPool, UnpinnedCallerIsThreadZero) {
+  const std::thread::id caller = std::this_thread::get_id();
+  {
+    ThreadPool pool(1);  // no workers: everything inline, nothing handed off
+    int calls = 0;
+    pool.RunOnAll([&](int t) {
+      EXPECT_EQ(t, 0);
+      EXPECT_EQ(std::this_thread::get_id(), caller);
+      ++calls;
+    });
+    pool.RunOnAvailable([&](int t) {
+      EXPECT_EQ(t, 0);
+      EXPECT_EQ(std::this_thread::get_id(), caller);
+      ++calls;
+    });
+    pool.ParallelFor(10, [&](int64_t b, int64_t e, int) { calls += static_cast<int>(e - b); });
+    EXPECT_EQ(calls, 12);
+    EXPECT_EQ(pool.jobs_dispatched(), 0u);
+  }
+  ThreadPool pool(3);
+  EXPECT_TRUE(pool.caller_participates());
+  std::vector<std::thread::id> ids(3);
+  pool.RunOnAll([&](int t) { ids[t] = std::this_thread::get_id(); });
+  EXPECT_EQ(ids[0], caller);
+  EXPECT_NE(ids[1], caller);
+  EXPECT_NE(ids[2], caller);
+  EXPECT_NE(ids[1], ids[2]);
+  EXPECT_EQ(pool.jobs_dispatched(), 1u);
+}
+
+// RunOnAvailable on an oversubscribed pool (more threads than this machine's cores), mixed with RunOnAll:
+// every job's work is done exactly once, no thread index runs twice in a job, the caller takes part, and
+// no thread is still inside (or enters) a job after the call returned.
+TEST(ThreadPool, RunOnAvailableSkipsLateWorkersSafely) {
+  constexpr int kThreads = 6;
+  ThreadPool pool(kThreads);
+  std::atomic<int> inside{0};
+  std::atomic<int> current{-1};
+  std::atomic<bool> bad{false};
+  for (int job = 0; job < 3000; ++job) {
+    current.store(job);
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::vector<std::atomic<int>> runs(kThreads);
+    const int64_t n = 1 + job % 37;
+    bool caller_ran = false;
+    const auto fn = [&, job](int t) {
+      inside.fetch_add(1);
+      if (current.load() != job || runs[t].fetch_add(1) != 0) bad = true;
+      if (t == 0) caller_ran = true;
+      for (int64_t i; (i = next.fetch_add(1)) < n;) done.fetch_add(1);
+      inside.fetch_sub(1);
+    };
+    if (job % 5 == 4) {
+      pool.RunOnAll(fn);
+      for (auto& r : runs) ASSERT_EQ(r.load(), 1);
+    } else {
+      pool.RunOnAvailable(fn);
+    }
+    ASSERT_EQ(inside.load(), 0) << "job " << job;
+    ASSERT_EQ(done.load(), n) << "job " << job;
+    ASSERT_TRUE(caller_ran) << "job " << job;
+    ASSERT_FALSE(bad.load()) << "job " << job;
+  }
+  current.store(-2);
+  EXPECT_EQ(inside.load(), 0);
+}
+
+TEST(ThreadPool, PinnedRunOnAvailableUsesWorkersOnly) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
+    if (CPU_ISSET(c, &allowed)) first = c;
+  auto pool = ThreadPool::Create({.num_threads = 2, .cpus = {first}});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_FALSE((*pool)->caller_participates());
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int rep = 0; rep < 200; ++rep) {
+    std::atomic<int64_t> next{0}, done{0};
+    std::atomic<bool> on_caller{false};
+    (*pool)->RunOnAvailable([&](int t) {
+      EXPECT_GE(t, 0);
+      EXPECT_LT(t, 2);
+      if (std::this_thread::get_id() == caller) on_caller = true;
+      for (int64_t i; (i = next.fetch_add(1)) < 50;) done.fetch_add(1);
+    });
+    ASSERT_EQ(done.load(), 50);
+    ASSERT_FALSE(on_caller.load());
+  }
 }
 
 TEST(ThreadPool, PinningValidatesCpus) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -141,11 +142,24 @@ class ExpertKernelTest : public ::testing::TestWithParam<IsaCase> {
       }
     }
     ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(s.hidden, s.inter, Refs(experts), PackIsa(GetParam())));
-    MoeCompute moe(pool_.get(), GetParam().isa, options ? *options : Options());
-    Guarded out(s.rows * s.hidden, std::nanf(""));  // must be overwritten
+    // The same step through the pool (threads sharing experts) and on the calling thread alone (how tiny
+    // steps run): both must be bitwise identical, since each output column is summed in expert order.
+    MoeComputeOptions pooled = options ? *options : Options();
+    pooled.inline_max_bytes = 0;
+    MoeComputeOptions alone = pooled;
+    alone.inline_max_bytes = std::numeric_limits<int64_t>::max();
+    MoeCompute moe(pool_.get(), GetParam().isa, pooled), moe_alone(pool_.get(), GetParam().isa, alone);
+    Guarded out(s.rows * s.hidden, std::nanf("")), out_alone(s.rows * s.hidden, std::nanf(""));
     MoeBatch batch{s.rows, s.top_k, x.data(), ids.data(), weights.data(), out.data()};
     ASSERT_TRUE(moe.Run(*layer, s.limit, batch).ok());
     EXPECT_TRUE(out.guards_intact()) << "write outside out[rows, hidden]";
+    EXPECT_EQ(moe.pooled_runs(), 1);
+    batch.out = out_alone.data();
+    ASSERT_TRUE(moe_alone.Run(*layer, s.limit, batch).ok());
+    EXPECT_TRUE(out_alone.guards_intact()) << "write outside out[rows, hidden] (inline)";
+    EXPECT_EQ(moe_alone.inline_runs(), 1);
+    EXPECT_EQ(std::memcmp(out.data(), out_alone.data(), sizeof(float) * s.rows * s.hidden), 0)
+        << GetParam().name << ": inline and pooled runs differ";
 
     const Reference ref = ReferenceMoe(experts, s.hidden, s.inter, s.limit, x, ids, weights, s.rows, s.top_k,
                                        ErrorModel(GetParam()), kEps);

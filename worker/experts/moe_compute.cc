@@ -240,7 +240,9 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
     }
   };
 
-  pool_->RunOnAll([&](int thread) {
+  int64_t work_bytes = 0;
+  for (const Plan& p : plans_) work_bytes += layer.expert_stream_bytes() * experts::CeilDiv(p.rows, 16);
+  const auto body = [&](int thread) {
     ThreadScratch& scratch = thread_scratch_[thread];
     const auto next = [&](int phase) { return next_[phase].fetch_add(1, std::memory_order_relaxed); };
     // 1. Gate and up, tile pair by tile pair, then SwiGLU into h. The first thread to reach an expert
@@ -319,7 +321,14 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
         }
       }
     }
-  });
+  };
+  if (work_bytes < options_.inline_max_bytes) {
+    ++inline_runs_;
+    body(0);
+  } else {
+    ++pooled_runs_;
+    pool_->RunOnAvailable(body);
+  }
   return absl::OkStatus();
 }
 

@@ -4,7 +4,10 @@
 //   e = expert_ids[r,k], L = swiglu_limit (0 = no clamp).
 // Duplicate ids in a row each count (their weights are summed and the expert is computed once for that
 // row). Every expert used by the batch is streamed from memory exactly once per Run, for all rows routed
-// to it, in address order, by all pool threads together; threads synchronise per expert (no barriers).
+// to it, in address order, by the pool's threads together (ThreadPool::RunOnAvailable: the caller takes
+// part when the pool lets it, and a worker that is slow to wake is not waited for) or, for tiny steps, by
+// the calling thread alone. Threads synchronise per expert (no barriers); the result is the same bit for
+// bit whichever threads compute it (each output column is summed in expert order).
 //
 // Accuracy by ISA (against exact weights and fp32 math; details in worker/kernels/*), per GEMV output,
 // applied to x (gate/up) and then to the SwiGLU output h (down):
@@ -51,11 +54,18 @@ struct MoeComputeOptions {
   // Tests only: run Isa::kAmx with the tile instructions emulated in scalar code (needs AVX-512 BF16 and
   // VBMI, not AMX).
   bool emulate_amx = false;
+  // Steps whose weight work is below this many bytes run on the calling thread alone, without waking
+  // the pool (work = each used expert's streamed bytes times ceil(rows / 16)). A decode step of a small
+  // model is a few microseconds of kernel time, while handing it to a worker that has gone to sleep
+  // costs tens to hundreds (measured on a shared 2-core VM: p50 3 us inline vs p90 235 us through a
+  // sleeping 1-thread pool). 0 = always use the pool.
+  int64_t inline_max_bytes = 128 << 10;
 };
 
 class MoeCompute {
  public:
-  // `pool` (not owned) must outlive this object; its threads do all the work.
+  // `pool` (not owned) must outlive this object; its threads (ThreadPool::RunOnAvailable) do the work of
+  // all but the smallest steps (see inline_max_bytes), which run on the calling thread.
   MoeCompute(ThreadPool* pool, Isa isa, const MoeComputeOptions& options = {});
   ~MoeCompute();
   MoeCompute(const MoeCompute&) = delete;
@@ -67,6 +77,9 @@ class MoeCompute {
   Status Run(const ExpertLayer& layer, float swiglu_limit, const MoeBatch& batch);
 
   Isa isa() const { return isa_; }
+  // Runs so far that ran on the calling thread alone / were handed to the pool. For tests and diagnostics.
+  int64_t inline_runs() const { return inline_runs_; }
+  int64_t pooled_runs() const { return pooled_runs_; }
 
  private:
   class Buffer;
@@ -92,6 +105,7 @@ class MoeCompute {
   std::vector<ThreadScratch> thread_scratch_;
   std::unique_ptr<PlanSync[]> plan_sync_;
   size_t plan_sync_capacity_ = 0;
+  int64_t inline_runs_ = 0, pooled_runs_ = 0;
   alignas(kCacheLine) std::atomic<int64_t> next_[2];
 };
 

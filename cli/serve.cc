@@ -383,6 +383,8 @@ class Supervisor {
     for (auto& ch : children_) {
       if (ch->notify_fd >= 0) close(ch->notify_fd);
       ch->notify_fd = -1;
+      std::error_code ec;  // the router's readiness file would otherwise stay in the temp directory
+      if (!ch->ready_file.empty()) std::filesystem::remove(ch->ready_file, ec);
     }
   }
 

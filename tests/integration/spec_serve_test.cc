@@ -157,6 +157,8 @@ void RunCell(const Cell& c, const std::vector<test::GoldenPrompt>& goldens, cons
     std::this_thread::sleep_for(100ms);
   }
   for (const auto& [pid, name] : left) ADD_FAILURE() << "left behind: " << pid << " " << name;
+  const auto ready_file = std::filesystem::temp_directory_path() / ("numoe-serve-" + std::to_string(pgid) + "-router.ready");
+  EXPECT_FALSE(std::filesystem::exists(ready_file)) << ready_file << " left behind";
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 

@@ -155,6 +155,10 @@ int RunGpuApp(const GpuAppConfig& config) {
   const int sig = WaitForShutdownSignal();
   NLOG(INFO) << "numoe-gpu: signal " << sig << ", shutting down";
   server.Shutdown();  // workers see their channels closed
+  const ModelHost& h = server.host();
+  NLOG(INFO) << "numoe-gpu: served " << h.steps.load() << " steps, " << h.tokens.load() << " rows; speculative: "
+             << h.spec_steps.load() << " verify steps, " << h.spec_drafted.load() << " drafts, "
+             << h.spec_accepted.load() << " accepted";
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

@@ -471,6 +471,21 @@ TEST(CudaDspark, DraftsMatchTheCpuDrafter) {
     ASSERT_TRUE((*gpu)->Rollback(b[i], 4).ok());
   }
   compare("after a rollback");
+  // Decode steps of one token per sequence, all sequences together (CUDA graphs on the device).
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int32_t> next;
+    for (size_t i = 0; i < a.size(); ++i) next.push_back(static_cast<int32_t>(rng() % V));
+    std::vector<SequenceStep> sa(a.size()), sb(b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      sa[i].seq = a[i];
+      sb[i].seq = b[i];
+      sa[i].tokens = sb[i].tokens = std::span<const int32_t>(&next[i], 1);
+    }
+    std::vector<SequenceLogits> la, lb;
+    ASSERT_TRUE((*cpu)->Forward(sa, &ex, &la).ok());
+    ASSERT_TRUE((*gpu)->Forward(sb, &ex, &lb).ok());
+  }
+  compare("after decode steps");
   std::vector<DraftRequest> bad = {DraftRequest{b[0], 1, 0, nullptr}};
   std::vector<DraftResult> out;
   EXPECT_EQ((*gpu)->Draft(bad, &ex, &out).code(), absl::StatusCode::kInvalidArgument);

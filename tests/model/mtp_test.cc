@@ -23,6 +23,7 @@
 #include "gpu_service/cpu/cpu_model.h"
 #include "gpu_service/cpu/reference_experts.h"
 #include "gpu_service/model/generation.h"
+#include "tests/model/chi_square.h"
 
 namespace numoe {
 namespace {
@@ -323,39 +324,7 @@ TEST(Mtp, BatchedDraftsEqualSingleDrafts) {
 // Two-sample chi-square homogeneity test on the 2nd and 3rd generated tokens with and without MTP
 // speculation (as tests/model/spec_test.cc does for DSpark and n-gram): temperature 1, top-k 4, 3000
 // samples each, significance 0.001 per comparison.
-double ChiSquare(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b, int* dof) {
-  std::map<int32_t, std::pair<int, int>> t;
-  int na = 0, nb = 0;
-  for (auto [k, v] : a) {
-    t[k].first += v;
-    na += v;
-  }
-  for (auto [k, v] : b) {
-    t[k].second += v;
-    nb += v;
-  }
-  std::vector<std::pair<double, double>> cells;
-  std::pair<double, double> rare{0, 0};
-  for (auto& [k, v] : t) {
-    if (v.first + v.second < 20) {
-      rare.first += v.first;
-      rare.second += v.second;
-    } else {
-      cells.emplace_back(v.first, v.second);
-    }
-  }
-  if (rare.first + rare.second > 0) cells.push_back(rare);
-  double chi = 0;
-  const double n = na + nb;
-  for (auto [x, y] : cells) {
-    const double tot = x + y;
-    const double ex = tot * na / n, ey = tot * nb / n;
-    if (ex > 0) chi += (x - ex) * (x - ex) / ex;
-    if (ey > 0) chi += (y - ey) * (y - ey) / ey;
-  }
-  *dof = static_cast<int>(cells.size()) - 1;
-  return chi;
-}
+using test::ChiSquare;
 
 // The category of generated token j: its id (top-k sampling keeps few), or its rank under the target's
 // distribution at that position (the logits that chose it), 0..7, else 8.
@@ -380,11 +349,7 @@ struct SampledCase {
 // 3000 sequences of 3 tokens with and without speculation (depth 2), other seeds; the 2nd and 3rd tokens'
 // categories are compared. Significance 0.001 per comparison.
 void CheckSampled(Loaded* l, const SampledCase& c) {
-  auto critical = [](int dof) {  // chi-square 0.999 quantile (Wilson-Hilferty)
-    const double k = dof, z = 3.0902;
-    const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
-    return k * t * t * t;
-  };
+  const auto critical = test::ChiSquareCritical999;
   const int64_t V = l->model->vocab_size();
   std::map<int32_t, int> plain2, plain3, spec2, spec3;
   int64_t drafted = 0, accepted = 0;

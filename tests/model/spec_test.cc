@@ -17,6 +17,7 @@
 #include "gpu_service/cpu/cpu_model.h"
 #include "gpu_service/cpu/reference_experts.h"
 #include "gpu_service/model/generation.h"
+#include "tests/model/chi_square.h"
 
 namespace numoe {
 namespace {
@@ -157,50 +158,12 @@ TEST(GreedySpec, AdaptiveDepthAndLogitsKeepTheirMeaning) {
 // Two-sample chi-square homogeneity test on the distribution of the 2nd and 3rd generated tokens
 // (the first comes from the prefill; later ones go through verification). Temperature 1 with top-k 4
 // keeps the categories few. Significance 0.001 per comparison (4 comparisons: family-wise < 0.004).
-double ChiSquare(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b, int* dof) {
-  std::map<int32_t, std::pair<int, int>> t;
-  int na = 0, nb = 0;
-  for (auto [k, v] : a) {
-    t[k].first += v;
-    na += v;
-  }
-  for (auto [k, v] : b) {
-    t[k].second += v;
-    nb += v;
-  }
-  // Pool rare categories so every expected count is >= 5.
-  std::vector<std::pair<double, double>> cells;
-  std::pair<double, double> rare{0, 0};
-  for (auto& [k, v] : t) {
-    if (v.first + v.second < 20) {
-      rare.first += v.first;
-      rare.second += v.second;
-    } else {
-      cells.emplace_back(v.first, v.second);
-    }
-  }
-  if (rare.first + rare.second > 0) cells.push_back(rare);
-  double chi = 0;
-  const double n = na + nb;
-  for (auto [x, y] : cells) {
-    const double tot = x + y;
-    const double ex = tot * na / n, ey = tot * nb / n;
-    if (ex > 0) chi += (x - ex) * (x - ex) / ex;
-    if (ey > 0) chi += (y - ey) * (y - ey) / ey;
-  }
-  *dof = static_cast<int>(cells.size()) - 1;
-  return chi;
-}
+using test::ChiSquare;
 
 TEST(SampledSpec, SameDistributionWithAndWithoutSpeculation) {
   Loaded* l = Get("tiny-v4");
   ASSERT_NE(l, nullptr);
-  // The chi-square 0.999 quantile (Wilson-Hilferty; within 1% of the exact value for dof >= 3).
-  auto critical = [](int dof) {
-    const double k = dof, z = 3.0902;  // the standard normal 0.999 quantile
-    const double t = 1.0 - 2.0 / (9.0 * k) + z * std::sqrt(2.0 / (9.0 * k));
-    return k * t * t * t;
-  };
+  const auto critical = test::ChiSquareCritical999;
   for (SpecMethod method : {SpecMethod::kNgram, SpecMethod::kDspark}) {
     std::map<int32_t, int> plain2, plain3, spec2, spec3;
     constexpr int kSamples = 3000, kBatch = 100;

@@ -62,6 +62,16 @@ struct StepOutput {
   std::vector<int32_t> accepted;
   // One row of `vocab` floats per item that asked for logits, in item order.
   std::vector<std::vector<float>> logits;
+
+  // Sizes the per-item vectors for `n` items with nothing emitted (tokens -1) and clears the rest.
+  void Reset(size_t n) {
+    tokens.assign(n, -1);
+    counts.assign(n, 0);
+    drafted.assign(n, 0);
+    accepted.assign(n, 0);
+    emitted.clear();
+    logits.clear();
+  }
 };
 
 struct ExecutorLimits {

@@ -137,12 +137,7 @@ Status LocalExecutor::Step(std::span<const StepItem> items, StepOutput* out) {
     return absl::InternalError(absl::StrCat("executor: model returned ", logits_.size(), " logit sets for ", n,
                                             " sequences"));
   }
-  out->tokens.assign(n, -1);
-  out->counts.assign(n, 0);
-  out->drafted.assign(n, 0);
-  out->accepted.assign(n, 0);
-  out->emitted.clear();
-  out->logits.clear();
+  out->Reset(n);
   for (size_t i = 0; i < n; ++i) {
     const StepItem& item = items[i];
     const SequenceLogits& lg = logits_[i];

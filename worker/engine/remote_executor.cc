@@ -198,12 +198,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
 Status RemoteExecutor::ReadResult(std::span<const StepItem> items, int64_t num_emitted, StepOutput* out) {
   const shm::Geometry& g = ch_->geometry();
   const size_t n = items.size();
-  out->tokens.assign(n, -1);
-  out->counts.assign(n, 0);
-  out->drafted.assign(n, 0);
-  out->accepted.assign(n, 0);
-  out->emitted.clear();
-  out->logits.clear();
+  out->Reset(n);
   int64_t row = 0, at = 0;
   for (size_t i = 0; i < n; ++i) {
     const StepItem& it = items[i];

@@ -504,11 +504,7 @@ class ScriptedExecutor final : public Executor {
     return absl::OkStatus();
   }
   Status Step(std::span<const StepItem> items, StepOutput* out) override {
-    out->tokens.assign(items.size(), -1);
-    out->counts.assign(items.size(), 0);
-    out->drafted.assign(items.size(), 0);
-    out->accepted.assign(items.size(), 0);
-    out->emitted.clear();
+    out->Reset(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       const StepItem& it = items[i];
       if (!it.sample) continue;

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <new>
 #include <random>
 #include <string>
@@ -112,6 +114,27 @@ TEST_F(MoeLatencyTest, PooledStepsDoNotAllocateOnceWarm) {
   EXPECT_EQ(g_allocations.load() - allocs, 0) << "heap allocations in 200 pooled steps";
   EXPECT_EQ(pool.jobs_dispatched() - jobs, 200u);
   EXPECT_EQ(moe.pooled_runs(), 201);
+}
+
+// More threads than this machine has cores: workers wake late, skip steps or join halfway, and every
+// step must still equal the inline result bit for bit.
+TEST_F(MoeLatencyTest, OversubscribedPoolMatchesInlineBitwise) {
+  ThreadPool pool(5);
+  MoeComputeOptions pooled_options, alone_options;
+  pooled_options.inline_max_bytes = 0;
+  alone_options.inline_max_bytes = std::numeric_limits<int64_t>::max();
+  MoeCompute pooled(&pool, isa_, pooled_options), alone(&pool, isa_, alone_options);
+  for (int i = 0; i < 300; ++i) {
+    Step s;
+    MakeStep(1 + i % 23, 1000 + static_cast<uint32_t>(i), &s);
+    ASSERT_TRUE(pooled.Run(*layer_, 1.0f, s.batch).ok());
+    const std::vector<float> got = s.out;
+    std::fill(s.out.begin(), s.out.end(), -1.0f);
+    ASSERT_TRUE(alone.Run(*layer_, 1.0f, s.batch).ok());
+    ASSERT_EQ(std::memcmp(got.data(), s.out.data(), sizeof(float) * s.out.size()), 0) << "step " << i;
+  }
+  EXPECT_EQ(pooled.pooled_runs(), 300);
+  EXPECT_EQ(alone.inline_runs(), 300);
 }
 
 // Not a pass/fail timing test (the machine is shared): records the per-step latency of both paths.

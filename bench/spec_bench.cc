@@ -101,7 +101,7 @@ class CountingExperts final : public ExpertBackend {
   int64_t union_bytes() const { return union_bytes_; }        // main-layer routed bytes read
   int64_t row_bytes() const { return row_bytes_; }            // the same if every row read its own experts
   int64_t rows() const { return main_rows_; }                 // positions fed in decode steps
-  int64_t draft_bytes() const { return draft_bytes_total_; }  // drafter-stage routed bytes (DSpark)
+  int64_t draft_bytes() const { return draft_bytes_total_; }  // drafter-stage routed bytes (DSpark, MTP)
 
  private:
   ExpertBackend* inner_;
@@ -126,7 +126,7 @@ int Fail(const Status& s) {
 }
 
 // fp32 bytes of the CPU model's dense weights read per step: every non-routed main-model matrix and vector
-// (the embedding is a row lookup, so not counted). DSpark's dense stages are not included.
+// (the embedding is a row lookup, so not counted). The drafter's dense stages are not included.
 int64_t DenseBytesPerStep(const ModelConfig& cfg, int64_t mtp_stages) {
   int64_t params = 0;
   for (const ExpectedTensor& e : ExpectedTensors(cfg, mtp_stages)) {
@@ -197,8 +197,14 @@ int RunSpecBench(int argc, char** argv) {
   const ModelConfig& cfg = (*ck)->config();
   const int64_t stages = (*ck)->mtp_stages();
   const bool has_dspark = stages > 0 && cfg.dspark_block_size > 0;
+  const bool has_mtp = stages > 0 && cfg.dspark_block_size <= 0;
   if (*method == SpecMethod::kDspark && !has_dspark) {
-    return Fail(absl::FailedPreconditionError("--spec dspark: " + model + " has no DSpark stages"));
+    return Fail(absl::FailedPreconditionError("--spec dspark: " + model + " has no DSpark stages" +
+                                              (has_mtp ? " (it has an MTP block: use --spec mtp)" : "")));
+  }
+  if (*method == SpecMethod::kMtp && !has_mtp) {
+    return Fail(absl::FailedPreconditionError("--spec mtp: " + model + " has no MTP block" +
+                                              (has_dspark ? " (its mtp.* stages are DSpark: use --spec dspark)" : "")));
   }
   SpecConfig spec;
   spec.method = *method;
@@ -238,10 +244,10 @@ int RunSpecBench(int argc, char** argv) {
   const int nthreads =
       threads > 0 ? static_cast<int>(threads) : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   ThreadPool pool(nthreads);
-  const bool drafter = *method == SpecMethod::kDspark;
+  const bool drafter = *method == SpecMethod::kDspark || *method == SpecMethod::kMtp;
   auto t_load = std::chrono::steady_clock::now();
-  // The plain runs use a model without the drafter: with it loaded, every step also feeds the DSpark stages,
-  // which plain decoding would not pay. With DSpark the model is reloaded with its drafter for the spec runs.
+  // The plain runs use a model without the drafter: with it loaded, every step also feeds the drafter's state,
+  // which plain decoding would not pay. With DSpark/MTP the model is reloaded with its drafter for the spec runs.
   std::unique_ptr<cpu::CpuModel> target;
   if (auto m = cpu::CpuModel::Create(**ck, &pool); m.ok()) {
     target = std::move(*m);
@@ -322,8 +328,8 @@ int RunSpecBench(int argc, char** argv) {
     return absl::OkStatus();
   };
 
-  // Plain and speculative runs alternate (both see the same load on a shared machine), except with DSpark,
-  // where all plain runs come first and the model is then reloaded with its drafter.
+  // Plain and speculative runs alternate (both see the same load on a shared machine), except with a model
+  // drafter (DSpark, MTP), where all plain runs come first and the model is then reloaded with it.
   ModeTotals base, sp;
   for (int64_t run = 0; run < (drafter ? 2 * runs : runs); ++run) {
     if (!drafter || run < runs) {
@@ -335,7 +341,7 @@ int RunSpecBench(int argc, char** argv) {
       auto m = cpu::CpuModel::Create(**ck, &pool, {.drafter = true});
       if (!m.ok()) return Fail(m.status());
       target = std::move(*m);
-      std::snprintf(buf, sizeof(buf), "reloaded with the DSpark drafter in %.1f s",
+      std::snprintf(buf, sizeof(buf), "reloaded with the %s drafter in %.1f s", spec_name.c_str(),
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       say(buf);
     }

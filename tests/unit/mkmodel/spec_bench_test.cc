@@ -1,11 +1,13 @@
-// numoe-bench spec end to end on the tiny-v4 fixture: one run of each mode, the last line is the JSON object
-// with sane numbers (the bench itself fails when greedy outputs with and without speculation differ), and
-// bad flags fail with a message naming them.
+// numoe-bench spec end to end on the tiny-v4 fixture (n-gram, DSpark) and a tiny MTP checkpoint: one run of
+// each mode, the last line is the JSON object with sane numbers (the bench itself fails when greedy outputs
+// with and without speculation differ), and bad flags fail with a message naming them.
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
+#include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <string>
 
@@ -104,6 +106,25 @@ TEST(SpecBench, DsparkBatchOfTwo) {
   EXPECT_GT(j["spec_draft_bytes_per_step"].get<int64_t>(), 0);
 }
 
+// MTP on a tiny-preset checkpoint with a random MTP block (numoe mkmodel --drafter mtp).
+TEST(SpecBench, MtpOnATinyMtpCheckpoint) {
+  char tmpl[] = "/tmp/spec_bench_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/m";
+  const std::string mk =
+      std::string(NUMOE_BIN_DIR) + "/numoe mkmodel --preset tiny --drafter mtp --quiet --out " + dir + " 2>&1";
+  ASSERT_EQ(std::system(mk.c_str()), 0) << mk;
+  const Result r = RunBench("--model " + dir + " --spec mtp --depth 2 --runs 1 --threads 1 --max-tokens 16 " +
+                            "--prompt-len 24 --read-mib 64 --json");
+  std::filesystem::remove_all(tmpl);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(LastLine(r.out));
+  EXPECT_EQ(j["spec"], "mtp");
+  EXPECT_EQ(j["depth"], 2);
+  ExpectSane(j, 1, 16);
+  EXPECT_GT(j["spec_draft_bytes_per_step"].get<int64_t>(), 0);
+}
+
 TEST(SpecBench, BadFlagsFailWithAMessage) {
   struct Case {
     std::string args, needle;
@@ -117,6 +138,7 @@ TEST(SpecBench, BadFlagsFailWithAMessage) {
       {"--model " + kTiny + " --prompt /nonexistent/prompt.txt", "/nonexistent/prompt.txt"},
       {"--model /nonexistent/model", "/nonexistent/model"},
       {"--model " + std::string(NUMOE_TEST_DATA) + "/demo-v4 --spec dspark", "no DSpark stages"},
+      {"--model " + kTiny + " --spec mtp", "no MTP block"},
       {"--frobnicate", "--frobnicate"},
   };
   for (const Case& c : cases) {

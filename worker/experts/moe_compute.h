@@ -55,11 +55,12 @@ struct MoeComputeOptions {
   // VBMI, not AMX).
   bool emulate_amx = false;
   // Steps whose weight work is below this many bytes run on the calling thread alone, without waking
-  // the pool (work = each used expert's streamed bytes times ceil(rows / 16)). A decode step of a small
-  // model is a few microseconds of kernel time, while handing it to a worker that has gone to sleep
-  // costs tens to hundreds (measured on a shared 2-core VM: p50 3 us inline vs p90 235 us through a
-  // sleeping 1-thread pool). 0 = always use the pool.
-  int64_t inline_max_bytes = 128 << 10;
+  // the pool (work = each used expert's streamed bytes times ceil(rows / 16)); 0 = always use the pool.
+  // Such a step is ~10 us or less on one core (weights in cache), while a hand-off costs 1-2 us to a
+  // spinning worker and tens to hundreds to a sleeping or descheduled one (shared 2-core AVX-512 VM,
+  // 1-row steps: tiny-v4 shapes 2.9 us inline vs p90 235 us through a sleeping 1-thread pool; demo-v4
+  // shapes, 209 KB, 8.5 us either way at the median but a heavier tail through the pool).
+  int64_t inline_max_bytes = 256 << 10;
 };
 
 class MoeCompute {

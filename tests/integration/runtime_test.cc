@@ -88,7 +88,10 @@ class Runtime : public ::testing::Test {
     goldens_ = LoadGoldens(TinyDir());
     ASSERT_EQ(goldens_.size(), 4u);
     gpu_ = std::make_unique<Child>("numoe-gpu",
-                                   std::vector<std::string>{"--model", TinyDir(), "--port", "0", "--heartbeat-ms", "100"},
+                                   // Heartbeats every 100 ms, but a lease of 3 s: on a loaded 2-core CI box a
+                                   // healthy worker's heartbeat can be late by more than the default 4 x 100 ms.
+                                   std::vector<std::string>{"--model", TinyDir(), "--port", "0", "--heartbeat-ms", "100",
+                                                            "--lease-ms", "3000"},
                                    TempPath("gpu.log"));
     gpu_addr_ = gpu_->WaitReady();
     ASSERT_FALSE(gpu_addr_.empty()) << gpu_->Log();

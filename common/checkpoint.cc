@@ -263,6 +263,12 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c, int64_t mtp_st
   return b.Take();
 }
 
+std::string RoutedExpertPrefix(const ModelConfig& config, int64_t moe_layer, int64_t expert) {
+  const int64_t L = config.num_hidden_layers;
+  return moe_layer < L ? absl::StrCat("layers.", moe_layer, ".ffn.experts.", expert, ".")
+                       : absl::StrCat("mtp.", moe_layer - L, ".ffn.experts.", expert, ".");
+}
+
 ModelFootprint ComputeFootprint(const ModelConfig& config, int64_t mtp_stages) {
   ModelFootprint fp;
   std::vector<int64_t> layer_routed(static_cast<size_t>(config.num_hidden_layers), 0);

@@ -52,6 +52,11 @@ std::string ScaleNameOf(const std::string& weight_name);
 // Every tensor a checkpoint with this config (and `mtp_stages` MTP/DSpark stages) should hold.
 std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& config, int64_t mtp_stages);
 
+// The routed-expert tensor prefix "<block>.ffn.experts.<expert>." of an expert of MoE layer `moe_layer`,
+// numbered as MoeRequest::layer does: main layers 0..L-1 are "layers.<i>.", the MTP/DSpark stages L+s
+// are "mtp.<s>." (L = config.num_hidden_layers).
+std::string RoutedExpertPrefix(const ModelConfig& config, int64_t moe_layer, int64_t expert);
+
 // Shape-only arithmetic (no weights needed): what inspect and the deploy planner print.
 struct ModelFootprint {
   int64_t routed_expert_bytes = 0;        // all main-layer routed experts (one CPU worker's copy)

@@ -24,11 +24,9 @@ StatusOr<std::unique_ptr<ReferenceExperts>> ReferenceExperts::Load(const Checkpo
   r->limit_ = static_cast<float>(c.swiglu_limit);
   const int64_t blocks = c.num_hidden_layers + (include_drafter ? ckpt.mtp_stages() : 0);
   for (int64_t l = 0; l < blocks; ++l) {
-    const std::string prefix =
-        l < c.num_hidden_layers ? absl::StrCat("layers.", l, ".") : absl::StrCat("mtp.", l - c.num_hidden_layers, ".");
     std::vector<Expert> experts;
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      const std::string p = absl::StrCat(prefix, "ffn.experts.", e, ".");
+      const std::string p = RoutedExpertPrefix(c, l, e);
       Expert x;
       ASSIGN_OR_RETURN(x.w1, Load2d(ckpt, p + "w1.weight"));
       ASSIGN_OR_RETURN(x.w3, Load2d(ckpt, p + "w3.weight"));

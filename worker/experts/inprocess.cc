@@ -46,12 +46,10 @@ StatusOr<std::unique_ptr<InProcessExperts>> InProcessExperts::Load(const Checkpo
   int64_t bytes = 0;
   const int64_t blocks = c.num_hidden_layers + (options.include_drafter ? ck.mtp_stages() : 0);
   for (int64_t l = 0; l < blocks; ++l) {
-    const std::string prefix =
-        l < c.num_hidden_layers ? absl::StrCat("layers.", l, ".") : absl::StrCat("mtp.", l - c.num_hidden_layers, ".");
     std::vector<ExpertWeightsRef> refs;
     refs.reserve(static_cast<size_t>(c.n_routed_experts));
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      const std::string p = absl::StrCat(prefix, "ffn.experts.", e, ".");
+      const std::string p = RoutedExpertPrefix(c, l, e);
       ExpertWeightsRef ref;
       ASSIGN_OR_RETURN(ref.w1, View(ck, p + "w1.weight", I, D));
       ASSIGN_OR_RETURN(ref.w3, View(ck, p + "w3.weight", I, D));

@@ -2,10 +2,18 @@
 // full width, generated in device memory: no checkpoint on disk), at several batch sizes and contexts,
 // next to the floor that the GPU's memory bandwidth sets for the bytes the step reads. The routed experts
 // belong to the CPU worker and are stubbed to zeros; the per-layer host exchange still happens.
+// --draft-experts worker,gpu (with --model, a checkpoint with DSpark stages, e.g. `numoe mkmodel --preset
+// v4-flash --layers 1 --drafter dspark`) instead times the DSpark Draft() call per step with the stages' routed
+// experts on the CPU (InProcessExperts in this process, the worker's kernels) or on the GPU
+// (CudaOptions::drafter_experts = "gpu"), and prints the GPU memory the latter costs.
 // --verify K also times a speculative verify step (1 + K tokens per sequence, every row's logits copied back,
 // as numoe-gpu verifies drafts) followed by Rollback(K) of every sequence (nothing accepted: the most work).
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -15,8 +23,11 @@
 
 #include "bench/commands.h"
 #include "common/args.h"
+#include "common/checkpoint.h"
 #include "common/config.h"
+#include "common/thread_pool.h"
 #include "gpu_service/cuda/cuda_model.h"
+#include "worker/experts/inprocess.h"
 
 namespace numoe::bench {
 namespace {
@@ -99,6 +110,207 @@ double CacheBytesPerRow(const ModelConfig& c, int64_t context, int64_t elem) {
   return b * static_cast<double>(elem);
 }
 
+
+// Wraps the host experts: time spent in the drafter stages' layers (>= num_hidden_layers).
+class TimedExperts final : public ExpertBackend {
+ public:
+  TimedExperts(ExpertBackend* inner, int64_t main_layers) : inner_(inner), main_layers_(main_layers) {}
+  Status RunRouted(const MoeRequest& r) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = inner_->RunRouted(r);
+    if (r.layer >= main_layers_) {
+      stage_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return st;
+  }
+  double stage_ms = 0;
+
+ private:
+  ExpertBackend* inner_;
+  int64_t main_layers_;
+};
+
+std::string HostCpuName() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t c = line.find(':');
+      return c == std::string::npos ? line : line.substr(c + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+int RunDraftExpertsBench(const std::string& model_dir, const std::string& placements_s,
+                         const std::vector<int64_t>& batches, int64_t depth, int64_t context, int64_t steps,
+                         int64_t threads, int64_t device, bool json) {
+  std::vector<std::string> placements;
+  for (size_t p = 0; p <= placements_s.size();) {
+    const size_t q = std::min(placements_s.find(',', p), placements_s.size());
+    const std::string f = placements_s.substr(p, q - p);
+    if (f != "worker" && f != "gpu") {
+      std::fprintf(stderr, "--draft-experts: '%s' is not worker or gpu\n", f.c_str());
+      return 2;
+    }
+    placements.push_back(f);
+    p = q + 1;
+  }
+  if (model_dir.empty()) {
+    std::fprintf(stderr, "--draft-experts needs --model DIR (a checkpoint with DSpark stages, e.g. numoe mkmodel "
+                         "--preset v4-flash --layers 1 --drafter dspark)\n");
+    return 2;
+  }
+  if (!CudaCompiledIn() || CudaDeviceCount() == 0) {
+    std::fprintf(stderr, "numoe-bench cuda: %s\n", CudaCompiledIn() ? "no CUDA device" : "built without CUDA");
+    return 1;
+  }
+  auto ck = Checkpoint::Open(model_dir);
+  if (!ck.ok()) {
+    std::fprintf(stderr, "%s\n", ck.status().ToString().c_str());
+    return 1;
+  }
+  const ModelConfig& c = (*ck)->config();
+  if ((*ck)->mtp_stages() == 0 || c.dspark_block_size <= 0) {
+    std::fprintf(stderr, "%s has no DSpark stages (make one with numoe mkmodel --drafter dspark)\n", model_dir.c_str());
+    return 1;
+  }
+  if (threads == 0) threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  ThreadPool pool(static_cast<int>(threads));
+  const auto tl = std::chrono::steady_clock::now();
+  auto host = InProcessExperts::Load(**ck, &pool, {.include_drafter = true});
+  if (!host.ok()) {
+    std::fprintf(stderr, "%s\n", host.status().ToString().c_str());
+    return 1;
+  }
+  const std::string cpu = HostCpuName();
+  if (!json) {
+    std::printf("checkpoint %s: %lld layers + %lld DSpark stages, %lld experts x [%lld, %lld], top-%lld\n",
+                model_dir.c_str(), static_cast<long long>(c.num_hidden_layers),
+                static_cast<long long>((*ck)->mtp_stages()), static_cast<long long>(c.n_routed_experts),
+                static_cast<long long>(c.moe_intermediate_size), static_cast<long long>(c.hidden_size),
+                static_cast<long long>(c.num_experts_per_tok));
+    std::printf("host experts: %s, %lld threads, ISA %s, %.2f GB packed, loaded in %.1f s\n", cpu.c_str(),
+                static_cast<long long>(threads), IsaName((*host)->isa()),
+                static_cast<double>((*host)->bytes()) / 1e9,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count());
+  }
+  TimedExperts timed(host->get(), c.num_hidden_layers);
+  const int64_t max_b = *std::max_element(batches.begin(), batches.end());
+  nlohmann::json results = nlohmann::json::array();
+  std::map<int64_t, std::vector<std::vector<int32_t>>> first_drafts;  // batch -> the first placement's drafts
+  for (const std::string& where : placements) {
+    CudaOptions opt;
+    opt.device = static_cast<int>(device);
+    opt.max_sequences = max_b;
+    opt.max_context = context + depth + 64;
+    opt.max_step_tokens = std::max<int64_t>(max_b * depth, 256);
+    opt.drafter_experts = where;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto model = CreateCudaBackend(**ck, opt);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+      return 1;
+    }
+    CudaBackend& m = **model;
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t extra = m.drafter_expert_bytes();
+    if (!json) {
+      std::printf("\n[drafter experts on the %s] loaded in %.1f s, extra GPU memory %.2f GiB; %s\n",
+                  where == "gpu" ? "GPU" : "worker (CPU)", load_s, static_cast<double>(extra) / (1 << 30),
+                  m.Describe().c_str());
+      std::printf("%6s %6s %10s %10s %10s %14s\n", "batch", "depth", "draft_ms", "p50_ms", "max_ms", "host_exp_ms");
+    }
+    for (int64_t B : batches) {
+      std::vector<SequenceId> seqs;
+      Status st = absl::OkStatus();
+      std::vector<int32_t> prompt(static_cast<size_t>(context));
+      for (int64_t i = 0; i < B && st.ok(); ++i) {
+        for (int64_t t = 0; t < context; ++t) {
+          prompt[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919 + i * 104729 + 13) % c.vocab_size);
+        }
+        auto s = m.CreateSequence();
+        st = s.status();
+        if (!st.ok()) break;
+        seqs.push_back(*s);
+        SequenceStep step;
+        step.seq = *s;
+        step.tokens = prompt;
+        std::vector<SequenceLogits> out;
+        st = m.Forward({&step, 1}, &timed, &out);
+      }
+      std::vector<double> ms;
+      double host_ms = 0;
+      std::vector<std::vector<int32_t>> drafts;
+      for (int64_t it = 0; it < steps + 2 && st.ok(); ++it) {
+        std::vector<DraftRequest> reqs;
+        for (int64_t i = 0; i < B; ++i) {
+          reqs.push_back(DraftRequest{seqs[static_cast<size_t>(i)], static_cast<int32_t>((i * 31 + 7) % c.vocab_size),
+                                      depth, nullptr});
+        }
+        std::vector<DraftResult> out;
+        timed.stage_ms = 0;
+        const auto d0 = std::chrono::steady_clock::now();
+        st = m.Draft(reqs, &timed, &out);
+        const double d = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
+        if (st.ok() && it >= 2) {  // two warm-up calls
+          ms.push_back(d);
+          host_ms += timed.stage_ms;
+        }
+        if (st.ok() && it == 0) {
+          for (const DraftResult& r : out) drafts.push_back(r.tokens);
+        }
+      }
+      for (SequenceId s : seqs) (void)m.ReleaseSequence(s);
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s batch %lld: %s\n", where.c_str(), static_cast<long long>(B), st.ToString().c_str());
+        return 1;
+      }
+      std::vector<double> sorted = ms;
+      std::sort(sorted.begin(), sorted.end());
+      double mean = 0;
+      for (double v : ms) mean += v;
+      mean /= static_cast<double>(ms.size());
+      host_ms /= static_cast<double>(ms.size());
+      int64_t same = -1;
+      auto fd = first_drafts.find(B);
+      if (fd == first_drafts.end()) {
+        first_drafts[B] = drafts;
+      } else {
+        same = 0;
+        for (size_t i = 0; i < drafts.size() && i < fd->second.size(); ++i) {
+          for (size_t t = 0; t < drafts[i].size() && t < fd->second[i].size(); ++t) same += drafts[i][t] == fd->second[i][t];
+        }
+      }
+      if (!json) {
+        std::printf("%6lld %6lld %10.3f %10.3f %10.3f %14.3f", static_cast<long long>(B), static_cast<long long>(depth),
+                    mean, sorted[sorted.size() / 2], sorted.back(), host_ms);
+        if (same >= 0) {
+          std::printf("   draft tokens equal to the %s run: %lld/%lld", placements[0].c_str(),
+                      static_cast<long long>(same), static_cast<long long>(B * depth));
+        }
+        std::printf("\n");
+      }
+      results.push_back({{"drafter_experts", where},
+                         {"batch", B},
+                         {"depth", depth},
+                         {"draft_ms", mean},
+                         {"draft_p50_ms", sorted[sorted.size() / 2]},
+                         {"host_expert_ms", host_ms},
+                         {"extra_gpu_bytes", extra},
+                         {"drafts_equal_to_first", same}});
+    }
+  }
+  if (!json) {
+    std::printf("\ndraft_ms: wall time of one Draft() call (all stages, head, Markov correction, drafts back on the "
+                "host); host_exp_ms: of which the stages' routed experts on the CPU.\n");
+  }
+  nlohmann::json summary = {{"bench", "cuda-draft-experts"}, {"host_cpu", cpu}, {"threads", threads},
+                            {"context", context},            {"results", results}};
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int RunCudaBench(int argc, char** argv) {
@@ -118,6 +330,17 @@ int RunCudaBench(int argc, char** argv) {
   parser.AddInt("tp", "N", "tensor-parallel GPUs", &tp, 1, 64);
   parser.AddInt("verify", "K", "also time a speculative step of 1 + K tokens per sequence + Rollback(K); 0 = off",
                 &verify, 0, 16);
+  std::string draft_experts, model_dir;
+  int64_t draft_depth = 5, draft_context = 256, threads = 0;
+  parser.AddString("draft-experts", "LIST",
+                   "instead of the decode step: time Draft() (DSpark) with the stages' routed experts on the worker "
+                   "(CPU kernels in this process) and/or the gpu, e.g. worker,gpu (needs --model; --batch, --steps)",
+                   &draft_experts);
+  parser.AddString("model", "DIR", "--draft-experts: checkpoint with DSpark stages", &model_dir);
+  parser.AddInt("draft-depth", "K", "--draft-experts: draft tokens per sequence", &draft_depth, 1, 16);
+  parser.AddInt("draft-context", "N", "--draft-experts: prompt tokens per sequence before drafting", &draft_context, 1,
+                1 << 20);
+  parser.AddInt("threads", "N", "--draft-experts: CPU expert threads (0 = every core)", &threads, 0, 4096);
   parser.AddFlag("no-graphs", "launch kernels one by one instead of replaying CUDA graphs", &no_graphs);
   parser.AddFlag("json", "print only the JSON summary line", &json);
   int rc = 0;
@@ -127,6 +350,10 @@ int RunCudaBench(int argc, char** argv) {
   if (!batches.ok() || !contexts.ok()) {
     std::fprintf(stderr, "%s\n", std::string((!batches.ok() ? batches.status() : contexts.status()).message()).c_str());
     return 2;
+  }
+  if (!draft_experts.empty()) {
+    return RunDraftExpertsBench(model_dir, draft_experts, *batches, draft_depth, draft_context, steps, threads, device,
+                                json);
   }
   auto split = [](const std::string& list, std::initializer_list<const char*> allowed, const char* flag,
                   std::vector<std::string>* out) {

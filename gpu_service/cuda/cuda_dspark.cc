@@ -3,7 +3,7 @@
 // main_x = RMSNorm(features · main_projᵀ) and the features are the stream means of the target layers' inputs
 // (collected by EnqueueSegment). Draft runs the stages over [next token, noise × (depth - 1)] as one device
 // pass per stage (bidirectional block attention over the ring, the routed experts through the ExpertBackend
-// as layer num_hidden_layers + stage), the last stage's head, then the sequential Markov correction: one
+// as layer num_hidden_layers + stage, or on the device with CudaOptions::drafter_experts = "gpu"), the last stage's head, then the sequential Markov correction: one
 // small device GEMM per draft position for all sequences, sampled on the host with each sequence's sampler.
 #include <algorithm>
 #include <cstring>
@@ -45,7 +45,7 @@ template void CudaModel::PhaseDrafterFeed<__nv_bfloat16>(Rank&, const PassDims&)
 Status CudaModel::Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
                         std::vector<DraftResult>* out) {
   if (stages_ == 0) return absl::UnimplementedError("this CUDA backend has no DSpark drafter loaded");
-  if (experts == nullptr) return absl::InvalidArgumentError("Draft: no expert backend");
+  if (experts == nullptr && !gpu_dx_) return absl::InvalidArgumentError("Draft: no expert backend");
   RETURN_IF_ERROR(FlushRollbacks());  // the stages' rings of rolled-back sequences
   return bf16_cache_ ? RunDraft<__nv_bfloat16>(requests, experts, out) : RunDraft<float>(requests, experts, out);
 }
@@ -127,9 +127,11 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
     PhaseAttention<T>(r, l, d);
     PhaseFfnPre(r, l, d);
     NUMOE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
-    req.layer = l;
-    RETURN_IF_ERROR(experts->RunRouted(req));
+    if (!GpuStageExperts(l)) {  // else PhaseFfnPre ran the stage's routed experts on the device
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+      req.layer = l;
+      RETURN_IF_ERROR(experts->RunRouted(req));
+    }
     PhaseSharedAndRouted(r, l, d);
     PhaseFfnPost(r, d);
   }

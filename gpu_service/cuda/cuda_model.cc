@@ -270,6 +270,11 @@ void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
   const bool hash = l < c.num_hidden_layers && c.mlp_layer_types[static_cast<size_t>(l)] == MoeType::kHash;
   MoeGate(s.glog, n, E, K, scoring, hash ? nullptr : L.bias, hash ? L.tid2eid : nullptr, StepOf(r, d).token,
           static_cast<float>(c.routed_scaling_factor), s.ids, s.wts, r.stream);
+  if (GpuStageExperts(l)) {
+    RoutedExpertsMxfp4(r.dx[static_cast<size_t>(l - c.num_hidden_layers)], s.xn, s.ids, s.wts, n, K,
+                       static_cast<float>(c.swiglu_limit), r.dx_sc, s.routed, r.stream);
+    return;
+  }
   cudaMemcpyAsync(y_h_.as<float>(), s.xn, static_cast<size_t>(n * D_) * sizeof(float), cudaMemcpyDeviceToHost, r.stream);
   cudaMemcpyAsync(ids_h_.as<int32_t>(), s.ids, static_cast<size_t>(n * K) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                   r.stream);
@@ -286,8 +291,10 @@ void CudaModel::PhaseSharedAndRouted(Rank& r, int l, const PassDims& d) {
   SwiGlu(s.shg, s.shg + Il_, s.shg_ld, s.shh, n, Il_, static_cast<float>(cfg_.swiglu_limit), r.stream);
   Gemm(r, L.sh_w2, s.shh, Il_, n, s.sh, D_);
   if (r.index == 0) {
-    cudaMemcpyAsync(s.routed, routed_h_.as<float>(), static_cast<size_t>(n * D_) * sizeof(float),
-                    cudaMemcpyHostToDevice, r.stream);
+    if (!GpuStageExperts(l)) {  // else PhaseFfnPre computed s.routed on the device
+      cudaMemcpyAsync(s.routed, routed_h_.as<float>(), static_cast<size_t>(n * D_) * sizeof(float),
+                      cudaMemcpyHostToDevice, r.stream);
+    }
     AddInPlace(s.sh, s.routed, n * D_, r.stream);
   }
 }

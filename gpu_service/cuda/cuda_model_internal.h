@@ -98,6 +98,10 @@ struct Rank {
   float *features = nullptr, *main_x = nullptr, *h_pre = nullptr, *mrows = nullptr;  // [NR, T·D] [NR, D] [NR, D] [LR, r]
   int32_t* mids = nullptr;                                                               // [LR]
   DeviceMem drafter_mem;
+  // CudaOptions::drafter_experts = "gpu": each stage's routed experts (views into dx_weights) and the scratch.
+  std::vector<Mxfp4Experts> dx;
+  DeviceMem dx_weights, dx_scratch;
+  Mxfp4Scratch dx_sc;
   // Speculative steps: snap = a copy of each slot's fixed state from before its last speculative step
   // [max_sequences, slot_bytes]; spec_log = that step's inputs [max_sequences, spec_slot_bytes] (LayerState).
   DeviceMem snap, spec_log;
@@ -154,6 +158,7 @@ class CudaModel final : public CudaBackend {
   int64_t weight_bytes_per_step() const override;
   Status FillRandomContext(SequenceId seq, int64_t position, uint64_t seed) override;
   std::string Describe() const override;
+  int64_t drafter_expert_bytes() const override;
   void set_hidden_hook(HiddenHook hook) override { hidden_hook_ = std::move(hook); }
 
  private:
@@ -217,6 +222,9 @@ class CudaModel final : public CudaBackend {
     return l < L ? r.layers[static_cast<size_t>(l)] : r.stages[static_cast<size_t>(l - L)];
   }
   Status SetupDrafter(Rank& r, const WeightSource& src, uint64_t seed);
+  Status SetupDrafterExperts(Rank& r, const Checkpoint& ck);
+  // The stage l (>= num_hidden_layers) computes its routed experts on the device.
+  bool GpuStageExperts(int l) const { return gpu_dx_ && l >= cfg_.num_hidden_layers; }
   template <typename T>
   void PhaseDrafterFeed(Rank& r, const PassDims& d);
   template <typename T>
@@ -244,6 +252,7 @@ class CudaModel final : public CudaBackend {
   std::vector<LayerState> stage_layout_;
   std::vector<int64_t> target_layers_;
   int32_t noise_token_ = 0;
+  bool gpu_dx_ = false;  // the stages' routed experts are on the device (SetupDrafterExperts)
   std::vector<float> confidence_;  // host [D + markov rank]
   std::vector<LayerState> layout_;
   // Sequences.

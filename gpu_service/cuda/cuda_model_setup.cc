@@ -81,6 +81,10 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Checkpoint* ckpt, c
     return absl::InvalidArgumentError(
         absl::StrCat("CudaOptions::max_spec_tokens must be in [0, 4096] (got ", opt.max_spec_tokens, ")"));
   }
+  if (opt.drafter_experts != "worker" && opt.drafter_experts != "gpu") {
+    return absl::InvalidArgumentError(absl::StrCat("CudaOptions::drafter_experts must be \"worker\" or \"gpu\" (got \"",
+                                                   opt.drafter_experts, "\")"));
+  }
   if (cfg.head_dim % 2 != 0 || cfg.head_dim > 512 || cfg.rope_dim % 2 != 0 || cfg.rope_dim > cfg.head_dim) {
     return absl::UnimplementedError(absl::StrCat("CUDA attention supports even head_dim <= 512 with an even rope dim (got ",
                                                  cfg.head_dim, ", rope ", cfg.rope_dim, ")"));
@@ -229,6 +233,7 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
     ranks_.push_back(std::move(r));
   }
   for (auto& r : ranks_) RETURN_IF_ERROR(SetupRank(*r, src, seed));
+  if (stages_ > 0 && opt_.drafter_experts == "gpu") RETURN_IF_ERROR(SetupDrafterExperts(*ranks_[0], *ckpt));
   // The page pool: what was asked for, or every slot at max_context capped at half the free memory.
   const int64_t tsize = bf16_cache_ ? 2 : 4;
   const int64_t page_bytes = page_elems_ * tsize;
@@ -340,6 +345,97 @@ Status CudaModel::SetupDrafter(Rank& r, const WeightSource& src, uint64_t seed) 
   }
   ASSIGN_OR_RETURN(confidence_, src.Vector(last + "confidence_head.proj.weight", D_ + mr));
   return absl::OkStatus();
+}
+
+Status CudaModel::SetupDrafterExperts(Rank& r, const Checkpoint& ck) {
+  const ModelConfig& c = cfg_;
+  const int64_t E = c.n_routed_experts, D = D_, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
+  if (c.expert_dtype != "fp4") {
+    return absl::UnimplementedError(absl::StrCat("CudaOptions::drafter_experts = \"gpu\": expert_dtype '", c.expert_dtype,
+                                                 "' is not supported (MXFP4 experts only)"));
+  }
+  if (D % 32 != 0 || I % 32 != 0) {
+    return absl::UnimplementedError(absl::StrCat("CudaOptions::drafter_experts = \"gpu\" needs hidden_size (", D,
+                                                 ") and moe_intermediate_size (", I, ") to be multiples of 32"));
+  }
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+  // Per stage: codes w1, w3 [E, I, D/2], w2 [E, D, I/2], then scales s1, s3 [E, I, D/32], s2 [E, D, I/32].
+  const int64_t codes = E * I * D / 2, scales = E * I * D / 32;
+  const int64_t stage_bytes = 3 * RoundUp(codes, 256) + 3 * RoundUp(scales, 256);
+  ASSIGN_OR_RETURN(r.dx_weights, DeviceMem::Alloc(static_cast<size_t>(stages_ * stage_bytes),
+                                                  absl::StrCat("DSpark drafter routed experts (", stages_, " stages x ",
+                                                               E, " experts, CudaOptions::drafter_experts)")));
+  uint8_t* base = r.dx_weights.as<uint8_t>();
+  r.dx.clear();
+  for (int64_t st = 0; st < stages_; ++st) {
+    uint8_t* b = base + st * stage_bytes;
+    Mxfp4Experts w;
+    uint8_t* part[6];
+    for (int k = 0; k < 6; ++k) {
+      part[k] = b;
+      b += RoundUp(k < 3 ? codes : scales, 256);
+    }
+    w.w1 = part[0];
+    w.w3 = part[1];
+    w.w2 = part[2];
+    w.s1 = part[3];
+    w.s3 = part[4];
+    w.s2 = part[5];
+    w.experts = E;
+    w.hidden = D;
+    w.inter = I;
+    const char* names[3] = {"w1", "w3", "w2"};
+    for (int64_t e = 0; e < E; ++e) {
+      for (int m = 0; m < 3; ++m) {
+        const int64_t rows = m < 2 ? I : D, cols = m < 2 ? D : I;
+        const std::string wn = absl::StrCat("mtp.", st, ".ffn.experts.", e, ".", names[m], ".weight");
+        const std::string sn = absl::StrCat("mtp.", st, ".ffn.experts.", e, ".", names[m], ".scale");
+        ASSIGN_OR_RETURN(const TensorView* wt, ck.Raw(wn));
+        ASSIGN_OR_RETURN(const TensorView* sc, ck.Raw(sn));
+        if (wt->dtype != DType::kI8 && wt->dtype != DType::kU8) {
+          return absl::InvalidArgumentError(absl::StrCat(wn, ": routed experts must be MXFP4 (I8/U8 packed), got ",
+                                                         std::string(DTypeName(wt->dtype))));
+        }
+        if (sc->dtype != DType::kF8_E8M0) return absl::InvalidArgumentError(absl::StrCat(sn, ": expected F8_E8M0 scales"));
+        if (wt->numel() != rows * cols / 2 || sc->numel() != rows * cols / 32) {
+          return absl::InvalidArgumentError(absl::StrCat(wn, ": stored shape ", wt->ShapeString(), " (scales ",
+                                                         sc->ShapeString(), ") does not hold [", rows, ", ", cols,
+                                                         "] MXFP4"));
+        }
+        NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpy(part[m] + e * rows * cols / 2, wt->data,
+                                              static_cast<size_t>(rows * cols / 2), cudaMemcpyHostToDevice));
+        NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpy(part[3 + m] + e * rows * cols / 32, sc->data,
+                                              static_cast<size_t>(rows * cols / 32), cudaMemcpyHostToDevice));
+      }
+    }
+    r.dx.push_back(w);
+  }
+  // Scratch for the draft rows of one pass, in groups of at most 512 rows (bigger passes loop).
+  const int64_t MR = std::min<int64_t>(rows_cap_, 512);
+  const int64_t pieces[4] = {(2 * E + 2) * 4, MR * K * 4, MR * K * I * 4, MR * K * D * 4};
+  int64_t sbytes = 0;
+  for (int64_t p : pieces) sbytes += RoundUp(p, 256);
+  ASSIGN_OR_RETURN(r.dx_scratch, DeviceMem::Alloc(static_cast<size_t>(sbytes), "DSpark drafter expert scratch"));
+  char* sb = static_cast<char*>(r.dx_scratch.get());
+  r.dx_sc.offs = reinterpret_cast<int32_t*>(sb);
+  sb += RoundUp(pieces[0], 256);
+  r.dx_sc.list = reinterpret_cast<int32_t*>(sb);
+  sb += RoundUp(pieces[1], 256);
+  r.dx_sc.h = reinterpret_cast<float*>(sb);
+  sb += RoundUp(pieces[2], 256);
+  r.dx_sc.y = reinterpret_cast<float*>(sb);
+  r.dx_sc.max_rows = MR;
+  gpu_dx_ = true;
+  NLOG(INFO) << "CUDA backend: DSpark drafter routed experts on the GPU (--drafter-experts gpu): " << stages_
+             << " stages x " << E << " experts, " << (r.dx_weights.bytes() >> 20) << " MiB of MXFP4 weights + scales + "
+             << (r.dx_scratch.bytes() >> 20) << " MiB scratch = " << (drafter_expert_bytes() >> 20)
+             << " MiB of extra GPU memory";
+  return absl::OkStatus();
+}
+
+int64_t CudaModel::drafter_expert_bytes() const {
+  if (ranks_.empty()) return 0;
+  return static_cast<int64_t>(ranks_[0]->dx_weights.bytes() + ranks_[0]->dx_scratch.bytes());
 }
 
 Status CudaModel::SetupLayer(Rank& r, const WeightSource& src, int64_t l, uint64_t seed) {
@@ -595,7 +691,11 @@ std::string CudaModel::Describe() const {
      << (slot_bytes_ >> 10) << " KiB fixed state, " << num_pages_ << " pages x " << page_tokens_ << " tokens ("
      << ((page_elems_ * (bf16_cache_ ? 2 : 4)) >> 10) << " KiB), max_context " << max_context_ << ", "
      << rows_cap_ << " rows per pass, graphs " << (opt_.graphs && opt_.tp == 1 ? "on" : "off")
-     << ", DSpark drafter " << (stages_ > 0 ? absl::StrCat(stages_, " stages") : std::string("none"))
+     << ", DSpark drafter "
+     << (stages_ == 0 ? std::string("none")
+                      : absl::StrCat(stages_, " stages, routed experts ",
+                                     gpu_dx_ ? absl::StrCat("on the GPU (", drafter_expert_bytes() >> 20, " MiB)")
+                                             : std::string("on the worker")))
      << ", speculative steps of up to " << spec_tokens_ << " tokens ("
      << ((opt_.max_sequences * (slot_bytes_ + spec_slot_bytes_) * (spec_tokens_ > 0 ? 1 : 0)) >> 20)
      << " MiB per GPU)";

@@ -244,4 +244,27 @@ template <typename CacheT>
 void RingUpdate(const CacheT* kv_new, int hd, int window, int64_t ring_off, const StepDev& s, const CacheDev& cache,
                 cudaStream_t stream);
 
+// ---- routed experts (moe_experts.cu) --------------------------------------------------------------------
+
+// One MoE block's routed experts in the checkpoint's MXFP4 format, [experts] x (w1 [inter, hidden], w3 [inter,
+// hidden], w2 [hidden, inter]) stacked per matrix: codes [experts, out, in / 2] (byte k of a row = columns 2k
+// (low nibble) and 2k + 1), E8M0 scales [experts, out, in / 32]. hidden and inter must be multiples of 32;
+// every array 16-byte aligned.
+struct Mxfp4Experts {
+  const uint8_t *w1 = nullptr, *s1 = nullptr, *w3 = nullptr, *s3 = nullptr, *w2 = nullptr, *s2 = nullptr;
+  int64_t experts = 0, hidden = 0, inter = 0;
+};
+// Device scratch for up to max_rows rows (K slots each) per launch group: offs [2·experts + 2], list
+// [max_rows·K] int32, h [max_rows·K, inter] and y [max_rows·K, hidden] fp32.
+struct Mxfp4Scratch {
+  int32_t *offs = nullptr, *list = nullptr;
+  float *h = nullptr, *y = nullptr;
+  int64_t max_rows = 0;
+};
+// out[r] = sum_k wts[r,k] · w2_e · (silu(min(w1_e·x_r, L)) ⊙ clamp(w3_e·x_r, -L, L)), e = ids[r,k] (L = 0: no
+// clamp), like worker/experts/moe_compute.h; x, out [n, hidden], ids, wts [n, K] on the device. Each expert's
+// weights are read once per 8 pairs routed to it; rows beyond max_rows run as further groups.
+void RoutedExpertsMxfp4(const Mxfp4Experts& w, const float* x, const int32_t* ids, const float* wts, int64_t n,
+                        int64_t K, float swiglu_limit, const Mxfp4Scratch& s, float* out, cudaStream_t stream);
+
 }  // namespace numoe::cuda

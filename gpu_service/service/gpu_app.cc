@@ -30,6 +30,7 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   o.tp = static_cast<int>(c.tp);
   o.max_sequences = c.max_sequences;
   o.drafter = drafter;
+  o.drafter_experts = c.drafter_experts;
   // Without a CUDA build this is the stub's UNAVAILABLE, which says so.
   auto model = CreateCudaModel(ckpt, o);
   if (!model.ok()) return Status(model.status().code(), absl::StrCat("--backend cuda: ", model.status().message()));
@@ -83,6 +84,11 @@ int RunGpuApp(const GpuAppConfig& config) {
   };
   if (config.backend != "cpu" && config.backend != "cuda") {
     return fail(absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda (got '", config.backend, "')")));
+  }
+  if ((config.drafter_experts != "worker" && config.drafter_experts != "gpu") ||
+      (config.drafter_experts == "gpu" && config.backend != "cuda")) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--drafter-experts must be worker, or gpu with --backend cuda (got '",
+                                                        config.drafter_experts, "', --backend ", config.backend, ")")));
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto ckpt = Checkpoint::Open(config.model_dir);

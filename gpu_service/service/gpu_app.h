@@ -22,6 +22,7 @@ struct GpuAppConfig {
   int64_t max_sequences = 256;        // per worker channel, and live sequences of the CUDA backend
   int64_t cuda_device = 0;            // --backend cuda: first GPU
   int64_t tp = 1;                     // --backend cuda: tensor-parallel GPUs
+  std::string drafter_experts = "worker";  // --backend cuda: the DSpark stages' routed experts: worker | gpu
   // Speculative decoding: "auto" (the checkpoint's drafter, CheckpointDrafter, when the backend runs it:
   // the CPU backend runs DSpark and MTP, the CUDA backend DSpark with tp 1), "dspark" / "mtp" (load that
   // drafter; refused before loading when the checkpoint lacks it or the backend cannot run it), "ngram" /

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 
 namespace numoe::cpu {
@@ -22,15 +23,42 @@ StatusOr<std::vector<float>> LoadVec(const Checkpoint& ck, const std::string& na
   return std::move(t.data);
 }
 
+std::string ShapeStr(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+// A BF16 tensor is kept as stored (its values are exactly representable either way, at half the bytes);
+// any other format (FP8 block-scaled, F32, F16) is dequantized to fp32: narrowing those to BF16 would
+// round them.
 StatusOr<Linear> LoadLinear(const Checkpoint& ck, const std::string& name, int64_t out, int64_t in) {
-  ASSIGN_OR_RETURN(F32Tensor t, ck.LoadF32(name));
-  if (t.shape.size() != 2 || t.shape[0] != out || t.shape[1] != in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": expected logical shape [", out, ", ", in, "], got ", t.shape.size(), "-d tensor"));
-  }
+  ASSIGN_OR_RETURN(const TensorView* raw, ck.Raw(name));
   Linear l;
   l.out = out;
   l.in = in;
+  if (raw->dtype == DType::kBF16) {
+    if (raw->shape.size() != 2 || raw->shape[0] != out || raw->shape[1] != in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected shape [", out, ", ", in, "], got BF16 ", ShapeStr(raw->shape)));
+    }
+    const size_t count = static_cast<size_t>(out * in);
+    if (raw->data == nullptr || raw->nbytes != count * sizeof(uint16_t)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": BF16 ", ShapeStr(raw->shape), " needs ",
+                                                     count * sizeof(uint16_t), " bytes, the file holds ", raw->nbytes));
+    }
+    l.w_bf16.resize(count);
+    std::memcpy(l.w_bf16.data(), raw->data, count * sizeof(uint16_t));
+    return l;
+  }
+  ASSIGN_OR_RETURN(F32Tensor t, ck.LoadF32(name));
+  if (t.shape.size() != 2 || t.shape[0] != out || t.shape[1] != in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": expected logical shape [", out, ", ", in, "], got ", ShapeStr(t.shape)));
+  }
+  if (t.data.size() != static_cast<size_t>(out * in)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": expected ", out * in, " values, got ", t.data.size()));
+  }
   l.w = std::move(t.data);
   return l;
 }
@@ -126,7 +154,10 @@ StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ck) {
   const int64_t D = c.hidden_size, hc = c.hc_mult;
   auto w = std::make_unique<ModelW>();
   ASSIGN_OR_RETURN(w->embed, LoadLinear(ck, "embed.weight", c.vocab_size, D));
-  ASSIGN_OR_RETURN(w->head, LoadLinear(ck, c.tie_word_embeddings ? "embed.weight" : "head.weight", c.vocab_size, D));
+  w->tied_head = c.tie_word_embeddings;
+  if (!w->tied_head) {
+    ASSIGN_OR_RETURN(w->head, LoadLinear(ck, "head.weight", c.vocab_size, D));
+  }
   ASSIGN_OR_RETURN(w->norm, LoadVec(ck, "norm.weight", D));
   ASSIGN_OR_RETURN(w->hc_head, LoadHyper(ck, "hc_head_", hc, hc * D, 1));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -166,7 +197,7 @@ StatusOr<std::unique_ptr<DsparkW>> LoadDsparkWeights(const Checkpoint& ck) {
   ASSIGN_OR_RETURN(w->hc_head, LoadHyper(ck, last + "hc_head_", hc, hc * D, 1));
   ASSIGN_OR_RETURN(w->markov_w1, LoadLinear(ck, last + "markov_head.markov_w1.weight", c.vocab_size, r));
   ASSIGN_OR_RETURN(w->markov_w2, LoadLinear(ck, last + "markov_head.markov_w2.weight", c.vocab_size, r));
-  ASSIGN_OR_RETURN(w->confidence, LoadVec(ck, last + "confidence_head.proj.weight", D + r));
+  ASSIGN_OR_RETURN(w->confidence, LoadLinear(ck, last + "confidence_head.proj.weight", 1, D + r));
   return w;
 }
 
@@ -199,6 +230,77 @@ CpuModel::CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<D
 
 CpuModel::~CpuModel() = default;
 
+namespace {
+
+struct ByteCounter {
+  CpuModel::WeightBytes b;
+  void Add(const std::vector<float>& v) { b.total += static_cast<int64_t>(v.size() * sizeof(float)); }
+  void Add(const std::vector<int32_t>& v) { b.total += static_cast<int64_t>(v.size() * sizeof(int32_t)); }
+  void Add(const Linear& l) {
+    b.total += l.bytes();
+    if (l.is_bf16()) b.bf16 += l.bytes();
+  }
+  void Add(const HyperConnW& h) {
+    Add(h.fn);
+    Add(h.base);
+    Add(h.scale);
+  }
+  void Add(const CompressorW& c) {
+    Add(c.wkv);
+    Add(c.wgate);
+    Add(c.ape);
+    Add(c.norm);
+  }
+  void Add(const LayerW& L) {
+    Add(L.attn_norm);
+    Add(L.ffn_norm);
+    Add(L.hc_attn);
+    Add(L.hc_ffn);
+    const AttentionW& a = L.attn;
+    for (const Linear* l : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.index_wq_b, &a.index_weights}) Add(*l);
+    Add(a.q_norm);
+    Add(a.kv_norm);
+    Add(a.sink);
+    Add(a.comp);
+    Add(a.index_comp);
+    const FfnW& f = L.ffn;
+    for (const Linear* l : {&f.gate, &f.shared_w1, &f.shared_w3, &f.shared_w2}) Add(*l);
+    Add(f.bias);
+    Add(f.tid2eid);
+  }
+};
+
+}  // namespace
+
+CpuModel::WeightBytes CpuModel::weight_bytes() const {
+  ByteCounter c;
+  c.Add(w_->embed);
+  c.Add(w_->head);
+  c.Add(w_->norm);
+  c.Add(w_->hc_head);
+  for (const LayerW& L : w_->layers) c.Add(L);
+  if (dspark_) {
+    c.Add(dspark_->main_proj);
+    c.Add(dspark_->main_norm);
+    for (const LayerW& L : dspark_->stages) c.Add(L);
+    c.Add(dspark_->norm);
+    c.Add(dspark_->hc_head);
+    c.Add(dspark_->markov_w1);
+    c.Add(dspark_->markov_w2);
+    c.Add(dspark_->confidence);
+  }
+  if (mtp_) {
+    c.Add(mtp_->block);
+    c.Add(mtp_->e_proj);
+    c.Add(mtp_->h_proj);
+    c.Add(mtp_->enorm);
+    c.Add(mtp_->hnorm);
+    c.Add(mtp_->norm);
+    c.Add(mtp_->hc_head);
+  }
+  return c.b;
+}
+
 StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const Checkpoint& ckpt, ThreadPool* pool,
                                                       const CpuModelOptions& options) {
   if (ckpt.config().hc_mult > 16) {
@@ -216,8 +318,12 @@ StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const Checkpoint& ckpt, Thr
       return absl::NotFoundError("this checkpoint has no drafter (no mtp.* stages): load it without the drafter");
     }
   }
-  return std::unique_ptr<CpuModel>(
-      new CpuModel(ckpt.config(), std::move(w), std::move(dspark), std::move(mtp), pool));
+  std::unique_ptr<CpuModel> model(new CpuModel(ckpt.config(), std::move(w), std::move(dspark), std::move(mtp), pool));
+  const WeightBytes b = model->weight_bytes();
+  auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); };
+  NLOG(INFO) << "CPU backend: " << mib(b.total) << " of dense weights (" << mib(b.bf16) << " BF16, "
+             << mib(b.total - b.bf16) << " fp32); BF16 matmuls " << (Bf16MatMulUsesAvx512() ? "AVX-512" : "scalar");
+  return model;
 }
 
 std::unique_ptr<CpuModel::SeqState> CpuModel::NewState() const {
@@ -443,7 +549,7 @@ void CpuModel::OutputProjection(const AttentionW& a, const float* o, int64_t n, 
   const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, gw = H * hd / G;
   std::vector<float> z(static_cast<size_t>(n * G * R));
   for (int64_t g = 0; g < G; ++g) {
-    MatMulRaw(o + g * gw, n, a.wo_a.w.data() + g * R * gw, R, gw, z.data() + g * R, pool_, H * hd, G * R);
+    MatMulRows(o + g * gw, n, a.wo_a, g * R, R, z.data() + g * R, pool_, H * hd, G * R);
   }
   MatMul(z.data(), n, a.wo_b, out, pool_);
 }
@@ -667,8 +773,9 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
   const int64_t n = rows.n, D = cfg_.hidden_size, k = cfg_.hc_mult;
   std::vector<float> X(static_cast<size_t>(n * k * D));
   for (int64_t r = 0; r < n; ++r) {
-    const float* e = &w_->embed.w[static_cast<size_t>(rows.token[r]) * D];
-    for (int64_t j = 0; j < k; ++j) std::memcpy(&X[(r * k + j) * D], e, static_cast<size_t>(D) * sizeof(float));
+    float* e = &X[r * k * D];
+    w_->embed.Row(rows.token[r], e);
+    for (int64_t j = 1; j < k; ++j) std::memcpy(e + j * D, e, static_cast<size_t>(D) * sizeof(float));
   }
   if (hidden_hook_) hidden_hook_(-1, X);
 
@@ -728,7 +835,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     sl.seq = steps[i].seq;
     sl.rows = s.end - r0;
     sl.logits.resize(static_cast<size_t>(sl.rows * cfg_.vocab_size));
-    MatMul(&h[r0 * D], sl.rows, w_->head, sl.logits.data(), pool_);
+    MatMul(&h[r0 * D], sl.rows, w_->Head(), sl.logits.data(), pool_);
     out->push_back(std::move(sl));
   }
   return absl::OkStatus();

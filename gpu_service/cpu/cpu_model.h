@@ -61,7 +61,9 @@ struct LayerW {
 };
 
 struct ModelW {
-  Linear embed, head;  // [vocab, D]
+  Linear embed, head;      // [vocab, D]; `head` stays empty when tied to the embedding
+  bool tied_head = false;  // tie_word_embeddings: the head is `embed`
+  const Linear& Head() const { return tied_head ? embed : head; }
   std::vector<float> norm;
   HyperConnW hc_head;  // fn [hc, hc·D], base [hc], scale [1]
   std::vector<LayerW> layers;
@@ -75,7 +77,7 @@ struct DsparkW {
   std::vector<float> norm;        // last stage: final norm [D]
   HyperConnW hc_head;             // last stage
   Linear markov_w1, markov_w2;    // [V, r]
-  std::vector<float> confidence;  // [D + r]
+  Linear confidence;              // [1, D + r] over [h_pre; markov_w1[prev]]
   std::vector<int64_t> target_layers;
   int32_t noise_token = 0;
 };
@@ -90,7 +92,8 @@ struct MtpW {
   HyperConnW hc_head;             // fn [hc, hc·D], base [hc], scale [1]
 };
 
-// Loads the dense (non-routed-expert) weights of the main layers as fp32.
+// Loads the dense (non-routed-expert) weights of the main layers: matrices stored as BF16 (embedding, head,
+// gates, DSpark Markov/confidence heads, any other BF16 Linear) stay BF16, the rest is dequantized to fp32.
 StatusOr<std::unique_ptr<ModelW>> LoadDenseWeights(const Checkpoint& ckpt);
 // Loads the DSpark stages; NotFound when the checkpoint has none.
 StatusOr<std::unique_ptr<DsparkW>> LoadDsparkWeights(const Checkpoint& ckpt);
@@ -129,6 +132,12 @@ class CpuModel final : public ModelBackend {
                std::vector<DraftResult>* out) override;
 
   const ModelConfig& config() const { return cfg_; }
+  // Bytes of dense weights the model holds (drafter included), and the BF16 part of them.
+  struct WeightBytes {
+    int64_t total = 0;
+    int64_t bf16 = 0;
+  };
+  WeightBytes weight_bytes() const;
   // Debug/test hook: called with the residual streams [rows, hc, D] after the embedding (layer -1) and
   // after each layer, and the final normed hidden [rows, D] (layer == num_hidden_layers).
   using HiddenHook = std::function<void(int64_t layer, const std::vector<float>& x)>;

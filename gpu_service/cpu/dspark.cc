@@ -70,8 +70,9 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
   const int64_t n = static_cast<int64_t>(ids.size());
   std::vector<float> X(static_cast<size_t>(n * k * D));
   for (int64_t r = 0; r < n; ++r) {
-    const float* e = &w_->embed.w[static_cast<size_t>(ids[r]) * D];
-    for (int64_t j = 0; j < k; ++j) std::memcpy(&X[(r * k + j) * D], e, static_cast<size_t>(D) * sizeof(float));
+    float* e = &X[r * k * D];
+    w_->embed.Row(ids[r], e);
+    for (int64_t j = 1; j < k; ++j) std::memcpy(e + j * D, e, static_cast<size_t>(D) * sizeof(float));
   }
   std::vector<float> u(static_cast<size_t>(n * D)), xn(u.size()), y(u.size());
   std::vector<float> post(static_cast<size_t>(n * k)), comb(static_cast<size_t>(n * k * k));
@@ -109,7 +110,10 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
     RmsNorm(&h_pre[r * D], dspark_->norm.data(), D, eps, &h[r * D]);
   }
   std::vector<float> logits(static_cast<size_t>(n * V)), bias(static_cast<size_t>(V));
-  MatMul(h.data(), n, w_->head, logits.data(), pool_);
+  // The confidence head's input [h_pre; markov_w1[prev]]: its markov part doubles as the Markov row.
+  std::vector<float> cin(static_cast<size_t>(D + mr));
+  float* m = cin.data() + D;
+  MatMul(h.data(), n, w_->Head(), logits.data(), pool_);
   out->clear();
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Block& b = blocks[i];
@@ -117,15 +121,17 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
     res.seq = requests[i].seq;
     int32_t prev = requests[i].next_token;
     for (int64_t r = b.begin; r < b.end; ++r) {
-      const float* m = &dspark_->markov_w1.w[static_cast<size_t>(prev) * mr];
+      dspark_->markov_w1.Row(prev, m);
       MatMul(m, 1, dspark_->markov_w2, bias.data(), pool_);
       float* lr = &logits[r * V];
       for (int64_t v = 0; v < V; ++v) lr[v] += bias[v];
       const int32_t d = requests[i].sampler ? requests[i].sampler->Sample(lr, V) : Argmax(lr, V);
       res.tokens.push_back(d);
       res.logits.insert(res.logits.end(), lr, lr + V);
-      res.confidence.push_back(Dot(dspark_->confidence.data(), &h_pre[r * D], D) +
-                               Dot(dspark_->confidence.data() + D, m, mr));
+      std::memcpy(cin.data(), &h_pre[r * D], static_cast<size_t>(D) * sizeof(float));
+      float conf = 0.0f;
+      MatMul(cin.data(), 1, dspark_->confidence, &conf);
+      res.confidence.push_back(conf);
       prev = d;
     }
     out->push_back(std::move(res));

@@ -29,7 +29,8 @@ void CpuModel::MtpInput(const int32_t* tokens, const float* hidden, int64_t m, f
   std::vector<float> en(static_cast<size_t>(m * D)), ep(en.size());
   std::vector<float> hn(static_cast<size_t>(m * k * D)), hp(hn.size());
   for (int64_t i = 0; i < m; ++i) {
-    RmsNorm(&w_->embed.w[static_cast<size_t>(tokens[i]) * D], mtp_->enorm.data(), D, eps, &en[i * D]);
+    w_->embed.Row(tokens[i], &en[i * D]);
+    RmsNorm(&en[i * D], mtp_->enorm.data(), D, eps, &en[i * D]);
   }
   for (int64_t r = 0; r < m * k; ++r) RmsNorm(hidden + r * D, mtp_->hnorm.data(), D, eps, &hn[r * D]);
   MatMul(en.data(), m, mtp_->e_proj, ep.data(), pool_);
@@ -207,7 +208,7 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
       CollapseStreams(mtp_->hc_head, &X[r * kd], &h[r * D]);
       RmsNorm(&h[r * D], mtp_->norm.data(), D, eps, &h[r * D]);
     }
-    MatMul(h.data(), m, w_->head, logits.data(), pool_);
+    MatMul(h.data(), m, w_->Head(), logits.data(), pool_);
     for (int64_t r = 0; r < m; ++r) {
       const size_t ci = act[static_cast<size_t>(r)];
       Chain& c = chains[ci];

@@ -252,6 +252,11 @@ TEST(SpecServe, CombinationsThatCannotRunAreRefusedBeforeLoading) {
   // Out of range depth: the flag parser's usage error (exit 2) names the flag and its range.
   ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--spec-depth", "17"},
                 {"--spec-depth: 17 is out of range [0, 16]"}, 2);
+  // Drafter experts on the GPU need the CUDA backend; an unknown place is named.
+  ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--drafter-experts", "gpu"},
+                {"--drafter-experts gpu needs --backend cuda"});
+  ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--drafter-experts", "disk"},
+                {"--drafter-experts must be worker or gpu", "disk"});
 }
 
 // numoe-gpu and a numoe-worker started by hand with different drafters: the worker exits at start-up

@@ -116,11 +116,12 @@ __attribute__((target("avx512f"))) void DotRowsBf16Avx512(const float* const* x,
       acc[k] = _mm512_add_round_ps(acc[k], p, _MM_FROUND_CUR_DIRECTION);
     }
   }
-  alignas(64) float lanes[16];
-  for (int k = 0; k < NR; ++k) {
-    _mm512_store_ps(lanes, acc[k]);
-    out[k] = FinishDotBf16(x[k], w, i, in, lanes);
-  }
+  alignas(64) float lanes[NR][16];
+  for (int k = 0; k < NR; ++k) _mm512_store_ps(lanes[k], acc[k]);
+  // GCC emits no vzeroupper for target-attribute functions; without it the dirty upper ZMM state makes
+  // every later legacy-SSE instruction of this thread (Dot and the rest of the baseline code) slow.
+  _mm256_zeroupper();
+  for (int k = 0; k < NR; ++k) out[k] = FinishDotBf16(x[k], w, i, in, lanes[k]);
 }
 #pragma GCC diagnostic pop
 

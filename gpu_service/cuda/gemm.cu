@@ -105,7 +105,9 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   const bool mma = tensor_cores && w.type != WType::kF32;
   // Tiles of the output; when they cannot fill the GPU twice over, split the reduction dimension and
   // accumulate with atomics (only when y is dense, so one memset zeroes it).
-  const int64_t tile_out = 64, tile_n = mma ? (c.n <= 8 ? 8 : c.n <= 16 ? 16 : 32) : kBN;
+  const bool wide = mma && c.n > kMmaNarrowRows;
+  const int64_t tile_out = wide ? kMmaWideOutTile : 64;
+  const int64_t tile_n = wide ? MmaWideRowTile(c.n) : mma ? (c.n <= 8 ? 8 : 16) : kBN;
   const int64_t k_chunk = mma ? 128 : kBK;
   const int64_t tiles = CeilDiv(w.out, tile_out) * CeilDiv(c.n, tile_n) * c.groups;
   int64_t ksplit = 1;
@@ -113,7 +115,7 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   const bool dense_y = c.groups == 1 ? c.ldy == w.out : (c.y_group_cols == w.out && c.ldy == w.out * c.groups);
   // Decode rows are few, so a GEMM is a weight stream: enough blocks in flight (4 per SM for the mma path, 8
   // for the SIMT one) and short reduction loops keep the loads overlapped.
-  const int64_t target = (mma ? 4 : 8) * static_cast<int64_t>(sms);
+  const int64_t target = (wide ? 2 : mma ? 4 : 8) * static_cast<int64_t>(sms);
   if (dense_y && tiles < target) {
     ksplit = std::min(CeilDiv(target, tiles), CeilDiv(w.in, mma ? 256 : 64));
   }

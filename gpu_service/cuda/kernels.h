@@ -63,6 +63,12 @@ struct GemmCall {
 void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream);
 // The tensor-core path (sm80_gemm_mma.cu); `ksplit` > 1 accumulates with atomics into a zeroed y.
 void GemmMma(const GemmCall& c, int ksplit, cudaStream_t stream);
+// Its tiling, for split-K sizing: up to kMmaNarrowRows rows of x, blocks of 64 weight rows x 8/16 rows of x;
+// above that (verify, prefill), blocks of kMmaWideOutTile weight rows x MmaWideRowTile(n) rows of x sharing x
+// through shared memory, and 2 of those blocks per SM are enough to stream the weights.
+inline constexpr int64_t kMmaNarrowRows = 16;
+inline constexpr int64_t kMmaWideOutTile = 128;
+inline constexpr int64_t MmaWideRowTile(int64_t n) { return n <= 32 ? 32 : 64; }
 
 // ---- step metadata ---------------------------------------------------------------------------------------
 

@@ -484,6 +484,7 @@ int Serve(const ServeConfig& c) {
     args.insert(args.end(), {"--spec", c.spec});
     if (c.spec_depth > 0) args.insert(args.end(), {"--spec-depth", std::to_string(c.spec_depth)});
     if (c.spec_adaptive) args.push_back("--spec-adaptive");
+    if (c.drafter_experts != "worker") args.insert(args.end(), {"--drafter-experts", c.drafter_experts});
     workers.push_back(sup.Add(Child{.name = absl::StrCat("numoe-worker-", i),
                                     .tier = 1,
                                     .binary = bin + "/numoe-worker",

@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
               &c.spec);
   p.AddInt("spec-depth", "K", "draft tokens per step (0 = the checkpoint's dspark_block_size, else 5)", &c.spec_depth,
            0, 16);
+  p.AddString("drafter-experts", "worker|gpu",
+              "where numoe-gpu runs the model drafter's routed experts: worker (this process loads them) or gpu "
+              "(numoe-gpu --drafter-experts gpu: not loaded here; must match numoe-gpu, checked at registration)",
+              &c.drafter_experts);
   p.AddFlag("spec-adaptive", "adapt each sequence's depth from its recent acceptance (up to --spec-depth)",
             &c.spec_adaptive);
   int rc = 0;

@@ -140,6 +140,7 @@ int RunGpuApp(const GpuAppConfig& config) {
   opts.channel.spin_us = static_cast<int>(config.spin_us);
   opts.drafter = (*model)->drafter();
   opts.verify = verify;
+  opts.drafter_experts_on_gpu = config.drafter_experts == "gpu" && (*model)->drafter() == SpecMethod::kDspark;
   GpuServer server(model->get(), (*ckpt)->config(), opts);
   GpuGrpcService service(&server);
 

@@ -97,6 +97,7 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
   resp.set_logits_rows(g.logits_rows);
   resp.set_lease_ms(static_cast<uint32_t>(options_.lease_ms));
   resp.set_backend(options_.backend);
+  resp.set_drafter_experts_on_gpu(options_.drafter_experts_on_gpu);
   return resp;
 }
 

@@ -281,6 +281,27 @@ TEST(SpecServe, WorkerAndGpuDisagreeingOnTheDrafterIsAClearStartupError) {
   gpu.Signal(SIGTERM);
   EXPECT_NE(gpu.Wait(30s), -1);
 
+  // A worker that leaves the drafter's experts to numoe-gpu, whose CPU backend runs them on the workers:
+  // refused at registration, naming both ways out.
+  const int gpu2_port = FreePort();
+  Child gpu2 = Child::Start({kBin + "/numoe-gpu", "--model", test::TinyDir(), "--port", std::to_string(gpu2_port),
+                             "--threads", "1", "--spec", "dspark"},
+                            dir + "/gpu2.log", /*new_group=*/true);
+  Child worker2 = Child::Start({kBin + "/numoe-worker", "--model", test::TinyDir(), "--gpu",
+                                "127.0.0.1:" + std::to_string(gpu2_port), "--port", "0", "--no-numa-bind",
+                                "--threads", "1", "--experts", "reference", "--spec", "dspark", "--drafter-experts",
+                                "gpu"},
+                               dir + "/worker2.log", /*new_group=*/true);
+  const int status2 = worker2.Wait(60s);
+  const std::string log2 = ReadFile(dir + "/worker2.log");
+  ASSERT_NE(status2, -1) << log2;
+  EXPECT_TRUE(WIFEXITED(status2) && WEXITSTATUS(status2) == 1) << status2 << "\n" << log2;
+  EXPECT_NE(log2.find("--drafter-experts gpu: numoe-gpu runs the drafter's routed experts on the workers"),
+            std::string::npos)
+      << log2;
+  gpu2.Signal(SIGTERM);
+  EXPECT_NE(gpu2.Wait(30s), -1);
+
   Child bad_gpu = Child::Start({kBin + "/numoe-gpu", "--model", DemoDir(), "--port", "0", "--spec", "dspark"},
                                dir + "/bad_gpu.log", /*new_group=*/true);
   const int bad = bad_gpu.Wait(30s);

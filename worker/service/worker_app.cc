@@ -150,7 +150,12 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   if (!fingerprint.ok()) return fail(fingerprint.status());
   auto spec = ResolveSpec(c, **ckpt);  // before loading: a bad flag fails at once
   if (!spec.ok()) return fail(spec.status());
-  auto experts = LoadExperts(c, **ckpt, pool->get(), binding, spec->load_drafter_experts);
+  if (c.drafter_experts != "worker" && c.drafter_experts != "gpu") {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--drafter-experts must be worker or gpu (got '", c.drafter_experts, "')")));
+  }
+  const bool drafter_experts_here = spec->load_drafter_experts && c.drafter_experts == "worker";
+  auto experts = LoadExperts(c, **ckpt, pool->get(), binding, drafter_experts_here);
   if (!experts.ok()) return fail(experts.status());
 
   // 3. numoe-gpu: register, attach the channel, keep the lease.
@@ -164,6 +169,16 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   auto gpu = GpuClient::Register(c.gpu_address, reg, c.gpu_wait_ms);
   if (!gpu.ok()) return fail(gpu.status());
   const v1::RegisterResponse& r = (*gpu)->registration();
+  if (spec->load_drafter_experts && !drafter_experts_here && !r.drafter_experts_on_gpu()) {
+    (void)(*gpu)->Release();
+    return fail(absl::FailedPreconditionError(
+        "--drafter-experts gpu: numoe-gpu runs the drafter's routed experts on the workers; start numoe-gpu with "
+        "--drafter-experts gpu (--backend cuda) or this worker with --drafter-experts worker"));
+  }
+  if (drafter_experts_here && r.drafter_experts_on_gpu()) {
+    NLOG(WARNING) << "numoe-worker: numoe-gpu runs the drafter's routed experts itself; this worker's copy is unused "
+                     "(start it with --drafter-experts gpu to save the memory)";
+  }
   auto channel = shm::Channel::Attach(r.shm_name());
   if (!channel.ok()) return fail(channel.status());
   (void)shm::Channel::RemoveName(r.shm_name());  // mapped: the name is no longer needed by anyone

@@ -33,6 +33,9 @@ struct WorkerAppConfig {
   std::string spec = "auto";
   int64_t spec_depth = 0;
   bool spec_adaptive = false;
+  // Where numoe-gpu runs the model drafter's routed experts: "worker" (this process holds them) or "gpu"
+  // (numoe-gpu --drafter-experts gpu: this worker skips them; checked against numoe-gpu at registration).
+  std::string drafter_experts = "worker";
 };
 
 // Runs until a signal (exit code 0) or a fatal error (1, logged).

@@ -1,8 +1,10 @@
 // numoe-router: the front door (gRPC API + OpenAI-compatible REST gateway, tokenizer, load balancing).
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/args.h"
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
   p.AddInt("http-threads", "N", "threads serving HTTP connections", &http_threads, 1, 256);
   p.AddDouble("drain-timeout", "S", "on SIGTERM/SIGINT, seconds to let requests in flight finish", &drain_timeout, 0,
               3600);
-  p.AddString("ready-file", "PATH", "write {\"http_port\", \"grpc_port\", \"pid\"} here once listening",
+  p.AddString("ready-file", "PATH", "write {\"http_port\", \"grpc_port\", \"pid\"} here once listening and a worker answered its health check (or after --health-timeout + 0.5 s without one)",
               &ready_file);
   p.AddEpilog(
       "\nErrors use OpenAI's JSON: 400 bad field (\"param\" names it; also a prompt past the context), 401 API key,\n"
@@ -121,6 +123,17 @@ int main(int argc, char** argv) {
   if (numoe::Status s = (*router)->Start(); !s.ok()) {
     std::fprintf(stderr, "numoe-router: %s\n", std::string(s.message()).c_str());
     return 1;
+  }
+  // "Ready" means requests can be served: one health round first, so a worker that is up is known to be
+  // up when the ready file appears (a launcher's first request must not meet "no worker is up").
+  // Bounded: with every worker down the file still appears after about one health timeout.
+  if (!ready_file.empty()) {
+    numoe::router::Balancer& b = (*router)->balancer();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(health_timeout + 0.5);
+    while (b.up_count() == 0 && std::chrono::steady_clock::now() < deadline) {
+      b.CheckHealthNow();  // returns at once for a worker whose check is already running
+      if (b.up_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   if (numoe::Status s = WriteReadyFile(ready_file, **router); !s.ok()) {
     std::fprintf(stderr, "numoe-router: %s\n", std::string(s.message()).c_str());

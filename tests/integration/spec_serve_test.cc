@@ -87,10 +87,15 @@ std::vector<int32_t> Complete(int port, const test::GoldenPrompt& g, std::string
 }
 
 // NUMOE_E2E_BACKEND=cuda runs the matrix with numoe-gpu on the CUDA backend (on a GPU machine; its
-// DSpark drafter runs on the device; it has no MTP drafter).
+// DSpark drafter runs on the device; it has no MTP drafter). With it, NUMOE_E2E_DRAFTER_EXPERTS=gpu also
+// runs the drafter's routed experts on the GPU (numoe serve --drafter-experts gpu: the worker skips them).
 std::string Backend() {
   const char* b = std::getenv("NUMOE_E2E_BACKEND");
   return b != nullptr ? b : "cpu";
+}
+std::string DrafterExperts() {
+  const char* d = std::getenv("NUMOE_E2E_DRAFTER_EXPERTS");
+  return d != nullptr ? d : "worker";
 }
 
 // Runs one cell on `model`: every request's tokens must equal goldens[..].greedy, and /metrics must show
@@ -98,7 +103,7 @@ std::string Backend() {
 void RunCell(const Cell& c, const std::vector<test::GoldenPrompt>& goldens, const std::string& model = test::TinyDir(),
              std::string drafter = "") {
   if (drafter.empty()) drafter = c.spec;
-  SCOPED_TRACE(Describe(c) + " --backend " + Backend() + " --model " + model);
+  SCOPED_TRACE(Describe(c) + " --backend " + Backend() + " --drafter-experts " + DrafterExperts() + " --model " + model);
   const std::string dir = MakeTempDir("numoe-spec-serve");
   const int http = FreePort(), grpc_port = FreePort();
   std::vector<std::string> argv = {kBin + "/numoe", "serve", "--model", model, "--workers", "1",
@@ -108,6 +113,7 @@ void RunCell(const Cell& c, const std::vector<test::GoldenPrompt>& goldens, cons
                                    "120", "--backend", Backend()};
   if (c.budget > 0) argv.insert(argv.end(), {"--max-step-tokens", std::to_string(c.budget)});
   if (c.adaptive) argv.push_back("--spec-adaptive");
+  if (DrafterExperts() != "worker") argv.insert(argv.end(), {"--drafter-experts", DrafterExperts()});
   Child serve = Child::Start(argv, dir + "/serve.log", /*new_group=*/true, dir + "/serve.out");
   const pid_t pgid = serve.pid();
   std::string ready;

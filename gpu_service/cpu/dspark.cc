@@ -54,10 +54,7 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
   for (const DraftRequest& q : requests) {
     auto it = seqs_.find(q.seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", q.seq, " does not exist"));
-    if (q.depth < 1) return absl::InvalidArgumentError(absl::StrCat("draft depth must be >= 1 (got ", q.depth, ")"));
-    if (q.next_token < 0 || q.next_token >= V) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", q.next_token, " is out of range"));
-    }
+    RETURN_IF_ERROR(ValidateDraftRequest(q, V));
     if (it->second->position < 1) return absl::FailedPreconditionError("Draft: the sequence has consumed no token");
     Block b{it->second.get(), static_cast<int64_t>(ids.size()), static_cast<int64_t>(ids.size()) + q.depth,
             it->second->position - 1};

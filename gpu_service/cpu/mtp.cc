@@ -131,10 +131,7 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
   for (const DraftRequest& q : requests) {
     auto it = seqs_.find(q.seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", q.seq, " does not exist"));
-    if (q.depth < 1) return absl::InvalidArgumentError(absl::StrCat("draft depth must be >= 1 (got ", q.depth, ")"));
-    if (q.next_token < 0 || q.next_token >= V) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", q.next_token, " is out of range"));
-    }
+    RETURN_IF_ERROR(ValidateDraftRequest(q, V));
     SeqState* st = it->second.get();
     if (st->position < 1 || st->mtp_x.empty()) {
       return absl::FailedPreconditionError("Draft: the sequence has consumed no token");

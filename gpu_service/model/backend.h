@@ -70,6 +70,17 @@ struct DraftRequest {
   Sampler* sampler = nullptr;  // draws the drafts (the Markov correction is sequential); null = greedy
 };
 
+// The checks every drafter makes on one request before touching its sequence: depth >= 1 and next_token
+// in [0, vocab_size). Errors name the field.
+inline Status ValidateDraftRequest(const DraftRequest& q, int64_t vocab_size) {
+  if (q.depth < 1) return absl::InvalidArgumentError(absl::StrCat("draft depth must be >= 1 (got ", q.depth, ")"));
+  if (q.next_token < 0 || q.next_token >= vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", q.next_token, " is out of range [0, ", vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
 struct DraftResult {
   SequenceId seq = 0;
   std::vector<int32_t> tokens;     // [depth]

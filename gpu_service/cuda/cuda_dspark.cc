@@ -74,10 +74,7 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
     if (!seen.insert(q.seq).second) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", q.seq, " appears twice in one Draft call"));
     }
-    if (q.depth < 1) return absl::InvalidArgumentError(absl::StrCat("draft depth must be >= 1 (got ", q.depth, ")"));
-    if (q.next_token < 0 || q.next_token >= V) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", q.next_token, " is out of range [0, ", V, ")"));
-    }
+    RETURN_IF_ERROR(ValidateDraftRequest(q, V));
     const int64_t p0 = it->second.position;
     if (p0 < 1) return absl::FailedPreconditionError("Draft: the sequence has consumed no token");
     if (n + q.depth > NR) {
@@ -136,25 +133,7 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
     PhaseFfnPost(r, d);
   }
   // The last stage's head: hc_head collapse (u kept for the confidence), norm, the shared head.
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  RowInvRms(s.X, n, hc_ * D_, eps, s.inv, r.stream);
-  Gemm(r, r.d_hc_head_fn, s.X, hc_ * D_, n, s.mix, hc_, false);
-  HcPreArgs hp;
-  hp.mixraw = s.mix;
-  hp.inv = s.inv;
-  hp.base = r.d_hc_head_base;
-  hp.scale = r.d_hc_head_scale;
-  hp.X = s.X;
-  hp.norm_w = r.d_norm;
-  hp.xn = s.xn;
-  hp.n = n;
-  hp.D = D_;
-  hp.hc = static_cast<int>(hc_);
-  hp.hc_eps = static_cast<float>(c.hc_eps);
-  hp.rms_eps = eps;
-  hp.head_mode = true;
-  hp.u_out = r.h_pre;
-  HcPre(hp, r.stream);
+  HcPreStep(r, n, r.d_hc_head_fn, r.d_hc_head_base, r.d_hc_head_scale, r.d_norm, /*head=*/true, r.h_pre);
   std::vector<float> logits(static_cast<size_t>(n * V)), h_pre(static_cast<size_t>(n * D_));
   NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h_pre.data(), r.h_pre, h_pre.size() * sizeof(float),
                                              cudaMemcpyDeviceToHost, r.stream));

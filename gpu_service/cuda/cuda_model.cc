@@ -100,7 +100,7 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   const LayerDev& L = LayerOf(r, l);
   Scratch& s = r.sc;
   const ModelConfig& c = cfg_;
-  const int64_t n = d.n, qr = c.q_lora_rank, m = (2 + hc_) * hc_;
+  const int64_t n = d.n, qr = c.q_lora_rank;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const StepDev step = StepOf(r, d);
   const CacheDev cache = CacheOf(r);
@@ -108,25 +108,7 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   const float* inv = L.type == AttnType::kSliding ? r.inv_main : r.inv_compress;
   const int32_t* pos = step.pos;
 
-  RowInvRms(s.X, n, hc_ * D_, eps, s.inv, r.stream);
-  Gemm(r, L.hc_attn_fn, s.X, hc_ * D_, n, s.mix, m, false);
-  HcPreArgs hp;
-  hp.mixraw = s.mix;
-  hp.inv = s.inv;
-  hp.base = L.hc_attn_base;
-  hp.scale = L.hc_attn_scale;
-  hp.X = s.X;
-  hp.norm_w = L.attn_norm;
-  hp.post = s.post;
-  hp.comb = s.comb;
-  hp.xn = s.xn;
-  hp.n = n;
-  hp.D = D_;
-  hp.hc = static_cast<int>(hc_);
-  hp.iters = static_cast<int>(c.hc_sinkhorn_iters);
-  hp.hc_eps = static_cast<float>(c.hc_eps);
-  hp.rms_eps = eps;
-  HcPre(hp, r.stream);
+  HcPreStep(r, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, /*head=*/false);
 
   // q_a (+ kv when stacked) -> s.qa [n, qr + hd]: q_a in columns [0, qr), kv in [qr, qr + hd).
   if (L.qkv_fused) {
@@ -240,28 +222,9 @@ void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
   const LayerDev& L = LayerOf(r, l);
   Scratch& s = r.sc;
   const ModelConfig& c = cfg_;
-  const int64_t n = d.n, m = (2 + hc_) * hc_;
-  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t n = d.n;
   HcPost(s.y, s.post, s.comb, s.X, n, static_cast<int>(hc_), D_, r.stream);
-  RowInvRms(s.X, n, hc_ * D_, eps, s.inv, r.stream);
-  Gemm(r, L.hc_ffn_fn, s.X, hc_ * D_, n, s.mix, m, false);
-  HcPreArgs hp;
-  hp.mixraw = s.mix;
-  hp.inv = s.inv;
-  hp.base = L.hc_ffn_base;
-  hp.scale = L.hc_ffn_scale;
-  hp.X = s.X;
-  hp.norm_w = L.ffn_norm;
-  hp.post = s.post;
-  hp.comb = s.comb;
-  hp.xn = s.xn;
-  hp.n = n;
-  hp.D = D_;
-  hp.hc = static_cast<int>(hc_);
-  hp.iters = static_cast<int>(c.hc_sinkhorn_iters);
-  hp.hc_eps = static_cast<float>(c.hc_eps);
-  hp.rms_eps = eps;
-  HcPre(hp, r.stream);
+  HcPreStep(r, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, /*head=*/false);
   if (r.index != 0) return;  // routing and the expert exchange happen once, on rank 0
   const int E = static_cast<int>(c.n_routed_experts), K = static_cast<int>(c.num_experts_per_tok);
   // Router logits in fp32 (SIMT): top-k decisions must not move with bf16 rounding.
@@ -303,29 +266,42 @@ void CudaModel::PhaseFfnPost(Rank& r, const PassDims& d) {
   HcPost(r.sc.sh, r.sc.post, r.sc.comb, r.sc.X, d.n, static_cast<int>(hc_), D_, r.stream);
 }
 
+void CudaModel::HcPreStep(Rank& r, int64_t n, const DevW& fn, const float* base, const float* scale,
+                          const float* norm_w, bool head, float* u_out) {
+  Scratch& s = r.sc;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  RowInvRms(s.X, n, hc_ * D_, eps, s.inv, r.stream);
+  Gemm(r, fn, s.X, hc_ * D_, n, s.mix, head ? hc_ : (2 + hc_) * hc_, false);
+  HcPreArgs hp;
+  hp.mixraw = s.mix;
+  hp.inv = s.inv;
+  hp.base = base;
+  hp.scale = scale;
+  hp.X = s.X;
+  hp.norm_w = norm_w;
+  hp.xn = s.xn;
+  hp.n = n;
+  hp.D = D_;
+  hp.hc = static_cast<int>(hc_);
+  hp.hc_eps = static_cast<float>(cfg_.hc_eps);
+  hp.rms_eps = eps;
+  if (head) {
+    hp.head_mode = true;
+    hp.u_out = u_out;
+  } else {
+    hp.post = s.post;
+    hp.comb = s.comb;
+    hp.iters = static_cast<int>(cfg_.hc_sinkhorn_iters);
+  }
+  HcPre(hp, r.stream);
+}
+
 void CudaModel::PhaseHead(Rank& r, const PassDims& d, int64_t row0, int64_t rows) {
   Scratch& s = r.sc;
   const ModelConfig& c = cfg_;
   const int64_t V = c.vocab_size;
   if (row0 == 0) {
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    RowInvRms(s.X, d.n, hc_ * D_, eps, s.inv, r.stream);
-    Gemm(r, r.hc_head_fn, s.X, hc_ * D_, d.n, s.mix, hc_, false);
-    HcPreArgs hp;
-    hp.mixraw = s.mix;
-    hp.inv = s.inv;
-    hp.base = r.hc_head_base;
-    hp.scale = r.hc_head_scale;
-    hp.X = s.X;
-    hp.norm_w = r.norm;
-    hp.xn = s.xn;
-    hp.n = d.n;
-    hp.D = D_;
-    hp.hc = static_cast<int>(hc_);
-    hp.hc_eps = static_cast<float>(c.hc_eps);
-    hp.rms_eps = eps;
-    hp.head_mode = true;
-    HcPre(hp, r.stream);
+    HcPreStep(r, d.n, r.hc_head_fn, r.hc_head_base, r.hc_head_scale, r.norm, /*head=*/true);
     GatherRows(s.xn, D_, s.meta + 7 * rows_cap_, d.logit_rows, s.hsel, r.stream);
   }
   Gemm(r, r.head, s.hsel + row0 * D_, D_, rows, s.logits, V);

@@ -236,6 +236,12 @@ class CudaModel final : public CudaBackend {
   CacheDev CacheOf(const Rank& r) const;
   void Gemm(Rank& r, const DevW& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
             bool tensor_cores = true);
+  // The mHC pre step on the residual streams sc.X [n, hc, D] (docs §2.3): each row's inverse RMS, the mixing
+  // projection `fn` (fp32), then HcPre. A block's (head == false) writes sc.xn (RMS-normed by `norm_w`),
+  // sc.post and sc.comb; the head collapse (head == true) writes sc.xn and, when u_out is given, the
+  // collapsed rows before the norm.
+  void HcPreStep(Rank& r, int64_t n, const DevW& fn, const float* base, const float* scale, const float* norm_w,
+                 bool head, float* u_out = nullptr);
 
   ModelConfig cfg_;
   CudaOptions opt_;

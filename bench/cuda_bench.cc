@@ -26,7 +26,7 @@
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/thread_pool.h"
-#include "gpu_service/cuda/cuda_model.h"
+#include "backends/cuda/cuda_model.h"
 #include "worker/experts/inprocess.h"
 
 namespace numoe::bench {

@@ -18,7 +18,7 @@
 #include "bench/commands.h"
 #include "common/args.h"
 #include "common/shm_channel.h"
-#include "gpu_service/service/shm_experts.h"
+#include "gpu_service/shm_experts.h"
 #include "nlohmann/json.hpp"
 
 namespace numoe::bench {

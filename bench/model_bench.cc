@@ -11,8 +11,8 @@
 #include "common/args.h"
 #include "common/checkpoint.h"
 #include "common/thread_pool.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/reference_experts.h"
+#include "backends/cpu/cpu_model.h"
+#include "worker/experts/reference_experts.h"
 #include "worker/experts/inprocess.h"
 
 namespace numoe::bench {

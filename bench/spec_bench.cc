@@ -29,9 +29,9 @@
 #include "common/checkpoint.h"
 #include "common/thread_pool.h"
 #include "common/tokenizer/tokenizer.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/model/generation.h"
+#include "backends/cpu/cpu_model.h"
+#include "worker/experts/reference_experts.h"
+#include "model/generation.h"
 #include "worker/experts/inprocess.h"
 
 namespace numoe::bench {

@@ -13,10 +13,10 @@
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/tokenizer/tokenizer.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/model/generation.h"
+#include "backends/cpu/cpu_model.h"
+#include "model/generation.h"
 #include "common/thread_pool.h"
-#include "gpu_service/cpu/reference_experts.h"
+#include "worker/experts/reference_experts.h"
 #include "worker/experts/inprocess.h"
 
 namespace numoe::cli {

@@ -48,7 +48,7 @@
 #include "common/status.h"
 #include "deploy/model_memory.h"
 #include "deploy/planner.h"
-#include "gpu_service/model/spec.h"
+#include "model/spec.h"
 
 namespace numoe::cli {
 namespace {
@@ -97,7 +97,7 @@ Status CheckSpecFlags(const ServeConfig& c) {
         "--spec mtp: the CUDA backend has no MTP drafter; use --spec ngram or none, or --backend cpu");
   }
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(c.model_dir));
-  const char* own = ckpt->mtp_stages() == 0 ? "none" : ckpt->config().dspark_block_size > 0 ? "dspark" : "mtp";
+  const char* own = SpecMethodName(ckpt->drafter());
   if (c.spec != own) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--spec ", c.spec, ": ", c.model_dir, " has ", std::string(own) == "none" ? "no drafter stages" : absl::StrCat("a ", own, " drafter"),

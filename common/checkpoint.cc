@@ -5,7 +5,9 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -504,5 +506,37 @@ StatusOr<std::vector<int64_t>> Checkpoint::LoadIndex(const std::string& name, st
 }
 
 StatusOr<const TensorView*> Checkpoint::Raw(const std::string& name) const { return store_->Get(name); }
+
+namespace {
+
+// 64-bit FNV-1a: stable across builds and machines.
+uint64_t Fnv1a(uint64_t h, const std::string& bytes) {
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+StatusOr<std::string> ModelFingerprint(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  uint64_t h = 14695981039346656037ull;
+  bool any = false;
+  for (const char* name : {"config.json", "model.safetensors.index.json"}) {
+    std::ifstream in(fs::path(model_dir) / name, std::ios::binary);
+    if (!in) continue;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    h = Fnv1a(h, std::string(name) + "\n" + ss.str());
+    any = true;
+  }
+  std::error_code ec;
+  const auto single = fs::path(model_dir) / "model.safetensors";
+  if (fs::exists(single, ec)) h = Fnv1a(h, absl::StrCat("model.safetensors:", fs::file_size(single, ec)));
+  if (!any) return absl::NotFoundError(absl::StrCat(model_dir, ": no config.json to fingerprint"));
+  return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
+}
 
 }  // namespace numoe

@@ -75,6 +75,11 @@ class Checkpoint;
 // (their dtypes may differ from the official layout, e.g. I64 tid2eid or BF16 dense weights).
 ModelFootprint StoredFootprint(const Checkpoint& checkpoint);
 
+// A stable hex digest of DIR/config.json and DIR/model.safetensors.index.json (or the single
+// model.safetensors' size): equal for two processes that loaded the same checkpoint (numoe-gpu and
+// numoe-worker compare it at registration).
+StatusOr<std::string> ModelFingerprint(const std::string& model_dir);
+
 class Checkpoint {
  public:
   // Loads DIR/config.json and the tensors, and validates them against ExpectedTensors: every missing,
@@ -86,6 +91,12 @@ class Checkpoint {
   const TensorStore& store() const { return *store_; }
   int64_t mtp_stages() const { return mtp_stages_; }
   const std::string& dir() const { return dir_; }
+  // The checkpoint's own drafter, the default of --spec everywhere: kDspark (mtp.* stages and dspark_*
+  // config keys), kMtp (mtp.* stages without DSpark config) or kNone.
+  SpecMethod drafter() const {
+    if (mtp_stages_ == 0) return SpecMethod::kNone;
+    return config_.dspark_block_size > 0 ? SpecMethod::kDspark : SpecMethod::kMtp;
+  }
 
   // The fp32 value of a logical weight, dequantized from whatever format it is stored in; the returned
   // shape is the logical one. NotFound / InvalidArgument name the tensor.

@@ -635,4 +635,21 @@ std::vector<float> RopeInvFreq(const RopeConfig& rope, int64_t rope_dim) {
   return inv;
 }
 
+const char* SpecMethodName(SpecMethod m) {
+  switch (m) {
+    case SpecMethod::kNone: return "none";
+    case SpecMethod::kDspark: return "dspark";
+    case SpecMethod::kMtp: return "mtp";
+    case SpecMethod::kNgram: return "ngram";
+  }
+  return "?";
+}
+
+StatusOr<SpecMethod> ParseSpecMethod(const std::string& name) {
+  for (SpecMethod m : {SpecMethod::kNone, SpecMethod::kDspark, SpecMethod::kMtp, SpecMethod::kNgram}) {
+    if (name == SpecMethodName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--spec: '", name, "' is not one of none, dspark, mtp, ngram"));
+}
+
 }  // namespace numoe

@@ -30,6 +30,13 @@ enum class AttnType { kSliding, kCSA, kHCA };
 enum class MoeType { kHash, kScored };
 enum class ScoringFunc { kSqrtSoftplus, kSoftmax, kSigmoid };
 
+// Speculative-decoding drafters: the checkpoint's own (kDspark: 0731 DSpark stages, kMtp: a preview MTP
+// block), a weightless prompt-lookup drafter (kNgram), or none. The numeric values travel in the
+// shared-memory channel's Geometry::drafter (common/shm_channel.h): do not renumber.
+enum class SpecMethod : uint32_t { kNone = 0, kDspark = 1, kMtp = 2, kNgram = 3 };
+const char* SpecMethodName(SpecMethod m);  // "none", "dspark", "mtp", "ngram"
+StatusOr<SpecMethod> ParseSpecMethod(const std::string& name);
+
 const char* AttnTypeName(AttnType t);  // "sliding" / "csa" / "hca"
 const char* MoeTypeName(MoeType t);    // "hash" / "scored"
 

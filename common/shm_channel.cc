@@ -93,9 +93,11 @@ Status ValidateGeometry(const Geometry& g) {
   RETURN_IF_ERROR(range("max_seqs", g.max_seqs, 1, 4096));
   RETURN_IF_ERROR(range("vocab", g.vocab, 1, 1u << 24));
   RETURN_IF_ERROR(range("logits_rows", g.logits_rows, 0, g.max_seqs));
-  RETURN_IF_ERROR(range("drafter", g.drafter, kDrafterNone, kDrafterMtp));
-  RETURN_IF_ERROR(range("max_model_drafts", g.max_model_drafts, 0, g.drafter == kDrafterNone ? 0 : 4096));
-  RETURN_IF_ERROR(range("verify", g.verify, g.drafter == kDrafterNone ? 0 : 1, 1));
+  const bool model_drafter = g.drafter != SpecMethod::kNone;
+  RETURN_IF_ERROR(range("drafter", static_cast<uint32_t>(g.drafter), static_cast<uint32_t>(SpecMethod::kNone),
+                        static_cast<uint32_t>(SpecMethod::kMtp)));
+  RETURN_IF_ERROR(range("max_model_drafts", g.max_model_drafts, 0, model_drafter ? 4096 : 0));
+  RETURN_IF_ERROR(range("verify", g.verify, model_drafter ? 1 : 0, 1));
   const size_t total = ComputeLayout(g).total;
   if (total > (size_t{16} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("shm geometry: the region would need ", total,

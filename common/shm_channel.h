@@ -25,7 +25,7 @@
 // The arrays are read and written in place (zero copy): the worker's expert backend reads x straight
 // from the down slot and writes its sum straight into the up slot.
 //
-// Speculative decoding (gpu_service/model/spec.h has the rule): an entry may carry `drafts` (trailing
+// Speculative decoding (model/spec.h has the rule): an entry may carry `drafts` (trailing
 // draft tokens of a weightless drafter, e.g. n-gram, run by the worker) or ask for `model_drafts` (numoe-gpu
 // drafts with the model's own drafter, Geometry::drafter). numoe-gpu runs the target once over
 // [last token, drafts], verifies, rolls the rejected positions back in every cache and answers with the
@@ -47,6 +47,7 @@
 #include <memory>
 #include <string>
 
+#include "common/config.h"
 #include "common/status.h"
 
 namespace numoe::shm {
@@ -55,14 +56,9 @@ inline constexpr uint64_t kMagic = 0x314d48535f454f4eULL;  // "NOE_SHM1" little-
 inline constexpr uint32_t kVersion = 2;  // 2: speculative decoding (drafts, emitted tokens)
 inline constexpr size_t kErrorTextBytes = 1024;
 
-// Geometry::drafter: numoe-gpu's model drafter (the values of numoe::SpecMethod, which common/ does not see).
-inline constexpr uint32_t kDrafterNone = 0;
-inline constexpr uint32_t kDrafterDspark = 1;
-inline constexpr uint32_t kDrafterMtp = 2;
-
 // Capacities of one channel, and what numoe-gpu can do with it. Limits (ValidateGeometry): hidden in
 // [1, 65536], top_k in [1, 64], max_rows in [1, 65536], max_seqs in [1, 4096], vocab in [1, 1<<24],
-// logits_rows in [0, max_seqs], drafter one of kDrafter*, max_model_drafts in [0, 4096] and 0 without a
+// logits_rows in [0, max_seqs], drafter kNone, kDspark or kMtp, max_model_drafts in [0, 4096] and 0 without a
 // drafter, verify 0 or 1 (and 1 with a drafter), and the whole region at most 16 GiB.
 struct Geometry {
   uint32_t hidden = 0;       // D: width of one MoE row (fp32)
@@ -71,13 +67,14 @@ struct Geometry {
   uint32_t max_seqs = 0;     // sequences per step
   uint32_t vocab = 0;        // logits width
   uint32_t logits_rows = 0;  // StepResult logits capacity in rows of `vocab` (0: logits never returned)
-  // Speculative decoding: the model drafter StepEntry::model_drafts uses (kDrafterNone: none loaded), the
+  // Speculative decoding: the model drafter StepEntry::model_drafts uses (kNone: none loaded), the
   // most model drafts one entry may ask for, and whether numoe-gpu verifies drafts at all (its backend
   // runs speculative steps and rolls them back; 0: entries must carry no drafts).
-  uint32_t drafter = kDrafterNone;
+  SpecMethod drafter = SpecMethod::kNone;  // 4 bytes on the wire (SpecMethod is uint32_t)
   uint32_t max_model_drafts = 0;
   uint32_t verify = 0;
 };
+static_assert(sizeof(SpecMethod) == sizeof(uint32_t), "Geometry::drafter is a uint32_t on the wire");
 Status ValidateGeometry(const Geometry& g);
 
 // Byte offsets of every array from the start of the region.
@@ -100,7 +97,7 @@ enum class MsgType : uint32_t {
 };
 const char* MsgTypeName(MsgType t);
 
-// Sampling parameters as they travel (see gpu_service/model/sampling.h for meanings).
+// Sampling parameters as they travel (see model/sampling.h for meanings).
 struct WireSampling {
   double temperature = 0.0;
   double top_p = 1.0;

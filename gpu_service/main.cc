@@ -2,7 +2,7 @@
 // sampling) for every worker on the host; workers register over gRPC and exchange the per-layer MoE
 // data over shared memory.
 #include "common/args.h"
-#include "gpu_service/service/gpu_app.h"
+#include "gpu_service/gpu_app.h"
 
 int main(int argc, char** argv) {
   numoe::gpu::GpuAppConfig c;

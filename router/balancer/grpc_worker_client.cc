@@ -5,14 +5,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/grpc_status.h"
 #include "numoe/v1/worker.grpc.pb.h"
 
 namespace numoe::router {
-
-Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
 
 namespace {
 

@@ -6,17 +6,10 @@
 
 #include "router/balancer/worker_client.h"
 
-namespace grpc {
-class Status;
-}
-
 namespace numoe::router {
 
 // One channel per worker. Reconnect backoff is capped at 1 s so a restarted worker is reachable by the next
 // health check; keepalive pings notice a peer that vanished without closing its sockets.
 std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address);
-
-// grpc::Status -> absl::Status (same code numbers); the message is kept.
-Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace numoe::router

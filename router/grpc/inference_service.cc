@@ -8,6 +8,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "numoe/v1/inference.grpc.pb.h"
 #include "router/core/errors.h"
@@ -22,7 +23,7 @@ grpc::Status ToGrpc(const Status& s) {
   std::string msg(s.message());
   // The field name leads the message so clients can tell which one was wrong without a payload.
   if (!param.empty() && msg.rfind(param, 0) != 0 && msg.rfind("'" + param, 0) != 0) msg = absl::StrCat(param, ": ", msg);
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), msg);
+  return ToGrpcStatus(Status(s.code(), msg));
 }
 
 const char* CodeName(grpc::StatusCode code) {

@@ -1,5 +1,5 @@
 // CudaOptions::drafter_experts = "gpu": the DSpark stages' routed experts computed on the device (MXFP4
-// dequantized on the fly, gpu_service/cuda/moe_experts.cu) give the drafts that the host experts give
+// dequantized on the fly, backends/cuda/moe_experts.cu) give the drafts that the host experts give
 // (ReferenceExperts: fp32 on dequantized weights), and greedy DSpark speculation with them emits exactly the
 // tokens of plain greedy decoding. The stage layers are never sent to the host ExpertBackend (a guard fails
 // the test if they are). Every test skips without a CUDA device.
@@ -14,9 +14,9 @@
 
 #include "common/checkpoint.h"
 #include "common/log.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/cuda/cuda_model.h"
-#include "gpu_service/model/generation.h"
+#include "worker/experts/reference_experts.h"
+#include "backends/cuda/cuda_model.h"
+#include "model/generation.h"
 
 namespace numoe {
 namespace {

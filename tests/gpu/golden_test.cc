@@ -15,9 +15,9 @@
 #include "common/log.h"
 #include "common/quant.h"
 #include "common/safetensors.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/cuda/cuda_model.h"
-#include "gpu_service/model/generation.h"
+#include "worker/experts/reference_experts.h"
+#include "backends/cuda/cuda_model.h"
+#include "model/generation.h"
 
 namespace numoe {
 namespace {

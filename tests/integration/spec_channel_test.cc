@@ -18,10 +18,10 @@
 
 #include "common/checkpoint.h"
 #include "common/shm_channel.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/model/generation.h"
-#include "gpu_service/service/session.h"
+#include "backends/cpu/cpu_model.h"
+#include "worker/experts/reference_experts.h"
+#include "model/generation.h"
+#include "gpu_service/session.h"
 #include "tests/unit/runtime/runtime_test_util.h"
 #include "worker/engine/remote_executor.h"
 
@@ -72,7 +72,7 @@ std::unique_ptr<Rig> MakeRig(bool drafter, bool verify) {
                     .max_seqs = 4,
                     .vocab = static_cast<uint32_t>(cfg.vocab_size),
                     .logits_rows = 0,
-                    .drafter = drafter ? shm::kDrafterDspark : shm::kDrafterNone,
+                    .drafter = drafter ? SpecMethod::kDspark : SpecMethod::kNone,
                     .max_model_drafts = drafter ? 16u : 0u,
                     .verify = verify ? 1u : 0u};
   auto gpu_end = shm::Channel::CreateAnonymous(geo);

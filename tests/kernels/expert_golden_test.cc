@@ -14,8 +14,8 @@
 #include "common/quant.h"
 #include "common/safetensors.h"
 #include "common/thread_pool.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/model/generation.h"
+#include "backends/cpu/cpu_model.h"
+#include "model/generation.h"
 #include "worker/experts/inprocess.h"
 #include "worker/experts/isa.h"
 

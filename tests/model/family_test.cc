@@ -12,9 +12,9 @@
 
 #include "common/checkpoint.h"
 #include "common/testing/synthetic.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/model/state_size.h"
+#include "backends/cpu/cpu_model.h"
+#include "worker/experts/reference_experts.h"
+#include "model/state_size.h"
 
 namespace numoe {
 namespace {

@@ -7,11 +7,11 @@
 
 #include "common/checkpoint.h"
 #include "common/config.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/model/generation.h"
-#include "gpu_service/model/sampling.h"
-#include "gpu_service/model/state_size.h"
+#include "backends/cpu/cpu_model.h"
+#include "worker/experts/reference_experts.h"
+#include "model/generation.h"
+#include "model/sampling.h"
+#include "model/state_size.h"
 
 namespace numoe {
 namespace {

@@ -12,8 +12,8 @@
 #include "common/checkpoint.h"
 #include "common/cpu_features.h"
 #include "common/thread_pool.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/ops.h"
+#include "backends/cpu/cpu_model.h"
+#include "backends/cpu/ops.h"
 
 namespace numoe::cpu {
 namespace {

@@ -14,9 +14,9 @@
 #include "common/checkpoint.h"
 #include "common/quant.h"
 #include "common/safetensors.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/model/generation.h"
+#include "backends/cpu/cpu_model.h"
+#include "worker/experts/reference_experts.h"
+#include "model/generation.h"
 #include "tests/model/chi_square.h"
 
 namespace numoe {

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "gpu_service/model/sampling.h"
+#include "model/sampling.h"
 #include "worker/engine/executor.h"
 
 namespace numoe::engine {

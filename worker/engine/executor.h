@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "gpu_service/model/sampling.h"
-#include "gpu_service/model/spec.h"
+#include "model/sampling.h"
+#include "model/spec.h"
 
 namespace numoe::engine {
 
@@ -27,7 +27,7 @@ using ExecSeq = int64_t;  // an executor's handle for one sequence
 
 // One sequence's part of a step: its next tokens (prompt chunk, or the last sampled token).
 //
-// Speculative decoding (gpu_service/model/spec.h has the verification rule). A decode item (sample set,
+// Speculative decoding (model/spec.h has the verification rule). A decode item (sample set,
 // the prompt fully consumed) may carry drafts in one of two ways:
 //   - `drafts` > 0: the last `drafts` entries of `tokens` are proposals of a drafter that needs no
 //     weights (n-gram, run by the worker): tokens = [last sampled token, d_0 .. d_{drafts-1}];

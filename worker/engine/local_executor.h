@@ -9,7 +9,7 @@
 
 #include <map>
 
-#include "gpu_service/model/backend.h"
+#include "model/backend.h"
 #include "worker/engine/executor.h"
 
 namespace numoe::engine {

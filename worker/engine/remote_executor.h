@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/shm_channel.h"
-#include "gpu_service/model/backend.h"
+#include "model/backend.h"
 #include "worker/engine/executor.h"
 
 namespace numoe::engine {

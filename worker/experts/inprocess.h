@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/checkpoint.h"
-#include "gpu_service/model/backend.h"
+#include "model/backend.h"
 #include "worker/experts/expert_layer.h"
 #include "worker/experts/isa.h"
 #include "worker/experts/moe_compute.h"

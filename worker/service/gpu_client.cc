@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "common/log.h"
-#include "gpu_service/service/runtime_util.h"
+#include "common/grpc_status.h"
 
 namespace numoe::worker {
 

@@ -11,8 +11,8 @@
 #include "common/log.h"
 #include "common/shm_channel.h"
 #include "common/thread_pool.h"
-#include "gpu_service/cpu/reference_experts.h"
-#include "gpu_service/service/runtime_util.h"
+#include "worker/experts/reference_experts.h"
+#include "common/process.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/experts/inprocess.h"
@@ -67,7 +67,7 @@ struct WorkerSpec {
 StatusOr<WorkerSpec> ResolveSpec(const WorkerAppConfig& c, const Checkpoint& ckpt) {
   WorkerSpec w;
   w.method = c.spec;
-  const std::string own = CheckpointDrafter(ckpt);
+  const std::string own = SpecMethodName(ckpt.drafter());
   if (c.spec != "auto") {
     auto m = ParseSpecMethod(c.spec);
     if (!m.ok()) {

@@ -4,7 +4,7 @@
 #include <memory>
 #include <mutex>
 
-#include "gpu_service/service/runtime_util.h"
+#include "common/grpc_status.h"
 
 namespace numoe::worker {
 

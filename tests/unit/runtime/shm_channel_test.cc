@@ -56,12 +56,12 @@ TEST(ShmGeometry, ValidatesEveryField) {
   EXPECT_NE(ValidateGeometry(g).message().find("16 GiB"), std::string::npos);
   // Speculative decoding: a known drafter; model drafts only with one; a drafter needs verification.
   g = SmallGeometry();
-  g.drafter = 3;  // ngram is no model drafter
+  g.drafter = SpecMethod::kNgram;  // ngram is no model drafter
   EXPECT_NE(ValidateGeometry(g).message().find("drafter"), std::string::npos);
   g = SmallGeometry();
   g.max_model_drafts = 5;  // without a drafter
   EXPECT_NE(ValidateGeometry(g).message().find("max_model_drafts"), std::string::npos);
-  g.drafter = kDrafterDspark;
+  g.drafter = SpecMethod::kDspark;
   EXPECT_NE(ValidateGeometry(g).message().find("verify"), std::string::npos);
   g.verify = 1;
   EXPECT_TRUE(ValidateGeometry(g).ok()) << ValidateGeometry(g);

@@ -27,13 +27,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
-#include "gpu_service/cpu/cpu_model.h"
-#include "gpu_service/cpu/reference_experts.h"
+#include "backends/cpu/cpu_model.h"
+#include "worker/experts/reference_experts.h"
 #include "common/shm_channel.h"
 #include "common/testing/presets.h"
 #include "common/testing/synthetic.h"
-#include "gpu_service/model/generation.h"
-#include "gpu_service/service/session.h"
+#include "model/generation.h"
+#include "gpu_service/session.h"
 #include "tests/unit/runtime/runtime_test_util.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/local_executor.h"
@@ -455,7 +455,7 @@ TEST(SpecEngine, RemoteExecutorOverTheChannelEqualsPlainGreedy) {
                     .max_seqs = 4,
                     .vocab = static_cast<uint32_t>(cfg.vocab_size),
                     .logits_rows = 0,
-                    .drafter = shm::kDrafterDspark,
+                    .drafter = SpecMethod::kDspark,
                     .max_model_drafts = 16,
                     .verify = 1};
   auto gpu_end = shm::Channel::CreateAnonymous(geo);

@@ -1,0 +1,618 @@
+// KV compressors, the lightning indexer (scores + exact top-k) and the attention core (window + compressed
+// entries + sinks, online softmax), mirroring backends/cpu/{compressor,cpu_model}.cc
+// (docs/dsv4-architecture.md §2.6-2.9).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/device_util.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace numoe::cuda {
+namespace {
+
+// ---- compressors -----------------------------------------------------------------------------------------
+
+struct CompState {
+  float* pend_kv;
+  float* pend_gate;
+  float* prev_kv;
+  float* prev_gate;
+};
+
+__device__ __forceinline__ CompState StateOf(const CompArgs& a, const CacheDev& c, int32_t slot) {
+  CompState s;
+  s.pend_kv = SlotPtr<float>(c, slot, a.pend_kv_off);
+  s.pend_gate = SlotPtr<float>(c, slot, a.pend_gate_off);
+  s.prev_kv = a.overlap ? SlotPtr<float>(c, slot, a.prev_kv_off) : nullptr;
+  s.prev_gate = a.overlap ? SlotPtr<float>(c, slot, a.prev_gate_off) : nullptr;
+  return s;
+}
+
+// kv and gate (+ape) of channel `half + c` of the token at position q: from this pass's rows, from the
+// window that was open when the pass began (pending), or - only for the overlap half of the window before
+// that - from the saved overlap state.
+__device__ __forceinline__ void Src(const CompArgs& a, const StepSeq& sq, const CompState& st, int64_t q, int half,
+                                    int c, float& kv, float& g) {
+  const int cw = a.coff() * a.dim;
+  const int slot = static_cast<int>(q % a.rate);
+  if (q >= sq.start_pos) {
+    const int64_t row = sq.begin + (q - sq.start_pos);
+    kv = a.ckv[row * a.ld + half + c];
+    g = a.cg[row * a.ld + half + c] + a.ape[slot * cw + half + c];
+  } else if (q >= (sq.start_pos / a.rate) * static_cast<int64_t>(a.rate)) {
+    kv = st.pend_kv[slot * cw + half + c];
+    g = st.pend_gate[slot * cw + half + c];
+  } else {
+    kv = st.prev_kv[slot * a.dim + c];
+    g = st.prev_gate[slot * a.dim + c];
+  }
+}
+
+template <typename CacheT>
+__global__ void CompEmitKernel(CompArgs a, StepDev s, CacheDev cache) {
+  extern __shared__ float v[];
+  __shared__ float red[32];
+  const StepSeq sq = s.seqs[blockIdx.x];
+  const int64_t start = sq.start_pos, end = start + (sq.end - sq.begin);
+  const int64_t w = start / a.rate + blockIdx.y;
+  if (w >= end / a.rate) return;
+  const CompState st = StateOf(a, cache, sq.slot);
+  const int cur_half = a.overlap ? a.dim : 0;
+  const bool has_prev = a.overlap && w >= 1;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < a.dim; c += blockDim.x) {
+    float m = -INFINITY, kv, g;
+    if (has_prev) {
+      for (int t = 0; t < a.rate; ++t) {
+        Src(a, sq, st, (w - 1) * a.rate + t, 0, c, kv, g);
+        m = fmaxf(m, g);
+      }
+    }
+    for (int t = 0; t < a.rate; ++t) {
+      Src(a, sq, st, w * a.rate + t, cur_half, c, kv, g);
+      m = fmaxf(m, g);
+    }
+    float denom = 0.0f, acc = 0.0f;
+    if (has_prev) {
+      for (int t = 0; t < a.rate; ++t) {
+        Src(a, sq, st, (w - 1) * a.rate + t, 0, c, kv, g);
+        const float e = expf(g - m);
+        denom += e;
+        acc += e * kv;
+      }
+    }
+    for (int t = 0; t < a.rate; ++t) {
+      Src(a, sq, st, w * a.rate + t, cur_half, c, kv, g);
+      const float e = expf(g - m);
+      denom += e;
+      acc += e * kv;
+    }
+    const float pooled = acc / denom;
+    v[c] = pooled;
+    ss = fmaf(pooled, pooled, ss);
+  }
+  ss = BlockSum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
+  for (int c = threadIdx.x; c < a.dim; c += blockDim.x) v[c] = v[c] * inv * a.norm_w[c];
+  __syncthreads();
+  const int base = a.dim - a.rope_dim;
+  const float p = static_cast<float>(w * a.rate);
+  for (int i = threadIdx.x; i < a.rope_dim / 2; i += blockDim.x) {
+    const float ang = p * a.inv_freq[i];
+    const float cs = cosf(ang), sn = sinf(ang);
+    const float x0 = v[base + 2 * i], x1 = v[base + 2 * i + 1];
+    v[base + 2 * i] = x0 * cs - x1 * sn;
+    v[base + 2 * i + 1] = x1 * cs + x0 * sn;
+  }
+  __syncthreads();
+  CacheT* entry = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, a.dim, w);
+  for (int c = threadIdx.x; c < a.dim; c += blockDim.x) entry[c] = FromF32<CacheT>(v[c]);
+}
+
+// After the emissions: the overlap half of the last window closed in this pass, and the tokens of the window
+// left open. Each thread owns (slot, channel) pairs, so reads of the old pending values precede their
+// overwrite in the same thread.
+__global__ void CompUpdateKernel(CompArgs a, StepDev s, CacheDev cache) {
+  const StepSeq sq = s.seqs[blockIdx.x];
+  const int64_t start = sq.start_pos, end = start + (sq.end - sq.begin);
+  const CompState st = StateOf(a, cache, sq.slot);
+  const int cw = a.coff() * a.dim;
+  const bool closed = end / a.rate > start / a.rate;
+  const int64_t last = end / a.rate - 1;
+  const int64_t open_start = (end / a.rate) * a.rate;
+  for (int t = 0; t < a.rate; ++t) {  // block-uniform skip of the slots this pass leaves alone
+    const int64_t q = open_start + t;
+    const bool pend = q < end && q >= start;
+    const bool prev = a.overlap && closed;
+    if (!pend && !prev) continue;
+    for (int c = threadIdx.x; c < cw; c += blockDim.x) {
+      if (prev && c < a.dim) {
+        float kv, g;
+        Src(a, sq, st, last * a.rate + t, 0, c, kv, g);
+        st.prev_kv[t * a.dim + c] = kv;
+        st.prev_gate[t * a.dim + c] = g;
+      }
+      if (pend) {
+        const int64_t row = sq.begin + (q - start);
+        st.pend_kv[t * cw + c] = a.ckv[row * a.ld + c];
+        st.pend_gate[t * cw + c] = a.cg[row * a.ld + c] + a.ape[t * cw + c];
+      }
+    }
+  }
+}
+
+// ---- indexer ---------------------------------------------------------------------------------------------
+
+constexpr int kMaxIndexHeads = 64;
+constexpr int kScoreThreads = 128;
+
+template <typename CacheT>
+__global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
+                                                                  float* scores, int64_t lds) {
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);
+  float* ws = qs + a.ih * a.id;
+  const int64_t r = r0 + blockIdx.x;
+  const int64_t p = s.pos[r];
+  const int64_t vis = (p + 1) / a.rate;
+  const int64_t e0 = static_cast<int64_t>(blockIdx.y) * blockDim.x;
+  if (e0 >= vis) return;
+  const float wscale = 1.0f / sqrtf(static_cast<float>(a.ih));
+  {  // 16-byte loads, unrolled: one row's queries (up to 32 KiB) must not be a chain of dependent round trips
+    const float4* src = reinterpret_cast<const float4*>(a.iq + r * a.ldq);
+    float4* dst = reinterpret_cast<float4*>(qs);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < a.ih * a.id / 4; i += blockDim.x) dst[i] = src[i];
+  }
+  for (int h = threadIdx.x; h < a.ih; h += blockDim.x) ws[h] = a.iw[r * a.ldw + h] * wscale;
+  __syncthreads();
+  const int64_t e = e0 + threadIdx.x;
+  if (e >= vis) return;
+  const int32_t slot = s.seqs[s.seq[r]].slot;
+  const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
+  float acc[kMaxIndexHeads];
+#pragma unroll
+  for (int h = 0; h < kMaxIndexHeads; ++h) acc[h] = 0.0f;
+  for (int d = 0; d < a.id; d += 4) {
+    const float4 kv = Load4(k, d);
+#pragma unroll
+    for (int h = 0; h < kMaxIndexHeads; ++h) {
+      if (h < a.ih) {
+        const float4 q = *reinterpret_cast<const float4*>(qs + h * a.id + d);
+        acc[h] = fmaf(q.x, kv.x, fmaf(q.y, kv.y, fmaf(q.z, kv.z, fmaf(q.w, kv.w, acc[h]))));
+      }
+    }
+  }
+  float score = 0.0f;
+#pragma unroll
+  for (int h = 0; h < kMaxIndexHeads; ++h) {
+    if (h < a.ih) score += ws[h] * fmaxf(acc[h], 0.0f);
+  }
+  scores[blockIdx.x * lds + e] = score * (1.0f / sqrtf(static_cast<float>(a.id)));
+}
+
+__device__ __forceinline__ uint32_t OrderKey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exact top-k per row: a 4-pass radix select finds the k-th largest key; larger keys are taken in any
+// order, equal keys in increasing entry order (the CPU's tie-break: lower index first).
+constexpr int64_t kTopKSmemEntries = 24576;  // 96 KiB: scores up to ~98K tokens of context stay on chip
+
+__global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t lds, StepDev s, int64_t r0, int rate,
+                                                  int topk, int32_t* sel, bool use_smem) {
+  extern __shared__ float sc_s[];
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t s_prefix, s_mask;
+  __shared__ int s_krem, s_cnt;
+  __shared__ int warp_tot[32];
+  const int64_t r = r0 + blockIdx.x;
+  const int64_t vis = (s.pos[r] + 1) / rate;
+  int32_t* out = sel + r * topk;
+  const float* sc = scores + blockIdx.x * lds;
+  if (vis <= topk) {
+    for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) out[e] = static_cast<int32_t>(e);
+    return;
+  }
+  if (use_smem) {  // the radix passes read the scores six times
+#pragma unroll 8
+    for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) sc_s[e] = sc[e];
+    __syncthreads();
+    sc = sc_s;
+  }
+  if (threadIdx.x == 0) {
+    s_prefix = 0;
+    s_mask = 0;
+    s_krem = topk;
+  }
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const uint32_t prefix = s_prefix, mask = s_mask;
+    for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) {
+      const uint32_t key = OrderKey(sc[e]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    {
+      // Find the bin holding the k-th largest key: an inclusive scan over the bins in descending order, one
+      // bin per thread (blockDim == 256); exactly one thread sees the running count cross s_krem.
+      const int b = 255 - static_cast<int>(threadIdx.x);
+      const int v = static_cast<int>(hist[b]);
+      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+      int x = v;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      if (lane == 31) warp_tot[warp] = x;
+      __syncthreads();
+      int off = 0;
+      for (int i = 0; i < warp; ++i) off += warp_tot[i];
+      const int incl = x + off, excl = incl - v;
+      const int krem_now = s_krem;
+      __syncthreads();
+      if (excl < krem_now && incl >= krem_now) {
+        s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+        s_mask = mask | (255u << shift);
+        s_krem = krem_now - excl;
+      }
+    }
+    __syncthreads();
+  }
+  const uint32_t kth = s_prefix;
+  const int krem = s_krem;
+  if (threadIdx.x == 0) s_cnt = 0;
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < vis; e += blockDim.x) {
+    if (OrderKey(sc[e]) > kth) out[atomicAdd(&s_cnt, 1)] = static_cast<int32_t>(e);
+  }
+  __syncthreads();
+  const int base = s_cnt;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int taken = 0;
+  for (int64_t e0 = 0; e0 < vis && taken < krem; e0 += blockDim.x) {
+    const int64_t e = e0 + threadIdx.x;
+    const bool flag = e < vis && OrderKey(sc[e]) == kth;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, flag);
+    const int lpre = __popc(ballot & ((1u << lane) - 1u));
+    if (lane == 0) warp_tot[warp] = __popc(ballot);
+    __syncthreads();
+    int off = 0, total = 0;
+    for (int i = 0; i < nw; ++i) {
+      if (i < warp) off += warp_tot[i];
+      total += warp_tot[i];
+    }
+    if (flag && taken + off + lpre < krem) out[base + taken + off + lpre] = static_cast<int32_t>(e);
+    taken += total;
+    __syncthreads();
+  }
+}
+
+// ---- attention -------------------------------------------------------------------------------------------
+
+constexpr int kKT = 64;      // keys per tile
+constexpr int kMaxHG = 8;    // heads per block
+constexpr int kAttnThreads = 256;
+
+// One block per (row, group of HG heads, key split). Keys (= values) are shared by all heads (MQA), so each
+// key is read once per block for HG heads. Online softmax over tiles of kKT keys. With splits == 1 the block
+// folds in the sink, normalises, de-ropes and writes the output; with splits > 1 it writes (max, sum,
+// unnormalised accumulator) for AttnCombineKernel, which spreads decode rows over the whole GPU.
+template <typename CacheT>
+__global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s, CacheDev cache, int HG, int splits,
+                                                           float* part) {
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);
+  float* ps = qs + HG * a.hd;
+  __shared__ const CacheT* kp[kKT];
+  __shared__ float m_s[kMaxHG], l_s[kMaxHG], al_s[kMaxHG];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t r = blockIdx.x;
+  const int h0 = blockIdx.y * HG;
+  const int z = blockIdx.z;
+  const int64_t p = s.pos[r];
+  const StepSeq sq = s.seqs[s.seq[r]];
+  const int64_t nring = a.bidir ? min(static_cast<int64_t>(a.window), static_cast<int64_t>(sq.start_pos)) : 0;
+  const int64_t nwin = a.bidir ? nring + (sq.end - sq.begin) : min(static_cast<int64_t>(a.window), p + 1);
+  int64_t ncomp = 0;
+  if (a.type == 2) ncomp = (p + 1) / a.rate;
+  if (a.type == 1) ncomp = min(static_cast<int64_t>(a.topk), (p + 1) / a.rate);
+  const int64_t nk = nwin + ncomp;
+  const int64_t per = (nk + splits - 1) / splits;
+  const int64_t jb = min(nk, z * per), je = min(nk, jb + per);
+  const int hd = a.hd;
+  {
+    const float* src = a.q + r * a.ldq + static_cast<int64_t>(h0) * hd;
+#pragma unroll 4
+    for (int i = tid; i < HG * hd; i += blockDim.x) qs[i] = src[i];
+  }
+  if (tid < HG) {
+    // Without splits the sink is folded in up front: exp(sink - m) = 1 with m = sink.
+    m_s[tid] = splits == 1 ? a.sink[h0 + tid] : -INFINITY;
+    l_s[tid] = splits == 1 ? 1.0f : 0.0f;
+  }
+  float acc[kMaxHG][2];
+#pragma unroll
+  for (int h = 0; h < kMaxHG; ++h) acc[h][0] = acc[h][1] = 0.0f;
+  const CacheT* ring = SlotPtr<CacheT>(cache, sq.slot, a.ring_off);
+  const CacheT* kv_new = static_cast<const CacheT*>(a.kv_new);
+  __syncthreads();
+  for (int64_t j0 = jb; j0 < je; j0 += kKT) {
+    if (tid < kKT) {
+      const int64_t j = j0 + tid;
+      const CacheT* ptr = nullptr;
+      if (j < je) {
+        if (a.bidir) {
+          ptr = j < nring ? ring + ((sq.start_pos - nring + j) % a.window) * hd : kv_new + (sq.begin + j - nring) * hd;
+        } else if (j < nwin) {
+          const int64_t kpos = p - nwin + 1 + j;
+          ptr = kpos >= sq.start_pos ? kv_new + (sq.begin + (kpos - sq.start_pos)) * hd : ring + (kpos % a.window) * hd;
+        } else {
+          const int64_t jj = j - nwin;
+          const int64_t e = a.type == 2 ? jj : a.sel[r * a.topk + jj];
+          ptr = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, hd, e);
+        }
+      }
+      kp[tid] = ptr;
+    }
+    __syncthreads();
+    const int jn = static_cast<int>(min(static_cast<int64_t>(kKT), je - j0));
+    for (int jj = warp; jj < kKT; jj += kAttnThreads / 32) {
+      if (jj < jn) {
+        float dot[kMaxHG];
+#pragma unroll
+        for (int h = 0; h < kMaxHG; ++h) dot[h] = 0.0f;
+        const CacheT* k = kp[jj];
+#pragma unroll 4
+        for (int d = 2 * lane; d < hd; d += 64) {
+          const float2 k2 = Load2(k, d);
+#pragma unroll
+          for (int h = 0; h < kMaxHG; ++h) {
+            if (h < HG) dot[h] = fmaf(qs[h * hd + d], k2.x, fmaf(qs[h * hd + d + 1], k2.y, dot[h]));
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < kMaxHG; ++h) dot[h] = WarpSum(dot[h]);
+        if (lane < HG) {
+          float mine = 0.0f;
+#pragma unroll
+          for (int h = 0; h < kMaxHG; ++h) mine = lane == h ? dot[h] : mine;
+          ps[lane * kKT + jj] = mine * a.scale;
+        }
+      } else if (lane < HG) {
+        ps[lane * kKT + jj] = -INFINITY;
+      }
+    }
+    __syncthreads();
+    if (warp < HG) {
+      const int h = warp;
+      const float v0 = ps[h * kKT + lane], v1 = ps[h * kKT + lane + 32];
+      const float m_old = m_s[h];
+      const float m_new = fmaxf(m_old, WarpMax(fmaxf(v0, v1)));
+      const float ms = m_new == -INFINITY ? 0.0f : m_new;  // no (-inf) - (-inf) when nothing is visible yet
+      const float e0 = expf(v0 - ms), e1 = expf(v1 - ms);
+      ps[h * kKT + lane] = e0;
+      ps[h * kKT + lane + 32] = e1;
+      const float sum = WarpSum(e0 + e1);
+      if (lane == 0) {
+        const float alpha = expf(m_old - ms);
+        al_s[h] = alpha;
+        l_s[h] = l_s[h] * alpha + sum;
+        m_s[h] = m_new;
+      }
+    }
+    __syncthreads();
+    if (2 * tid < hd) {
+#pragma unroll
+      for (int h = 0; h < kMaxHG; ++h) {
+        if (h < HG) {
+          acc[h][0] *= al_s[h];
+          acc[h][1] *= al_s[h];
+        }
+      }
+      int jj = 0;
+      for (; jj + 4 <= jn; jj += 4) {  // four independent loads in flight
+        float2 k2[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) k2[u] = Load2(kp[jj + u], 2 * tid);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+          for (int h = 0; h < kMaxHG; ++h) {
+            if (h < HG) {
+              const float pv = ps[h * kKT + jj + u];
+              acc[h][0] = fmaf(pv, k2[u].x, acc[h][0]);
+              acc[h][1] = fmaf(pv, k2[u].y, acc[h][1]);
+            }
+          }
+        }
+      }
+      for (; jj < jn; ++jj) {
+        const float2 k2 = Load2(kp[jj], 2 * tid);
+#pragma unroll
+        for (int h = 0; h < kMaxHG; ++h) {
+          if (h < HG) {
+            const float pv = ps[h * kKT + jj];
+            acc[h][0] = fmaf(pv, k2.x, acc[h][0]);
+            acc[h][1] = fmaf(pv, k2.y, acc[h][1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (splits > 1) {
+    const int64_t stride = hd + 2;
+    for (int h = 0; h < HG; ++h) {
+      float* dst = part + ((r * a.heads + h0 + h) * splits + z) * stride;
+      if (tid == 0) {
+        dst[0] = m_s[h];
+        dst[1] = l_s[h];
+      }
+      if (2 * tid < hd) {
+        dst[2 + 2 * tid] = acc[h][0];
+        dst[3 + 2 * tid] = acc[h][1];
+      }
+    }
+    return;
+  }
+  if (2 * tid < hd) {
+    const int d = 2 * tid, base = hd - a.rope_dim;
+    float cs = 1.0f, sn = 0.0f;
+    if (d >= base) {
+      const float ang = static_cast<float>(p) * a.inv_freq[(d - base) / 2];
+      cs = cosf(ang);
+      sn = sinf(ang);
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxHG; ++h) {
+      if (h < HG) {
+        const float o0 = acc[h][0] / l_s[h], o1 = acc[h][1] / l_s[h];
+        float* dst = a.out + r * a.ldo + static_cast<int64_t>(h0 + h) * hd + d;
+        if (d >= base) {  // de-rotate by the query position: angle -> -angle
+          dst[0] = o0 * cs + o1 * sn;
+          dst[1] = o1 * cs - o0 * sn;
+        } else {
+          dst[0] = o0;
+          dst[1] = o1;
+        }
+      }
+    }
+  }
+}
+
+// Merges the key splits of one (row, head) with the sink, normalises and de-ropes.
+__global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float* part) {
+  const int64_t r = blockIdx.x;
+  const int h = blockIdx.y;
+  const int hd = a.hd;
+  const int64_t stride = hd + 2;
+  const float* base_p = part + (r * a.heads + h) * splits * stride;
+  __shared__ float w_s[64];
+  __shared__ float L_s;
+  if (threadIdx.x < 32) {  // one warp folds the splits' (max, sum) pairs with the sink
+    const int z = threadIdx.x;
+    float mz = -INFINITY, lz = 0.0f, mz2 = -INFINITY, lz2 = 0.0f;
+    if (z < splits) {
+      mz = base_p[z * stride];
+      lz = base_p[z * stride + 1];
+    }
+    if (z + 32 < splits) {
+      mz2 = base_p[(z + 32) * stride];
+      lz2 = base_p[(z + 32) * stride + 1];
+    }
+    const float M = fmaxf(a.sink[h], WarpMax(fmaxf(mz, mz2)));
+    const float w1 = expf(mz - M), w2 = expf(mz2 - M);
+    if (z < splits) w_s[z] = w1;
+    if (z + 32 < splits) w_s[z + 32] = w2;
+    const float L = WarpSum(lz * w1 + lz2 * w2) + expf(a.sink[h] - M);
+    if (z == 0) L_s = L;
+  }
+  __syncthreads();
+  const float L = L_s;
+  const int64_t p = s.pos[r];
+  const int rbase = hd - a.rope_dim;
+  for (int d = 2 * threadIdx.x; d < hd; d += 2 * blockDim.x) {
+    float o0 = 0.0f, o1 = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+      const float w = w_s[z];  // exp(-inf) = 0 for empty splits
+      o0 = fmaf(w, base_p[z * stride + 2 + d], o0);
+      o1 = fmaf(w, base_p[z * stride + 3 + d], o1);
+    }
+    o0 /= L;
+    o1 /= L;
+    float* dst = a.out + r * a.ldo + static_cast<int64_t>(h) * hd + d;
+    if (d >= rbase) {
+      const float ang = static_cast<float>(p) * a.inv_freq[(d - rbase) / 2];
+      const float cs = cosf(ang), sn = sinf(ang);
+      dst[0] = o0 * cs + o1 * sn;
+      dst[1] = o1 * cs - o0 * sn;
+    } else {
+      dst[0] = o0;
+      dst[1] = o1;
+    }
+  }
+}
+
+template <typename CacheT>
+__global__ void RingUpdateKernel(const CacheT* kv_new, int hd, int window, int64_t ring_off, StepDev s,
+                                 CacheDev cache) {
+  const int64_t r = blockIdx.x;
+  const StepSeq sq = s.seqs[s.seq[r]];
+  if (r < sq.end - window) return;
+  CacheT* dst = SlotPtr<CacheT>(cache, sq.slot, ring_off) + (s.pos[r] % window) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = kv_new[r * hd + d];
+}
+
+int HeadsPerBlock(int heads) {
+  for (int hg = kMaxHG; hg > 1; hg /= 2) {
+    if (heads % hg == 0) return hg;
+  }
+  return 1;
+}
+
+}  // namespace
+
+template <typename CacheT>
+void CompressStep(const CompArgs& a, const StepDev& s, const CacheDev& cache, int max_windows, cudaStream_t stream) {
+  if (s.num_seqs <= 0) return;
+  if (max_windows > 0) {
+    const dim3 grid(static_cast<unsigned>(s.num_seqs), static_cast<unsigned>(max_windows));
+    CompEmitKernel<CacheT><<<grid, 256, static_cast<size_t>(a.dim) * sizeof(float), stream>>>(a, s, cache);
+  }
+  CompUpdateKernel<<<static_cast<unsigned>(s.num_seqs), 256, 0, stream>>>(a, s, cache);
+}
+
+template <typename CacheT>
+void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int64_t r0, int64_t rows, int64_t max_vis,
+               float* scores, int64_t lds, int32_t* sel, cudaStream_t stream) {
+  if (rows <= 0 || max_vis <= 0) return;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((max_vis + kScoreThreads - 1) / kScoreThreads));
+  const size_t smem = static_cast<size_t>(a.ih * a.id + a.ih) * sizeof(float);
+  IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, scores, lds);
+  const bool use_smem = max_vis <= kTopKSmemEntries;
+  const size_t tk_smem = use_smem ? static_cast<size_t>(max_vis) * sizeof(float) : 0;
+  if (tk_smem > 48 * 1024) {
+    cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tk_smem));
+  }
+  TopKKernel<<<static_cast<unsigned>(rows), 256, tk_smem, stream>>>(scores, lds, s, r0, a.rate, a.topk, sel,
+                                                                   use_smem);
+}
+
+template <typename CacheT>
+void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream) {
+  if (s.n <= 0) return;
+  const int hg = HeadsPerBlock(a.heads);
+  const int splits = a.part != nullptr ? std::max(1, a.splits) : 1;
+  const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / hg), static_cast<unsigned>(splits));
+  const size_t smem = static_cast<size_t>(hg * a.hd + hg * kKT) * sizeof(float);
+  AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg, splits, a.part);
+  if (splits > 1) {
+    const dim3 cgrid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads));
+    AttnCombineKernel<<<cgrid, 128, 0, stream>>>(a, s, splits, a.part);
+  }
+}
+
+template <typename CacheT>
+void RingUpdate(const CacheT* kv_new, int hd, int window, int64_t ring_off, const StepDev& s, const CacheDev& cache,
+                cudaStream_t stream) {
+  if (s.n <= 0) return;
+  RingUpdateKernel<CacheT><<<static_cast<unsigned>(s.n), 128, 0, stream>>>(kv_new, hd, window, ring_off, s, cache);
+}
+
+#define NUMOE_INSTANTIATE(T)                                                                                   \
+  template void CompressStep<T>(const CompArgs&, const StepDev&, const CacheDev&, int, cudaStream_t);         \
+  template void IndexTopK<T>(const IndexArgs&, const StepDev&, const CacheDev&, int64_t, int64_t, int64_t,     \
+                             float*, int64_t, int32_t*, cudaStream_t);                                         \
+  template void Attention<T>(const AttnArgs&, const StepDev&, const CacheDev&, cudaStream_t);                 \
+  template void RingUpdate<T>(const T*, int, int, int64_t, const StepDev&, const CacheDev&, cudaStream_t);
+NUMOE_INSTANTIATE(float)
+NUMOE_INSTANTIATE(__nv_bfloat16)
+#undef NUMOE_INSTANTIATE
+
+}  // namespace numoe::cuda

@@ -1,0 +1,132 @@
+// Device-side helpers shared by the .cu files: number formats, weight element loads, block reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels.h"
+
+namespace numoe::cuda {
+
+// FP8 E4M3FN -> fp32, exact: the 7 magnitude bits land in the fp32 exponent/mantissa fields and a multiply
+// by 2^120 rebases the exponent (subnormals included). 0x7F/0xFF (NaN) read as 480; weights never hold them.
+__device__ __forceinline__ float Fp8ToF32(uint32_t b) {
+  const float mag = __uint_as_float((b & 0x7Fu) << 20) * 0x1p120f;
+  return (b & 0x80u) ? -mag : mag;
+}
+
+__device__ __forceinline__ float Bf16ToF32(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+
+__device__ __forceinline__ float ToF32(float v) { return v; }
+__device__ __forceinline__ float ToF32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T FromF32(float v);
+template <>
+__device__ __forceinline__ float FromF32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Two consecutive cache values (index i even, 8-byte / 4-byte aligned) as float2.
+__device__ __forceinline__ float2 Load2(const float* p, int64_t i) { return *reinterpret_cast<const float2*>(p + i); }
+__device__ __forceinline__ float2 Load2(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p + i));
+}
+// Four consecutive values (i multiple of 4).
+__device__ __forceinline__ float4 Load4(const float* p, int64_t i) { return *reinterpret_cast<const float4*>(p + i); }
+__device__ __forceinline__ float4 Load4(const __nv_bfloat16* p, int64_t i) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p + i);
+  return make_float4(Bf16ToF32(raw.x & 0xFFFF), Bf16ToF32(raw.x >> 16), Bf16ToF32(raw.y & 0xFFFF),
+                     Bf16ToF32(raw.y >> 16));
+}
+
+// One weight element W[r, c] (any format), fp32.
+__device__ __forceinline__ float LoadWElem(const DevW& w, int64_t r, int64_t c) {
+  const int64_t i = r * w.in + c;
+  switch (w.type) {
+    case WType::kF32:
+      return static_cast<const float*>(w.data)[i];
+    case WType::kBF16:
+      return Bf16ToF32(static_cast<const uint16_t*>(w.data)[i]);
+    default: {
+      const float s = w.scale[((w.row_base + r) / w.bo) * w.scale_cols + (w.col_base + c) / w.bi];
+      return Fp8ToF32(static_cast<const uint8_t*>(w.data)[i]) * s;
+    }
+  }
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum; every thread gets the result. `red` is shared scratch of >= 32 floats. blockDim % 32 == 0.
+__device__ __forceinline__ float BlockSum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : 0.0f;
+  t = WarpSum(t);
+  return t;
+}
+
+__device__ __forceinline__ float BlockMax(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : -INFINITY;
+  return WarpMax(t);
+}
+
+// Block-wide argmax (largest value, then lowest index). `rv`/`ri` shared scratch of >= 32 entries.
+__device__ __forceinline__ void BlockArgmax(float& v, int32_t& idx, float* rv, int32_t* ri) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > v || (ov == v && oi < idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  __syncthreads();
+  if (lane == 0) {
+    rv[warp] = v;
+    ri[warp] = idx;
+  }
+  __syncthreads();
+  v = lane < nw ? rv[lane] : -INFINITY;
+  idx = lane < nw ? ri[lane] : INT32_MAX;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > v || (ov == v && oi < idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+}
+
+// Address of compressed entry `e` of a store (page_off, epp entries per page, dim wide) of slot `slot`.
+template <typename CacheT>
+__device__ __forceinline__ CacheT* EntryPtr(const CacheDev& c, int32_t slot, int64_t page_off, int32_t epp, int dim,
+                                            int64_t e) {
+  const int32_t page = c.table[static_cast<int64_t>(slot) * c.max_pages + e / epp];
+  return static_cast<CacheT*>(c.pages) + page * c.page_elems + page_off + (e % epp) * dim;
+}
+
+template <typename T>
+__device__ __forceinline__ T* SlotPtr(const CacheDev& c, int32_t slot, int64_t off_bytes) {
+  return reinterpret_cast<T*>(c.fixed + slot * c.slot_bytes + off_bytes);
+}
+
+}  // namespace numoe::cuda

@@ -1,0 +1,529 @@
+// Row-wise kernels of the CUDA backend: embedding, RMSNorm + rope, mHC (with Sinkhorn), router, SwiGLU,
+// argmax, and the deterministic random fills used by synthetic models. The math mirrors backends/cpu/.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/device_util.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace numoe::cuda {
+namespace {
+
+constexpr int kMaxHc = 8;
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void __launch_bounds__(1024) EmbedKernel(DevW table, const int32_t* token, int hc, float* X) {
+  const int64_t r = blockIdx.x, D = table.in;
+  const int64_t t = token[r];
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float v = LoadWElem(table, t, d);
+    for (int j = 0; j < hc; ++j) X[(r * hc + j) * D + d] = v;
+  }
+}
+
+__global__ void __launch_bounds__(1024) RowInvRmsKernel(const float* x, int64_t len, float eps, float* inv) {
+  __shared__ float red[32];
+  const float* xr = x + blockIdx.x * len;
+  float ss = 0.0f;
+  if (len % 4 == 0) {  // rows of the residual streams: 16-byte aligned, hc·D wide
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  }
+  ss = BlockSum(ss, red);
+  if (threadIdx.x == 0) inv[blockIdx.x] = 1.0f / sqrtf(ss / static_cast<float>(len) + eps);
+}
+
+// One block per row; dynamic shared memory holds u [D].
+__global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
+  extern __shared__ float us[];
+  __shared__ float red[32];
+  __shared__ float pre[kMaxHc], post[kMaxHc], C[kMaxHc * kMaxHc];
+  const int64_t r = blockIdx.x;
+  const int k = a.hc;
+  const int m = a.head_mode ? k : (2 + k) * k;
+  const float* mr = a.mixraw + r * m;
+  const float inv = a.inv[r];
+  if (k == 4 && !a.head_mode) {
+    // hc = 4: the 4x4 Sinkhorn on 16 lanes of warp 0 (element t = row j * 4 + column i; row sums over lane
+    // xor 1, 2, column sums over xor 4, 8), instead of one thread doing ~700 divisions.
+    if (threadIdx.x < 32) {
+      const int t = threadIdx.x & 15, j = t >> 2;
+      if (threadIdx.x < 4) {
+        pre[t] = Sigmoid(mr[t] * inv * a.scale[0] + a.base[t]) + a.hc_eps;
+        post[t] = 2.0f * Sigmoid(mr[4 + t] * inv * a.scale[1] + a.base[4 + t]);
+      }
+      const float v = mr[8 + t] * inv * a.scale[2] + a.base[8 + t];
+      auto rsum = [](float x) {
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        return x + __shfl_xor_sync(0xffffffffu, x, 2);
+      };
+      auto csum = [](float x) {
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        return x + __shfl_xor_sync(0xffffffffu, x, 8);
+      };
+      float mx = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float e = expf(v - mx);
+      float c = e / rsum(e) + a.hc_eps;
+      c = c / (csum(c) + a.hc_eps);
+      for (int it = 1; it < a.iters; ++it) {
+        c = c / (rsum(c) + a.hc_eps);
+        c = c / (csum(c) + a.hc_eps);
+      }
+      (void)j;
+      if (threadIdx.x < 16) {
+        C[t] = c;
+        a.comb[r * 16 + t] = c;
+      }
+      if (threadIdx.x < 4) a.post[r * 4 + t] = post[t];
+    }
+  } else if (threadIdx.x == 0) {
+    for (int j = 0; j < k; ++j) pre[j] = Sigmoid(mr[j] * inv * a.scale[0] + a.base[j]) + a.hc_eps;
+    if (!a.head_mode) {
+      for (int j = 0; j < k; ++j) post[j] = 2.0f * Sigmoid(mr[k + j] * inv * a.scale[1] + a.base[k + j]);
+      for (int j = 0; j < k; ++j) {
+        float mx = -INFINITY;
+        for (int i = 0; i < k; ++i) {
+          const float v = mr[2 * k + j * k + i] * inv * a.scale[2] + a.base[2 * k + j * k + i];
+          C[j * k + i] = v;
+          mx = fmaxf(mx, v);
+        }
+        float s = 0.0f;
+        for (int i = 0; i < k; ++i) {
+          C[j * k + i] = expf(C[j * k + i] - mx);
+          s += C[j * k + i];
+        }
+        for (int i = 0; i < k; ++i) C[j * k + i] = C[j * k + i] / s + a.hc_eps;
+      }
+      auto col_norm = [&] {
+        for (int i = 0; i < k; ++i) {
+          float s = 0.0f;
+          for (int j = 0; j < k; ++j) s += C[j * k + i];
+          for (int j = 0; j < k; ++j) C[j * k + i] /= (s + a.hc_eps);
+        }
+      };
+      auto row_norm = [&] {
+        for (int j = 0; j < k; ++j) {
+          float s = 0.0f;
+          for (int i = 0; i < k; ++i) s += C[j * k + i];
+          for (int i = 0; i < k; ++i) C[j * k + i] /= (s + a.hc_eps);
+        }
+      };
+      col_norm();
+      for (int it = 1; it < a.iters; ++it) {
+        row_norm();
+        col_norm();
+      }
+      for (int j = 0; j < k; ++j) a.post[r * k + j] = post[j];
+      for (int j = 0; j < k * k; ++j) a.comb[r * k * k + j] = C[j];
+    }
+  }
+  __syncthreads();
+  const float* xr = a.X + r * k * a.D;
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float u = 0.0f;
+    for (int j = 0; j < k; ++j) u = fmaf(pre[j], xr[j * a.D + d], u);
+    us[d] = u;
+    ss = fmaf(u, u, ss);
+  }
+  ss = BlockSum(ss, red);
+  const float inv_u = 1.0f / sqrtf(ss / static_cast<float>(a.D) + a.rms_eps);
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.xn[r * a.D + d] = us[d] * inv_u * a.norm_w[d];
+  if (a.u_out != nullptr) {
+    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.u_out[r * a.D + d] = us[d];
+  }
+}
+
+__global__ void HcPostKernel(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc,
+                             int64_t D) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * D) return;
+  const int64_t r = idx / D, d = idx % D;
+  float old[kMaxHc];
+  float* xr = X + r * hc * D;
+  for (int j = 0; j < hc; ++j) old[j] = xr[j * D + d];
+  const float* C = comb + r * hc * hc;
+  const float yv = y[r * D + d];
+  for (int i = 0; i < hc; ++i) {
+    float s = post[r * hc + i] * yv;
+    for (int j = 0; j < hc; ++j) s = fmaf(C[j * hc + i], old[j], s);
+    xr[i * D + d] = s;
+  }
+}
+
+// One block per (row, head); dynamic shared memory holds the head [hd].
+template <typename CacheT>
+__global__ void NormRopeKernel(float* x, int heads, int hd, int64_t ld, const float* w, bool norm, float eps,
+                               int rope_dim, const float* inv_freq, const int32_t* pos, CacheT* copy_out) {
+  extern __shared__ float v[];
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const int h = blockIdx.y;
+  float* xh = x + r * ld + static_cast<int64_t>(h) * hd;
+  float ss = 0.0f;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    v[d] = xh[d];
+    ss = fmaf(v[d], v[d], ss);
+  }
+  float inv = 1.0f;
+  if (norm) {
+    ss = BlockSum(ss, red);
+    inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) v[d] = norm ? (w ? v[d] * inv * w[d] : v[d] * inv) : v[d];
+  __syncthreads();
+  if (inv_freq != nullptr) {
+    const float p = static_cast<float>(pos[r]);
+    const int base = hd - rope_dim;
+    for (int i = threadIdx.x; i < rope_dim / 2; i += blockDim.x) {
+      const float ang = p * inv_freq[i];
+      const float c = cosf(ang), s = sinf(ang);
+      const float a0 = v[base + 2 * i], b0 = v[base + 2 * i + 1];
+      v[base + 2 * i] = a0 * c - b0 * s;
+      v[base + 2 * i + 1] = b0 * c + a0 * s;
+    }
+    __syncthreads();
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    xh[d] = v[d];
+    if (copy_out) copy_out[(r * heads + h) * hd + d] = FromF32<CacheT>(v[d]);
+  }
+}
+
+// One block per row. Scores live in dynamic shared memory [E].
+__global__ void MoeGateKernel(const float* logits, int E, int K, int scoring, const float* bias, const int32_t* tid2eid,
+                              const int32_t* token, float route_scale, int32_t* ids, float* weights) {
+  extern __shared__ float s[];
+  __shared__ float red[32];
+  __shared__ float rv[32];
+  __shared__ int32_t ri[32];
+  __shared__ int32_t chosen[16];
+  const int64_t r = blockIdx.x;
+  const float* lr = logits + r * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float l = lr[e];
+    float v = l;
+    if (scoring == 0) {
+      v = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+    } else if (scoring == 2) {
+      v = Sigmoid(l);
+    }
+    s[e] = v;
+  }
+  if (scoring == 1) {  // softmax over all experts
+    __syncthreads();
+    float m = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, s[e]);
+    m = BlockMax(m, red);
+    float sum = 0.0f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += expf(s[e] - m);
+    sum = BlockSum(sum, red);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = expf(s[e] - m) / sum;
+  }
+  __syncthreads();
+  if (tid2eid != nullptr) {
+    if (threadIdx.x < K) chosen[threadIdx.x] = tid2eid[static_cast<int64_t>(token[r]) * K + threadIdx.x];
+  } else {
+    for (int k = 0; k < K; ++k) {
+      float best = -INFINITY;
+      int32_t bi = INT32_MAX;
+      for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        bool taken = false;
+        for (int q = 0; q < k; ++q) taken |= chosen[q] == e;
+        if (taken) continue;
+        const float v = s[e] + (bias ? bias[e] : 0.0f);
+        if (v > best || (v == best && e < bi)) {
+          best = v;
+          bi = e;
+        }
+      }
+      BlockArgmax(best, bi, rv, ri);
+      if (threadIdx.x == 0) chosen[k] = bi;
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += s[chosen[k]];
+    const float mul = route_scale / (sum + 1e-20f);
+    for (int k = 0; k < K; ++k) {
+      ids[r * K + k] = chosen[k];
+      weights[r * K + k] = s[chosen[k]] * mul;
+    }
+  }
+}
+
+__global__ void SwiGluKernel(const float* g, const float* u, int64_t ldgu, float* h, int64_t n, int64_t I, float lim) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * I) return;
+  const int64_t r = idx / I, i = idx % I;
+  float gv = g[r * ldgu + i], uv = u[r * ldgu + i];
+  if (lim > 0.0f) {
+    gv = fminf(gv, lim);
+    uv = fminf(fmaxf(uv, -lim), lim);
+  }
+  h[r * I + i] = gv / (1.0f + expf(-gv)) * uv;
+}
+
+__global__ void AddKernel(float* y, const float* a, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) y[i] += a[i];
+}
+
+__global__ void GatherKernel(const float* src, int64_t d, const int32_t* rows, float* dst) {
+  const float* s = src + static_cast<int64_t>(rows[blockIdx.x]) * d;
+  float* o = dst + static_cast<int64_t>(blockIdx.x) * d;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = s[i];
+}
+
+__global__ void StreamMeanKernel(const float* X, int hc, int64_t D, float* out, int64_t ldo) {
+  const int64_t r = blockIdx.x;
+  const float* xr = X + r * hc * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float f = 0.0f;
+    for (int j = 0; j < hc; ++j) f += xr[j * D + d];
+    out[r * ldo + d] = f / static_cast<float>(hc);
+  }
+}
+
+__global__ void __launch_bounds__(1024) RmsNormRowsKernel(float* x, int64_t D, const float* w, float eps) {
+  __shared__ float red[32];
+  float* xr = x + blockIdx.x * D;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = BlockSum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) xr[i] = xr[i] * inv * w[i];
+}
+
+__global__ void GatherBf16RowsKernel(const __nv_bfloat16* table, int64_t d, const int32_t* ids, float* out) {
+  const __nv_bfloat16* src = table + static_cast<int64_t>(ids[blockIdx.x]) * d;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) out[blockIdx.x * d + i] = __bfloat162float(src[i]);
+}
+
+__global__ void LoadSpecRowsKernel(const char* src, int64_t slot_stride, int64_t words, int32_t T, const int32_t* map,
+                                   uint32_t* dst, int64_t dst_ld) {
+  const int32_t m = map[blockIdx.x];
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src + static_cast<int64_t>(m / T) * slot_stride +
+                                                        static_cast<int64_t>(m % T) * words * 4);
+  uint32_t* o = dst + static_cast<int64_t>(blockIdx.x) * dst_ld;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) o[i] = s[i];
+}
+
+__global__ void SaveSpecRowsKernel(const uint32_t* src, int64_t src_ld, int64_t words, const int32_t* map, int32_t T,
+                                   char* dst, int64_t slot_stride, int64_t row_bytes) {
+  const int32_t m = map[blockIdx.x];
+  if (m < 0) return;
+  const uint32_t* s = src + static_cast<int64_t>(blockIdx.x) * src_ld;
+  uint32_t* o = reinterpret_cast<uint32_t*>(dst + static_cast<int64_t>(m / T) * slot_stride +
+                                            static_cast<int64_t>(m % T) * row_bytes);
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) o[i] = s[i];
+}
+
+// Many blocks per row; each folds its slice into one 64-bit key (order-preserving float bits, then the
+// complemented index so that ties go to the lowest id) and atomicMax-es it into packed[row].
+__global__ void ArgmaxKernel(const float* logits, int64_t V, unsigned long long* packed) {
+  __shared__ float rv[32];
+  __shared__ int32_t ri[32];
+  const float* l = logits + blockIdx.y * V;
+  float best = -INFINITY;
+  int32_t bi = INT32_MAX;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < V;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (l[i] > best) {  // strided in increasing i: the first maximum of this thread wins
+      best = l[i];
+      bi = static_cast<int32_t>(i);
+    }
+  }
+  BlockArgmax(best, bi, rv, ri);
+  if (threadIdx.x == 0 && bi != INT32_MAX) {
+    const uint32_t u = __float_as_uint(best);
+    const uint32_t key = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    const unsigned long long v =
+        (static_cast<unsigned long long>(key) << 32) | static_cast<unsigned long long>(~static_cast<uint32_t>(bi));
+    atomicMax(packed + blockIdx.y, v);
+  }
+}
+
+__device__ __forceinline__ uint64_t Mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float Uniform01(uint64_t seed, int64_t i) {
+  return static_cast<float>(Mix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i)) >> 40) * 0x1p-24f;
+}
+
+__global__ void FillF32Kernel(float* p, int64_t count, float lo, float hi, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = lo + (hi - lo) * Uniform01(seed, i);
+  }
+}
+__global__ void FillBf16Kernel(__nv_bfloat16* p, int64_t count, float amp, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = __float2bfloat16_rn(amp * (2.0f * Uniform01(seed, i) - 1.0f));
+  }
+}
+__global__ void FillFp8Kernel(uint8_t* p, int64_t count, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = Mix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i));
+    const uint32_t e = 1 + static_cast<uint32_t>(h % 7);  // exponent 1..7: |v| in [2^-6, 1.875]
+    p[i] = static_cast<uint8_t>(((h >> 8) & 0x80) | (e << 3) | ((h >> 16) & 7));
+  }
+}
+__global__ void FillI32Kernel(int32_t* p, int64_t count, int32_t mod, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<int32_t>(Mix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i)) % static_cast<uint64_t>(mod));
+  }
+}
+__global__ void ConvertKernel(const float* src, __nv_bfloat16* dst, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = __float2bfloat16_rn(src[i]);
+  }
+}
+
+unsigned Blocks(int64_t count, int threads) {
+  const int64_t b = (count + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+int RowThreads(int64_t width) { return width >= 1024 ? 256 : width >= 256 ? 128 : 64; }
+
+}  // namespace
+
+void Embed(const DevW& table, const int32_t* token, int64_t n, int hc, float* X, cudaStream_t stream) {
+  if (n <= 0) return;
+  EmbedKernel<<<static_cast<unsigned>(n), 1024, 0, stream>>>(table, token, hc, X);
+}
+
+void RowInvRms(const float* x, int64_t n, int64_t len, float eps, float* inv, cudaStream_t stream) {
+  if (n <= 0) return;
+  RowInvRmsKernel<<<static_cast<unsigned>(n), 1024, 0, stream>>>(x, len, eps, inv);
+}
+
+void HcPre(const HcPreArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  // 1024 threads: with one row per block (decode), the row's loads must be spread wide to hide latency.
+  HcPreKernel<<<static_cast<unsigned>(a.n), 1024, static_cast<size_t>(a.D) * sizeof(float), stream>>>(a);
+}
+
+void HcPost(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc, int64_t D,
+            cudaStream_t stream) {
+  if (n <= 0) return;
+  HcPostKernel<<<Blocks(n * D, 256), 256, 0, stream>>>(y, post, comb, X, n, hc, D);
+}
+
+template <typename CacheT>
+void NormRope(float* x, int64_t n, int heads, int hd, int64_t ld, const float* w, bool norm, float eps, int rope_dim,
+              const float* inv_freq, const int32_t* pos, CacheT* copy_out, cudaStream_t stream) {
+  if (n <= 0) return;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads));
+  NormRopeKernel<CacheT><<<grid, RowThreads(hd), static_cast<size_t>(hd) * sizeof(float), stream>>>(
+      x, heads, hd, ld, w, norm, eps, rope_dim, inv_freq, pos, copy_out);
+}
+template void NormRope<float>(float*, int64_t, int, int, int64_t, const float*, bool, float, int, const float*,
+                              const int32_t*, float*, cudaStream_t);
+template void NormRope<__nv_bfloat16>(float*, int64_t, int, int, int64_t, const float*, bool, float, int, const float*,
+                                      const int32_t*, __nv_bfloat16*, cudaStream_t);
+
+void MoeGate(const float* logits, int64_t n, int E, int K, int scoring, const float* bias, const int32_t* tid2eid,
+             const int32_t* token, float route_scale, int32_t* ids, float* weights, cudaStream_t stream) {
+  if (n <= 0) return;
+  MoeGateKernel<<<static_cast<unsigned>(n), 256, static_cast<size_t>(E) * sizeof(float), stream>>>(
+      logits, E, K, scoring, bias, tid2eid, token, route_scale, ids, weights);
+}
+
+void SwiGlu(const float* g, const float* u, int64_t ldgu, float* h, int64_t n, int64_t I, float lim,
+            cudaStream_t stream) {
+  if (n <= 0) return;
+  SwiGluKernel<<<Blocks(n * I, 256), 256, 0, stream>>>(g, u, ldgu, h, n, I, lim);
+}
+
+void AddInPlace(float* y, const float* a, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  AddKernel<<<Blocks(count, 256), 256, 0, stream>>>(y, a, count);
+}
+
+void GatherRows(const float* src, int64_t d, const int32_t* rows, int64_t m, float* dst, cudaStream_t stream) {
+  if (m <= 0) return;
+  GatherKernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(src, d, rows, dst);
+}
+
+void StreamMean(const float* X, int64_t n, int hc, int64_t D, float* out, int64_t ldo, cudaStream_t stream) {
+  if (n <= 0) return;
+  StreamMeanKernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(X, hc, D, out, ldo);
+}
+
+void RmsNormRows(float* x, int64_t n, int64_t D, const float* w, float eps, cudaStream_t stream) {
+  if (n <= 0) return;
+  RmsNormRowsKernel<<<static_cast<unsigned>(n), 1024, 0, stream>>>(x, D, w, eps);
+}
+
+void GatherBf16Rows(const __nv_bfloat16* table, int64_t d, const int32_t* ids, int64_t m, float* out,
+                    cudaStream_t stream) {
+  if (m <= 0) return;
+  GatherBf16RowsKernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(table, d, ids, out);
+}
+
+void LoadSpecRows(const void* src, int64_t slot_stride, int64_t width, int32_t T, const int32_t* map, int64_t n,
+                  void* dst, int64_t dst_ld, cudaStream_t stream) {
+  if (n <= 0 || width <= 0) return;
+  LoadSpecRowsKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(static_cast<const char*>(src), slot_stride,
+                                                                   width / 4, T, map, static_cast<uint32_t*>(dst),
+                                                                   dst_ld / 4);
+}
+
+void SaveSpecRows(const void* src, int64_t src_ld, int64_t width, int64_t n, const int32_t* map, int32_t T,
+                  void* dst, int64_t slot_stride, int64_t row_bytes, cudaStream_t stream) {
+  if (n <= 0 || width <= 0) return;
+  SaveSpecRowsKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(static_cast<const uint32_t*>(src), src_ld / 4,
+                                                                   width / 4, map, T, static_cast<char*>(dst),
+                                                                   slot_stride, row_bytes);
+}
+
+void ArgmaxRows(const float* logits, int64_t m, int64_t V, unsigned long long* packed, cudaStream_t stream) {
+  if (m <= 0) return;
+  cudaMemsetAsync(packed, 0, static_cast<size_t>(m) * sizeof(unsigned long long), stream);
+  const int64_t blocks = std::min<int64_t>(64, (V + 8191) / 8192);
+  ArgmaxKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(m)), 256, 0, stream>>>(logits, V, packed);
+}
+
+void FillUniformF32(float* p, int64_t count, float lo, float hi, uint64_t seed, cudaStream_t stream) {
+  if (count <= 0) return;
+  FillF32Kernel<<<Blocks(count, 256) > 4096 ? 4096 : Blocks(count, 256), 256, 0, stream>>>(p, count, lo, hi, seed);
+}
+void FillUniformBf16(__nv_bfloat16* p, int64_t count, float amp, uint64_t seed, cudaStream_t stream) {
+  if (count <= 0) return;
+  FillBf16Kernel<<<Blocks(count, 256) > 4096 ? 4096 : Blocks(count, 256), 256, 0, stream>>>(p, count, amp, seed);
+}
+void FillFp8(uint8_t* p, int64_t count, uint64_t seed, cudaStream_t stream) {
+  if (count <= 0) return;
+  FillFp8Kernel<<<Blocks(count, 256) > 4096 ? 4096 : Blocks(count, 256), 256, 0, stream>>>(p, count, seed);
+}
+void FillInt32Mod(int32_t* p, int64_t count, int32_t mod, uint64_t seed, cudaStream_t stream) {
+  if (count <= 0) return;
+  FillI32Kernel<<<Blocks(count, 256) > 4096 ? 4096 : Blocks(count, 256), 256, 0, stream>>>(p, count, mod, seed);
+}
+void ConvertF32ToBf16(const float* src, __nv_bfloat16* dst, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  ConvertKernel<<<Blocks(count, 256) > 4096 ? 4096 : Blocks(count, 256), 256, 0, stream>>>(src, dst, count);
+}
+
+}  // namespace numoe::cuda

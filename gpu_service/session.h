@@ -1,0 +1,115 @@
+// One registered worker inside numoe-gpu: its channel, the thread that serves its steps, and its
+// sequences (model state + sampler), keyed by the worker's own sequence keys, so the service-wide key
+// is (lease, key).
+//
+// The serving thread loops: receive a StepRequest, release what it lists, create the sequences it opens,
+// run the model's Forward for the whole step (the MoE of every layer going back to the worker over the
+// channel), sample, answer with the StepResult, or with an Error that names the bad field.
+// Speculative entries (common/shm_channel.h): the model drafter proposes for the entries that ask for
+// model drafts (one batched Draft), the one Forward runs them as speculative steps with every row's
+// logits, VerifyDrafts (model/spec.h) decides with the sequence's sampler, and Rollback drops
+// the rejected positions before the result goes back. It exits when
+// the worker's process dies or closes the channel, or on Stop(); the owner then frees the session.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/shm_channel.h"
+#include "model/backend.h"
+#include "model/sampling.h"
+#include "gpu_service/latency.h"
+#include "gpu_service/shm_experts.h"
+
+namespace numoe::gpu {
+
+// The model shared by every worker session.
+struct ModelHost {
+  ModelBackend* model = nullptr;
+  // One Forward at a time on the one model: steps of different workers are serialised here. This is
+  // the place for cross-worker batching later (merge the queued steps of several workers into one
+  // Forward, each worker's MoE rows routed back to its own channel).
+  std::mutex forward_mu;
+  LatencyRecorder hops;
+  std::atomic<uint64_t> steps{0};
+  std::atomic<uint64_t> tokens{0};
+  // Speculative decoding: verify steps (entries with drafts), drafts verified, drafts accepted.
+  std::atomic<uint64_t> spec_steps{0};
+  std::atomic<uint64_t> spec_drafted{0};
+  std::atomic<uint64_t> spec_accepted{0};
+};
+
+struct SessionInfo {
+  uint64_t lease = 0;
+  std::string worker_id;
+  uint32_t pid = 0;
+};
+
+class WorkerSession {
+ public:
+  WorkerSession(ModelHost* host, SessionInfo info, std::unique_ptr<shm::Channel> channel);
+  ~WorkerSession();  // Stop()
+  WorkerSession(const WorkerSession&) = delete;
+  WorkerSession& operator=(const WorkerSession&) = delete;
+
+  // Starts the serving thread; `on_exit` runs on it when it ends by itself (worker gone).
+  void Start(std::function<void(uint64_t lease)> on_exit);
+  // Ends the conversation (the worker sees the channel closed), joins the thread, frees every sequence.
+  void Stop();
+
+  const SessionInfo& info() const { return info_; }
+  shm::Channel* channel() const { return channel_.get(); }
+  int64_t sequences() const { return num_seqs_.load(); }
+  uint64_t steps() const { return steps_.load(); }
+  uint64_t tokens() const { return tokens_.load(); }
+  bool ended() const { return ended_.load(); }
+  // Why the serving thread ended (OK while it runs).
+  Status end_status() const;
+
+  // Heartbeats (steady-clock milliseconds of the last one).
+  void Touch();
+  int64_t last_heartbeat_ms() const { return last_heartbeat_ms_.load(); }
+
+ private:
+  struct Seq {
+    SequenceId model_seq;
+    Sampler sampler;
+  };
+  void Serve();
+  Status HandleStep();
+  void ReleaseAll();
+
+  ModelHost* host_;
+  SessionInfo info_;
+  std::unique_ptr<shm::Channel> channel_;
+  ShmExpertBackend experts_;
+  std::map<int64_t, Seq> seqs_;  // serving thread only (and Stop after the join)
+  std::atomic<int64_t> num_seqs_{0};
+  std::atomic<uint64_t> steps_{0}, tokens_{0};
+  std::atomic<int64_t> last_heartbeat_ms_{0};
+  std::atomic<bool> ended_{false};
+  std::atomic<bool> stopping_{false};
+  mutable std::mutex status_mu_;
+  Status end_status_;
+  std::function<void(uint64_t)> on_exit_;
+  std::thread thread_;
+  // Step scratch (serving thread).
+  std::vector<shm::StepEntry> entries_;
+  std::vector<int32_t> tokens_buf_;
+  std::vector<SequenceStep> steps_buf_;
+  std::vector<SequenceLogits> logits_;
+  std::vector<std::vector<int32_t>> feed_;         // per entry: tokens followed by the model's drafts
+  std::vector<std::vector<float>> draft_logits_;   // per entry: the model drafts' distributions
+  std::vector<int32_t> num_drafts_;                // per entry: drafts verified (0: not speculative)
+};
+
+int64_t SteadyMillis();
+
+}  // namespace numoe::gpu

@@ -1,0 +1,55 @@
+#include "gpu_service/shm_experts.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace numoe::gpu {
+
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
+  RETURN_IF_ERROR(broken_);
+  const shm::Geometry& g = ch_->geometry();
+  if (r.rows < 0 || r.rows > g.max_rows || r.top_k < 1 || r.top_k > g.top_k) {
+    return absl::InternalError(absl::StrCat("MoE layer ", r.layer, ": rows ", r.rows, " / top_k ", r.top_k,
+                                            " do not fit the worker channel (max_rows ", g.max_rows, ", top_k ",
+                                            g.top_k, ")"));
+  }
+  if (r.rows == 0) return absl::OkStatus();
+  const size_t D = g.hidden;
+  const size_t rows = static_cast<size_t>(r.rows), routes = rows * static_cast<size_t>(r.top_k);
+  std::memcpy(ch_->moe_x(), r.x, rows * D * sizeof(float));
+  std::memcpy(ch_->moe_ids(), r.expert_ids, routes * sizeof(int32_t));
+  std::memcpy(ch_->moe_weights(), r.expert_weights, routes * sizeof(float));
+  shm::MsgHeader& m = ch_->outgoing();
+  m.layer = r.layer;
+  m.rows = r.rows;
+  m.top_k = r.top_k;
+  const int64_t t0 = NowNs();
+  if (Status st = ch_->Send(shm::MsgType::kMoeRequest); !st.ok()) return broken_ = st;
+  auto type = ch_->Receive(-1);
+  const int64_t rtt = NowNs() - t0;
+  if (!type.ok()) return broken_ = type.status();
+  const shm::MsgHeader& in = ch_->incoming();
+  if (*type == shm::MsgType::kError) {
+    // The worker's experts failed; the conversation is intact (the step's final Error answers it).
+    Status st = ch_->IncomingError();
+    return Status(st.code(), absl::StrCat("worker: ", st.message()));
+  }
+  if (*type != shm::MsgType::kMoeResponse || in.layer != r.layer || in.rows != r.rows) {
+    return broken_ = absl::DataLossError(absl::StrCat("expected the MoeResponse for layer ", r.layer, " (", r.rows,
+                                                      " rows), got ", shm::MsgTypeName(*type), " layer ", in.layer,
+                                                      " rows ", in.rows));
+  }
+  std::memcpy(r.out, ch_->moe_out(), rows * D * sizeof(float));
+  if (hops_ != nullptr) hops_->Add(static_cast<double>(std::max<int64_t>(rtt - in.compute_ns, 0)) * 1e-3);
+  return absl::OkStatus();
+}
+
+}  // namespace numoe::gpu

@@ -1,0 +1,28 @@
+// ShmExpertBackend: numoe-gpu's ExpertBackend for one worker. Each RunRouted copies the layer's MoE rows,
+// expert ids and weights into the worker's channel, rings it, and waits for the expert sum (the worker
+// computes it while this thread spins, then sleeps on the futex). The transport overhead of every hop
+// (round trip minus the worker's reported compute time) goes into a LatencyRecorder.
+#pragma once
+
+#include "common/shm_channel.h"
+#include "model/backend.h"
+#include "gpu_service/latency.h"
+
+namespace numoe::gpu {
+
+class ShmExpertBackend final : public ExpertBackend {
+ public:
+  // Not owned; `channel` is the gpu side.
+  ShmExpertBackend(shm::Channel* channel, LatencyRecorder* hops) : ch_(channel), hops_(hops) {}
+  Status RunRouted(const MoeRequest& request) override;
+  // The channel failed (peer gone, protocol violation): the conversation cannot continue.
+  bool broken() const { return !broken_.ok(); }
+  const Status& broken_status() const { return broken_; }
+
+ private:
+  shm::Channel* ch_;
+  LatencyRecorder* hops_;
+  Status broken_;
+};
+
+}  // namespace numoe::gpu

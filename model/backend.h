@@ -1,0 +1,117 @@
+// The backend contracts of the V4 forward pass.
+//
+// A decode/prefill step runs the non-expert model (ModelBackend: CPU or CUDA) and, at every layer, hands
+// the routed-expert part to an ExpertBackend (the worker: linked in-process, or across processes over the
+// shared-memory channel). Both interfaces are deliberately small so implementations are interchangeable.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "model/sampling.h"
+#include "model/spec.h"
+
+namespace numoe {
+
+// The routed-expert work of one layer for one step: `rows` MoE inputs (post-norm hidden, fp32, [rows, D]),
+// each routed to `top_k` experts (ids may repeat: duplicates are summed) with weights; the backend
+// writes out[r] = Σ_k weights[r,k] · expert_{ids[r,k]}(x[r]) (no shared expert), [rows, D].
+struct MoeRequest {
+  int64_t layer = 0;  // main layer index (MTP/DSpark stages use num_hidden_layers + stage)
+  int64_t rows = 0;
+  int64_t top_k = 0;
+  const float* x = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const float* expert_weights = nullptr;
+  float* out = nullptr;
+};
+
+class ExpertBackend {
+ public:
+  virtual ~ExpertBackend() = default;
+  // Computes one layer's routed experts. Must not retain the pointers after returning.
+  virtual Status RunRouted(const MoeRequest& request) = 0;
+};
+
+using SequenceId = int64_t;
+
+// One sequence's part of a step: the new tokens at positions [position(seq), position(seq)+tokens).
+struct SequenceStep {
+  SequenceId seq = 0;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  // logits for every new token (prefill tests, --logits-out) or only the last
+  // Record what this step overwrites so Rollback can drop its trailing tokens (speculative verification).
+  bool speculative = false;
+};
+
+// Logits of one sequence's step: [n, vocab] with n = tokens.size() when all_logits, else 1.
+struct SequenceLogits {
+  SequenceId seq = 0;
+  int64_t rows = 0;
+  std::vector<float> logits;
+};
+
+// Per-sequence state accounting (bytes actually held).
+struct SequenceMemory {
+  int64_t position = 0;           // tokens consumed so far
+  int64_t fixed_bytes = 0;        // windows, pending buffers, overlap state
+  int64_t growing_bytes = 0;      // compressed entries (grow with context)
+  int64_t capacity_bytes = 0;     // allocated (>= used; chunked storage)
+};
+
+// A request for the model's own drafter (DSpark or MTP): `next_token` was just sampled for the position after
+// the sequence's last consumed token; propose `depth` tokens after it.
+struct DraftRequest {
+  SequenceId seq = 0;
+  int32_t next_token = 0;
+  int64_t depth = 0;
+  Sampler* sampler = nullptr;  // draws the drafts (the Markov correction is sequential); null = greedy
+};
+
+// The checks every drafter makes on one request before touching its sequence: depth >= 1 and next_token
+// in [0, vocab_size). Errors name the field.
+inline Status ValidateDraftRequest(const DraftRequest& q, int64_t vocab_size) {
+  if (q.depth < 1) return absl::InvalidArgumentError(absl::StrCat("draft depth must be >= 1 (got ", q.depth, ")"));
+  if (q.next_token < 0 || q.next_token >= vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", q.next_token, " is out of range [0, ", vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+struct DraftResult {
+  SequenceId seq = 0;
+  std::vector<int32_t> tokens;     // [depth]
+  std::vector<float> logits;       // [depth, vocab]: the distributions the drafts were drawn from
+  std::vector<float> confidence;   // [depth]: raw confidence logits
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+  virtual StatusOr<SequenceId> CreateSequence() = 0;
+  virtual Status ReleaseSequence(SequenceId seq) = 0;
+  // Runs one step over several sequences at different positions; each sequence appears at most once.
+  virtual Status Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
+                         std::vector<SequenceLogits>* out) = 0;
+  virtual StatusOr<SequenceMemory> Memory(SequenceId seq) const = 0;
+  // Drops the last `num_tokens` tokens of the sequence's most recent step, which must have been
+  // speculative: every cache (windows, compressor pending buffers, overlap state, compressed and indexer
+  // entries) is left exactly as if those tokens had never run.
+  virtual Status Rollback(SequenceId seq, int64_t num_tokens) = 0;
+  // The checkpoint's own drafter the backend loaded: kDspark (0731 stages), kMtp (preview MTP block) or
+  // kNone. Draft() proposes with it.
+  virtual SpecMethod drafter() const { return SpecMethod::kNone; }
+  bool HasDrafter() const { return drafter() != SpecMethod::kNone; }
+  virtual Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out) {
+    (void)requests;
+    (void)experts;
+    (void)out;
+    return absl::UnimplementedError("this backend has no model drafter");
+  }
+  virtual int64_t vocab_size() const = 0;
+};
+
+}  // namespace numoe

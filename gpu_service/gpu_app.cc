@@ -10,6 +10,7 @@
 #include "common/checkpoint.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "model/step.h"
 #include "backends/cpu/cpu_model.h"
 #include "backends/cuda/cuda_model.h"
 #include "gpu_service/gpu_server.h"
@@ -110,15 +111,9 @@ int RunGpuApp(const GpuAppConfig& config) {
                                                       " backend loaded no ", SpecMethodName(*spec),
                                                       " drafter for this checkpoint; use --spec ngram or none")));
   }
-  // Verification needs speculative steps and Rollback: probe the backend with an empty rollback.
-  bool verify = false;
-  {
-    auto probe = (*model)->CreateSequence();
-    if (!probe.ok()) return fail(probe.status());
-    const Status st = (*model)->Rollback(*probe, 0);
-    verify = st.code() != absl::StatusCode::kUnimplemented;
-    (void)(*model)->ReleaseSequence(*probe);
-  }
+  // Verification needs speculative steps and Rollback, which the backend declares.
+  const Capabilities caps = (*model)->capabilities();
+  const bool verify = caps.verify;
   if (!verify && *spec != SpecMethod::kNone) {
     return fail(absl::UnimplementedError(absl::StrCat("--spec ", SpecMethodName(*spec), ": the ", config.backend,
                                                       " backend cannot verify drafts yet (no Rollback); use --spec none")));
@@ -140,6 +135,7 @@ int RunGpuApp(const GpuAppConfig& config) {
   opts.channel.spin_us = static_cast<int>(config.spin_us);
   opts.drafter = (*model)->drafter();
   opts.verify = verify;
+  opts.max_model_drafts = MaxDraftsPerItem(caps);
   opts.drafter_experts_on_gpu = config.drafter_experts == "gpu" && (*model)->drafter() == SpecMethod::kDspark;
   GpuServer server(model->get(), (*ckpt)->config(), opts);
   GpuGrpcService service(&server);

@@ -6,7 +6,6 @@
 #include <set>
 
 #include "common/log.h"
-#include "model/spec.h"
 
 namespace numoe::gpu {
 
@@ -126,70 +125,49 @@ Status WorkerSession::HandleStep() {
   out.num_emitted = 0;
   if (n == 0) return absl::OkStatus();
 
-  // Validate every entry before touching the model.
+  // Validate every entry before touching the model: the wire (counts, flags, sequences, capacities) here,
+  // the step rules by the one ValidateStepItem against what this channel declared.
   const int64_t vocab = host_->model->vocab_size();
+  const Capabilities wire_caps = ChannelCapabilities(g);
   int64_t total = 0, rows = 0, logits_rows = 0;
   std::set<int64_t> seen;
+  items_.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const shm::StepEntry& e = entries_[i];
     const std::string at = absl::StrCat("entries[", i, "] (sequence ", e.seq, ")");
     if (!seen.insert(e.seq).second) return bad(absl::StrCat(at, ": the sequence appears twice"));
     if (e.num_tokens < 1) return bad(absl::StrCat(at, ": num_tokens ", e.num_tokens, " < 1"));
     if (total + e.num_tokens > m.num_tokens) return bad(absl::StrCat(at, ": tokens run past num_tokens"));
-    for (int32_t k = 0; k < e.num_tokens; ++k) {
-      const int32_t t = tokens_buf_[total + k];
-      if (t < 0 || t >= vocab) {
-        return bad(absl::StrCat(at, ": token ", k, " = ", t, " is out of range [0, ", vocab, ")"));
-      }
-    }
-    total += e.num_tokens;
     if ((e.flags & ~(shm::kEntryOpen | shm::kEntrySample | shm::kEntryLogits)) != 0) {
       return bad(absl::StrCat(at, ": unknown flags 0x", absl::Hex(e.flags)));
+    }
+    StepItem& item = items_[i];
+    item = StepItem{.seq = e.seq,
+                    .tokens = std::span<const int32_t>(tokens_buf_.data() + total, static_cast<size_t>(e.num_tokens)),
+                    .sample = (e.flags & shm::kEntrySample) != 0,
+                    .logits = (e.flags & shm::kEntryLogits) != 0,
+                    .drafts = e.drafts,
+                    .model_drafts = e.model_drafts};
+    total += e.num_tokens;
+    if (Status st = ValidateStepItem(item, wire_caps, vocab); !st.ok()) {
+      return Status(st.code() == absl::StatusCode::kFailedPrecondition ? absl::StatusCode::kInvalidArgument : st.code(),
+                    absl::StrCat("StepRequest: ", at, ": ", st.message()));
     }
     const bool exists = seqs_.count(e.seq) != 0;
     if ((e.flags & shm::kEntryOpen) != 0) {
       if (exists) return bad(absl::StrCat(at, ": opened twice"));
       SamplingParams p{e.sampling.temperature, e.sampling.top_p, e.sampling.top_k, e.sampling.seed};
       if (Status st = ValidateSampling(p); !st.ok()) return bad(absl::StrCat(at, ": sampling.", st.message()));
+      if (item.speculative()) {
+        return bad(absl::StrCat(at, ": drafts on the step that opens the sequence (nothing to verify against)"));
+      }
     } else if (!exists) {
       return bad(absl::StrCat(at, ": unknown sequence (not opened, or already released)"));
     }
-    if ((e.flags & shm::kEntryLogits) != 0 && ++logits_rows > g.logits_rows) {
+    if (item.logits && ++logits_rows > g.logits_rows) {
       return bad(absl::StrCat(at, ": more logits requested than the channel's logits_rows (", g.logits_rows, ")"));
     }
-    // Speculative fields.
-    if (e.drafts < 0 || e.model_drafts < 0) {
-      return bad(absl::StrCat(at, ": drafts ", e.drafts, " / model_drafts ", e.model_drafts, " must be >= 0"));
-    }
-    if (e.drafts > 0 || e.model_drafts > 0) {
-      const char* field = e.drafts > 0 ? "drafts" : "model_drafts";
-      if (e.drafts > 0 && e.model_drafts > 0) return bad(absl::StrCat(at, ": both drafts and model_drafts are set"));
-      if (g.verify == 0) {
-        return bad(absl::StrCat(at, ": ", field, " set, but this numoe-gpu's backend cannot verify drafts"));
-      }
-      if ((e.flags & shm::kEntrySample) == 0) return bad(absl::StrCat(at, ": ", field, " without the sample flag"));
-      if ((e.flags & shm::kEntryLogits) != 0) return bad(absl::StrCat(at, ": ", field, " with the logits flag"));
-      if ((e.flags & shm::kEntryOpen) != 0) {
-        return bad(absl::StrCat(at, ": ", field, " on the step that opens the sequence (nothing to verify against)"));
-      }
-      if (e.drafts >= e.num_tokens) {
-        return bad(absl::StrCat(at, ": drafts ", e.drafts, " must be < num_tokens ", e.num_tokens,
-                                " (the last sampled token comes first)"));
-      }
-      if (e.model_drafts > 0) {
-        if (g.drafter == SpecMethod::kNone) {
-          return bad(absl::StrCat(at, ": model_drafts ", e.model_drafts, " but numoe-gpu has no model drafter"));
-        }
-        if (e.model_drafts > static_cast<int64_t>(g.max_model_drafts)) {
-          return bad(absl::StrCat(at, ": model_drafts ", e.model_drafts, " > the channel's max_model_drafts ",
-                                  g.max_model_drafts));
-        }
-        if (e.num_tokens != 1) {
-          return bad(absl::StrCat(at, ": model_drafts needs num_tokens 1 (got ", e.num_tokens, ")"));
-        }
-      }
-    }
-    rows += int64_t{e.num_tokens} + e.model_drafts;
+    rows += item.rows();
   }
   if (total != m.num_tokens) return bad(absl::StrCat("entries hold ", total, " tokens, num_tokens says ", m.num_tokens));
   if (rows > g.max_rows) {
@@ -205,105 +183,34 @@ Status WorkerSession::HandleStep() {
     seqs_.emplace(e.seq, Seq{id, Sampler(p)});
   }
   num_seqs_.store(static_cast<int64_t>(seqs_.size()));
+  samplers_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    Seq& s = seqs_.at(entries_[i].seq);
+    items_[i].seq = s.model_seq;
+    samplers_[i] = &s.sampler;
+  }
+  // The model drafter's MoE goes over the channel as the stage layers num_hidden_layers + s.
+  RETURN_IF_ERROR(RunModelStep(*host_->model, experts_, items_, samplers_, &scratch_, &out_));
 
-  // The model drafter, batched over every entry that asks for it (its MoE goes over the channel as the
-  // stage layers num_hidden_layers + s). It may propose fewer than asked: those entries verify fewer.
-  feed_.resize(static_cast<size_t>(n));
-  draft_logits_.resize(static_cast<size_t>(n));
-  num_drafts_.assign(static_cast<size_t>(n), 0);
-  std::vector<DraftRequest> dreqs;
-  std::vector<int64_t> draft_owner;
-  int64_t at = 0;
+  int64_t drafted_total = 0, accepted_total = 0, spec_steps = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const shm::StepEntry& e = entries_[i];
-    feed_[i].assign(tokens_buf_.begin() + at, tokens_buf_.begin() + at + e.num_tokens);
-    draft_logits_[i].clear();
-    num_drafts_[i] = e.drafts;
-    at += e.num_tokens;
-    if (e.model_drafts > 0) {
-      dreqs.push_back(DraftRequest{.seq = seqs_.at(e.seq).model_seq,
-                                   .next_token = feed_[i][0],
-                                   .depth = e.model_drafts,
-                                   .sampler = &seqs_.at(e.seq).sampler});
-      draft_owner.push_back(i);
-    }
-  }
-  if (!dreqs.empty()) {
-    std::vector<DraftResult> drafted;
-    RETURN_IF_ERROR(host_->model->Draft(dreqs, &experts_, &drafted));
-    if (drafted.size() != dreqs.size()) {
-      return absl::InternalError(absl::StrCat("the drafter returned ", drafted.size(), " results for ", dreqs.size(),
-                                              " requests"));
-    }
-    for (size_t j = 0; j < drafted.size(); ++j) {
-      const int64_t i = draft_owner[j];
-      DraftResult& d = drafted[j];
-      const size_t k = std::min<size_t>(d.tokens.size(), static_cast<size_t>(entries_[i].model_drafts));
-      if (d.logits.size() < k * static_cast<size_t>(vocab)) {
-        return absl::InternalError(absl::StrCat("the drafter returned ", d.logits.size(), " logits for ", k, " drafts"));
-      }
-      feed_[i].insert(feed_[i].end(), d.tokens.begin(), d.tokens.begin() + static_cast<std::ptrdiff_t>(k));
-      draft_logits_[i].assign(d.logits.begin(), d.logits.begin() + static_cast<std::ptrdiff_t>(k * vocab));
-      num_drafts_[i] = static_cast<int32_t>(k);
-    }
-  }
-
-  steps_buf_.clear();
-  for (int64_t i = 0; i < n; ++i) {
-    const bool spec = num_drafts_[i] > 0;
-    steps_buf_.push_back(SequenceStep{.seq = seqs_.at(entries_[i].seq).model_seq,
-                                      .tokens = std::span<const int32_t>(feed_[i]),
-                                      .all_logits = spec,
-                                      .speculative = spec});
-  }
-  RETURN_IF_ERROR(host_->model->Forward(steps_buf_, &experts_, &logits_));
-  if (static_cast<int64_t>(logits_.size()) != n) {
-    return absl::InternalError(absl::StrCat("model returned ", logits_.size(), " logit sets for ", n, " sequences"));
-  }
-  int64_t row = 0, emitted = 0, drafted_total = 0, accepted_total = 0, spec_steps = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const shm::StepEntry& e = entries_[i];
-    const SequenceLogits& lg = logits_[i];
-    Seq& s = seqs_.at(e.seq);
-    const int64_t k = num_drafts_[i];
-    channel_->drafted()[i] = static_cast<int32_t>(k);
-    channel_->accepted()[i] = 0;
-    if (k > 0) {
-      // Rows of [last token, d_0 .. d_{k-1}]: the last k + 1 of the step's rows.
-      if (lg.rows < k + 1) {
-        return absl::InternalError(absl::StrCat("speculative step returned ", lg.rows, " logit rows for ", k, " drafts"));
-      }
-      const std::span<const int32_t> drafts(feed_[i].data() + feed_[i].size() - k, static_cast<size_t>(k));
-      const Verdict v = VerifyDrafts(s.sampler, drafts, draft_logits_[i], lg.logits.data() + (lg.rows - k - 1) * vocab,
-                                     vocab);
-      if (v.accepted < k) RETURN_IF_ERROR(host_->model->Rollback(s.model_seq, k - v.accepted));
-      std::copy(v.tokens.begin(), v.tokens.end(), channel_->emitted() + emitted);
-      channel_->sampled()[i] = v.tokens.front();
-      channel_->counts()[i] = static_cast<int32_t>(v.tokens.size());
-      channel_->accepted()[i] = static_cast<int32_t>(v.accepted);
-      emitted += static_cast<int64_t>(v.tokens.size());
-      drafted_total += k;
-      accepted_total += v.accepted;
+    channel_->sampled()[i] = out_.tokens[i];
+    channel_->counts()[i] = out_.counts[i];
+    channel_->drafted()[i] = out_.drafted[i];
+    channel_->accepted()[i] = out_.accepted[i];
+    if (out_.drafted[i] > 0) {
+      drafted_total += out_.drafted[i];
+      accepted_total += out_.accepted[i];
       ++spec_steps;
-      continue;
     }
-    const float* last = lg.logits.data() + (lg.rows - 1) * vocab;
-    if ((e.flags & shm::kEntrySample) != 0) {
-      const int32_t t = s.sampler.Sample(last, vocab);
-      channel_->sampled()[i] = t;
-      channel_->counts()[i] = 1;
-      channel_->emitted()[emitted++] = t;
-    } else {
-      channel_->sampled()[i] = -1;
-      channel_->counts()[i] = 0;
-    }
-    if ((e.flags & shm::kEntryLogits) != 0) {
-      std::memcpy(channel_->logits() + row++ * g.vocab, last, static_cast<size_t>(vocab) * sizeof(float));
-    }
+  }
+  std::copy(out_.emitted.begin(), out_.emitted.end(), channel_->emitted());
+  for (size_t r = 0; r < out_.logits.size(); ++r) {
+    std::memcpy(channel_->logits() + r * g.vocab, out_.logits[r].data(), static_cast<size_t>(vocab) * sizeof(float));
   }
   out.num_entries = n;
-  out.num_logits = row;
-  out.num_emitted = emitted;
+  out.num_logits = static_cast<int64_t>(out_.logits.size());
+  out.num_emitted = static_cast<int64_t>(out_.emitted.size());
   steps_.fetch_add(1);
   tokens_.fetch_add(static_cast<uint64_t>(rows));
   host_->steps.fetch_add(1);

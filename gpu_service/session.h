@@ -5,10 +5,9 @@
 // The serving thread loops: receive a StepRequest, release what it lists, create the sequences it opens,
 // run the model's Forward for the whole step (the MoE of every layer going back to the worker over the
 // channel), sample, answer with the StepResult, or with an Error that names the bad field.
-// Speculative entries (common/shm_channel.h): the model drafter proposes for the entries that ask for
-// model drafts (one batched Draft), the one Forward runs them as speculative steps with every row's
-// logits, VerifyDrafts (model/spec.h) decides with the sequence's sampler, and Rollback drops
-// the rejected positions before the result goes back. It exits when
+// The step itself (drafts, the one Forward, verification, rollback, sampling) is RunModelStep
+// (model/step.h); the session checks the wire, turns entries into step items and copies the output
+// into the channel. It exits when
 // the worker's process dies or closes the channel, or on Stop(); the owner then frees the session.
 #pragma once
 
@@ -25,6 +24,7 @@
 #include "common/shm_channel.h"
 #include "model/backend.h"
 #include "model/sampling.h"
+#include "model/step.h"
 #include "gpu_service/latency.h"
 #include "gpu_service/shm_experts.h"
 
@@ -103,11 +103,10 @@ class WorkerSession {
   // Step scratch (serving thread).
   std::vector<shm::StepEntry> entries_;
   std::vector<int32_t> tokens_buf_;
-  std::vector<SequenceStep> steps_buf_;
-  std::vector<SequenceLogits> logits_;
-  std::vector<std::vector<int32_t>> feed_;         // per entry: tokens followed by the model's drafts
-  std::vector<std::vector<float>> draft_logits_;   // per entry: the model drafts' distributions
-  std::vector<int32_t> num_drafts_;                // per entry: drafts verified (0: not speculative)
+  std::vector<StepItem> items_;       // the entries as step items (model SequenceIds once opened)
+  std::vector<Sampler*> samplers_;
+  StepScratch scratch_;
+  StepOutput out_;
 };
 
 int64_t SteadyMillis();

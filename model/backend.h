@@ -88,6 +88,19 @@ struct DraftResult {
   std::vector<float> confidence;   // [depth]: raw confidence logits
 };
 
+// What a backend can do, declared once at load time (callers never probe by calling a method and looking
+// for Unimplemented).
+struct Capabilities {
+  // Runs speculative SequenceSteps and Rollback.
+  bool verify = false;
+  // The checkpoint's own drafter the backend loaded: kDspark (0731 stages), kMtp (preview MTP block) or
+  // kNone. Draft() proposes with it.
+  SpecMethod drafter = SpecMethod::kNone;
+  // The most tokens of one speculative step (the last sampled token + drafts); 0 = no bound of the
+  // backend's own (RunModelStep still caps drafts at kMaxDraftsPerItem).
+  int64_t max_spec_tokens = 0;
+};
+
 class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
@@ -101,10 +114,8 @@ class ModelBackend {
   // speculative: every cache (windows, compressor pending buffers, overlap state, compressed and indexer
   // entries) is left exactly as if those tokens had never run.
   virtual Status Rollback(SequenceId seq, int64_t num_tokens) = 0;
-  // The checkpoint's own drafter the backend loaded: kDspark (0731 stages), kMtp (preview MTP block) or
-  // kNone. Draft() proposes with it.
-  virtual SpecMethod drafter() const { return SpecMethod::kNone; }
-  bool HasDrafter() const { return drafter() != SpecMethod::kNone; }
+  virtual Capabilities capabilities() const = 0;
+  SpecMethod drafter() const { return capabilities().drafter; }
   virtual Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out) {
     (void)requests;
     (void)experts;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "model/step.h"
+
 namespace numoe {
 
 Status ValidateRequest(const GenerateRequest& r, int64_t vocab_size) {
@@ -31,9 +33,7 @@ struct Active {
   bool done = false;
   int32_t next = -1;             // sampled, not yet fed
   std::vector<int32_t> history;  // prompt + generated (n-gram drafter)
-  std::vector<int32_t> drafts;   // this step's drafts
-  std::vector<float> draft_logits;  // [drafts, vocab] (model drafter) or empty (deterministic drafter)
-  int64_t depth = 0;
+  int64_t depth = 0;             // drafts per step (adaptive: moves with acceptance)
 };
 
 class Loop {
@@ -81,7 +81,7 @@ class Loop {
   bool Emit(Active& a, int32_t tok, const float* logits) {
     const GenerateRequest& r = reqs_[a.index];
     GenerateResult& res = results_[a.index];
-    if (r.keep_logits) res.step_logits.insert(res.step_logits.end(), logits, logits + V_);
+    if (r.keep_logits && logits != nullptr) res.step_logits.insert(res.step_logits.end(), logits, logits + V_);
     res.tokens.push_back(tok);
     a.history.push_back(tok);
     a.next = tok;
@@ -96,104 +96,96 @@ class Loop {
     return !a.done;
   }
 
-  Status Propose() {
-    std::vector<DraftRequest> dreqs;
-    std::vector<size_t> owners;
-    for (size_t k = 0; k < act_.size(); ++k) {
-      Active& a = act_[k];
-      a.drafts.clear();
-      a.draft_logits.clear();
-      if (a.done || a.fed < reqs_[a.index].prompt.size()) continue;
-      // Never draft past what may still be emitted.
-      const int64_t left = reqs_[a.index].max_new_tokens - static_cast<int64_t>(results_[a.index].tokens.size());
-      const int64_t depth = std::min(a.depth, left - 1);
-      if (depth <= 0) continue;
-      if (spec_.method == SpecMethod::kNgram) {
-        a.drafts = NgramPropose(a.history, depth, spec_.ngram_max, spec_.ngram_min);
-      } else if (spec_.method == SpecMethod::kDspark || spec_.method == SpecMethod::kMtp) {
-        dreqs.push_back(DraftRequest{a.seq, a.next, depth, &a.sampler});
-        owners.push_back(k);
-      }
+  // Emits the tokens of one step for `a` (stopping at EOS / max_new_tokens inside an accepted run) and
+  // counts its speculative statistics; `logits` holds a row per emitted token (or is null).
+  void EmitStep(Active& a, const int32_t* tokens, int32_t count, int32_t drafted, int32_t accepted,
+                const float* logits) {
+    if (drafted > 0) {
+      SpecStats& st = results_[a.index].spec;
+      st.steps++;
+      st.drafted += drafted;
     }
-    if (dreqs.empty()) return absl::OkStatus();
-    std::vector<DraftResult> out;
-    RETURN_IF_ERROR(model_.Draft(dreqs, &experts_, &out));
-    for (size_t i = 0; i < out.size(); ++i) {
-      act_[owners[i]].drafts = std::move(out[i].tokens);
-      act_[owners[i]].draft_logits = std::move(out[i].logits);
+    int64_t kept = 0;
+    for (int32_t i = 0; i < count; ++i) {
+      if (i < accepted) ++kept, ++results_[a.index].spec.accepted;
+      const float* row = logits != nullptr ? logits + static_cast<int64_t>(i) * V_ : nullptr;
+      if (!Emit(a, tokens[i], row)) break;
     }
-    return absl::OkStatus();
+    if (drafted > 0 && spec_.adaptive && !a.done) {
+      if (kept == drafted) a.depth = std::min(a.depth + 1, spec_.depth);
+      if (kept == 0) a.depth = std::max<int64_t>(a.depth - 1, 1);
+    }
   }
 
-  // Accepts drafts of `a` against the target logits rows [1 + drafts, V]; returns drafts kept.
-  int64_t Verify(Active& a, const float* rows) {
-    SpecStats& st = results_[a.index].spec;
-    const Verdict v = VerifyDrafts(a.sampler, a.drafts, a.draft_logits, rows, V_);
-    st.steps++;
-    st.drafted += static_cast<int64_t>(a.drafts.size());
-    int64_t kept = 0;
-    for (size_t i = 0; i < v.tokens.size(); ++i) {
-      if (static_cast<int64_t>(i) < v.accepted) ++kept, ++st.accepted;
-      if (!Emit(a, v.tokens[i], rows + i * V_)) break;
+  // The step item of `a`: the next prompt chunk, or a decode token with the drafts of this step.
+  StepItem NextItem(Active& a, std::vector<int32_t>* feed) {
+    const GenerateRequest& r = reqs_[a.index];
+    StepItem item{.seq = a.seq};
+    if (a.fed < r.prompt.size()) {
+      size_t n = r.prompt.size() - a.fed;
+      if (r.prefill_chunk > 0) n = std::min(n, static_cast<size_t>(r.prefill_chunk));
+      item.tokens = std::span<const int32_t>(r.prompt.data() + a.fed, n);
+      item.all_logits = r.keep_logits;
+      a.fed += n;
+      item.sample = a.fed == r.prompt.size();
+      return item;
     }
-    return kept;
+    feed->assign(1, a.next);
+    item.sample = true;
+    // Never draft past what may still be emitted.
+    const int64_t left = r.max_new_tokens - static_cast<int64_t>(results_[a.index].tokens.size());
+    const int64_t depth = std::min(a.depth, left - 1);
+    if (depth > 0 && spec_.method == SpecMethod::kNgram) {
+      const std::vector<int32_t> drafts = NgramPropose(a.history, depth, spec_.ngram_max, spec_.ngram_min);
+      feed->insert(feed->end(), drafts.begin(), drafts.end());
+      item.drafts = static_cast<int32_t>(drafts.size());
+    } else if (depth > 0 && (spec_.method == SpecMethod::kDspark || spec_.method == SpecMethod::kMtp)) {
+      item.model_drafts = static_cast<int32_t>(depth);
+    }
+    item.tokens = *feed;
+    // The rows that chose the emitted tokens: the last row, or every row of a speculative step.
+    item.all_logits = r.keep_logits && item.speculative();
+    item.logits = r.keep_logits && !item.speculative();
+    return item;
   }
 
   Status Steps() {
-    std::vector<SequenceStep> steps;
+    std::vector<StepItem> items;
+    std::vector<Sampler*> samplers;
     std::vector<size_t> owner;
-    std::vector<SequenceLogits> out;
+    std::vector<bool> prompt;  // per item: a prompt chunk (its logits rows are prefill logits)
     std::vector<std::vector<int32_t>> feed(act_.size());
+    StepScratch scratch;
+    StepOutput out;
     for (;;) {
-      if (spec_.method != SpecMethod::kNone) RETURN_IF_ERROR(Propose());
-      steps.clear();
+      items.clear();
+      samplers.clear();
       owner.clear();
+      prompt.clear();
       for (size_t k = 0; k < act_.size(); ++k) {
         Active& a = act_[k];
         if (a.done) continue;
-        const GenerateRequest& r = reqs_[a.index];
-        SequenceStep s;
-        s.seq = a.seq;
-        if (a.fed < r.prompt.size()) {
-          size_t n = r.prompt.size() - a.fed;
-          if (r.prefill_chunk > 0) n = std::min(n, static_cast<size_t>(r.prefill_chunk));
-          s.tokens = std::span<const int32_t>(r.prompt.data() + a.fed, n);
-          s.all_logits = r.keep_logits;
-          a.fed += n;
-        } else {
-          feed[k].assign(1, a.next);
-          feed[k].insert(feed[k].end(), a.drafts.begin(), a.drafts.end());
-          s.tokens = feed[k];
-          s.all_logits = !a.drafts.empty();
-          s.speculative = !a.drafts.empty();
-        }
-        steps.push_back(s);
+        prompt.push_back(a.fed < reqs_[a.index].prompt.size());
+        items.push_back(NextItem(a, &feed[k]));
+        samplers.push_back(&a.sampler);
         owner.push_back(k);
       }
-      if (steps.empty()) return absl::OkStatus();
-      RETURN_IF_ERROR(model_.Forward(steps, &experts_, &out));
-      for (size_t i = 0; i < steps.size(); ++i) {
+      if (items.empty()) return absl::OkStatus();
+      RETURN_IF_ERROR(RunModelStep(model_, experts_, items, samplers, &scratch, &out));
+      size_t emitted = 0, logits = 0;
+      for (size_t i = 0; i < items.size(); ++i) {
         Active& a = act_[owner[i]];
-        const GenerateRequest& r = reqs_[a.index];
         GenerateResult& res = results_[a.index];
-        const SequenceLogits& lg = out[i];
-        if (steps[i].speculative) {
-          const int64_t kept = Verify(a, lg.logits.data());
-          const int64_t drop = static_cast<int64_t>(a.drafts.size()) - kept;
-          if (!a.done) RETURN_IF_ERROR(model_.Rollback(a.seq, drop));
-          if (spec_.adaptive && !a.done) {
-            if (drop == 0) a.depth = std::min(a.depth + 1, spec_.depth);
-            if (kept == 0) a.depth = std::max<int64_t>(a.depth - 1, 1);
-          }
+        const std::vector<float>* rows = (items[i].logits || items[i].all_logits) ? &out.logits[logits++] : nullptr;
+        const int32_t* tokens = out.emitted.data() + emitted;
+        emitted += static_cast<size_t>(out.counts[i]);
+        if (!prompt[i]) {
+          EmitStep(a, tokens, out.counts[i], out.drafted[i], out.accepted[i], rows != nullptr ? rows->data() : nullptr);
           continue;
         }
-        const bool prefill = res.tokens.empty() && a.next < 0;
-        if (prefill && r.keep_logits) {
-          res.prefill_logits.insert(res.prefill_logits.end(), lg.logits.begin(), lg.logits.end());
-        }
-        if (a.fed < r.prompt.size()) continue;  // more prompt chunks to feed
-        const float* last = lg.logits.data() + (lg.rows - 1) * V_;
-        Emit(a, a.sampler.Sample(last, V_), last);
+        if (rows != nullptr) res.prefill_logits.insert(res.prefill_logits.end(), rows->begin(), rows->end());
+        // The last chunk's last row chose the first generated token.
+        if (items[i].sample) EmitStep(a, tokens, 1, 0, 0, rows != nullptr ? rows->data() + rows->size() - V_ : nullptr);
       }
     }
   }

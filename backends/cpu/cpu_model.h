@@ -121,8 +121,13 @@ class CpuModel final : public ModelBackend {
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
-  SpecMethod drafter() const override {
-    return dspark_ != nullptr ? SpecMethod::kDspark : mtp_ != nullptr ? SpecMethod::kMtp : SpecMethod::kNone;
+  // Verifies any speculative step; drafts per item are bounded only by kMaxDraftsPerItem (model/step.h).
+  Capabilities capabilities() const override {
+    return Capabilities{.verify = true,
+                        .drafter = dspark_ != nullptr ? SpecMethod::kDspark
+                                   : mtp_ != nullptr  ? SpecMethod::kMtp
+                                                      : SpecMethod::kNone,
+                        .max_spec_tokens = 0};
   }
   // DSpark: a block of `depth` drafts from one pass. MTP: `depth` sequential passes of the MTP block, each
   // on the previous pass's output streams and drafted token; the block's draft-time KV entries are

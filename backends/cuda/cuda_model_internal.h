@@ -147,7 +147,12 @@ class CudaModel final : public CudaBackend {
   // The device work is deferred to the next Forward/Draft, which does every pending rollback in one batch.
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
-  SpecMethod drafter() const override { return stages_ > 0 ? SpecMethod::kDspark : SpecMethod::kNone; }
+  // Speculative steps need CudaOptions::max_spec_tokens > 0 (the snapshot and log are sized by it).
+  Capabilities capabilities() const override {
+    return Capabilities{.verify = spec_tokens_ > 0,
+                        .drafter = stages_ > 0 ? SpecMethod::kDspark : SpecMethod::kNone,
+                        .max_spec_tokens = spec_tokens_};
+  }
   Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
                std::vector<DraftResult>* out) override;
 

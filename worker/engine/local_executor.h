@@ -2,14 +2,14 @@
 // with one Sampler per sequence exactly as GenerateBatch does, so the engine's tokens equal the
 // one-process loop's for the same requests.
 //
-// Speculative items (executor.h): model drafts come from ModelBackend::Draft, batched over the step's
-// items with each sequence's Sampler; every speculative item runs in the same Forward as the others
-// (speculative, all logits), is verified with VerifyDrafts and rolled back by drafted - accepted.
+// A step maps the executor's handles to the model's sequences and samplers and runs RunModelStep
+// (model/step.h): draft, forward, verify, rollback and sample are written there once.
 #pragma once
 
 #include <map>
 
 #include "model/backend.h"
+#include "model/step.h"
 #include "worker/engine/executor.h"
 
 namespace numoe::engine {
@@ -33,21 +33,15 @@ class LocalExecutor final : public Executor {
     SequenceId model_seq;
     Sampler sampler;
   };
-  // The most drafts one item may ask the model drafter for (ValidateSpec's depth bound).
-  static constexpr int64_t kMaxModelDrafts = 16;
-  Status Validate(std::span<const StepItem> items) const;
 
   ModelBackend* model_;
   ExpertBackend* experts_;
   int64_t max_step_tokens_, max_seqs_;
   std::map<ExecSeq, Seq> seqs_;
   ExecSeq next_ = 1;
-  std::vector<SequenceStep> steps_;
-  std::vector<SequenceLogits> logits_;
-  std::vector<std::vector<int32_t>> feed_;         // per item with model drafts: [tokens[0], drafts...]
-  std::vector<std::vector<float>> draft_logits_;   // per item: the model drafts' distributions (empty: n-gram)
-  std::vector<DraftRequest> draft_reqs_;
-  std::vector<DraftResult> draft_out_;
+  std::vector<StepItem> model_items_;  // the step's items with the model's SequenceIds
+  std::vector<Sampler*> samplers_;
+  StepScratch scratch_;
 };
 
 }  // namespace numoe::engine

@@ -74,31 +74,21 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
   // More releases than one message holds cannot happen while at most max_seqs are open; guard anyway.
   if (releases_.size() > g.max_seqs) releases_.resize(g.max_seqs);
 
+  const Capabilities caps = ChannelCapabilities(g);
   shm::MsgHeader& m = ch_->outgoing();
   int64_t tokens = 0, rows = 0, logits_rows = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
-    if (it.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, " has no tokens"));
+    // numoe-gpu runs the same checks (ValidateStepItem); failing here keeps a bad item from costing a round trip.
+    if (Status st = ValidateStepItem(it, caps, g.vocab); !st.ok()) {
+      return Status(st.code(), absl::StrCat("executor: item ", i, ": ", st.message()));
+    }
+    if (it.all_logits) {
+      return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, ": all_logits does not travel over the channel"));
+    }
     if (rows + it.rows() > g.max_rows) {
       return absl::InvalidArgumentError(absl::StrCat("executor: the step has more than ", g.max_rows,
                                                      " rows, tokens + model drafts (the channel's max_rows)"));
-    }
-    // The gpu checks these too; failing here keeps a bad item from costing a round trip.
-    if (it.drafts < 0 || it.model_drafts < 0 || (it.drafts > 0 && it.model_drafts > 0) ||
-        it.drafts >= static_cast<int64_t>(it.tokens.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, ": drafts ", it.drafts, " / model_drafts ",
-                                                     it.model_drafts, " do not fit its ", it.tokens.size(), " tokens"));
-    }
-    if ((it.drafts > 0 || it.model_drafts > 0) && (!it.sample || it.logits || g.verify == 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "executor: item ", i, ": drafts need sample and no logits",
-          g.verify == 0 ? ", and numoe-gpu's backend cannot verify drafts" : ""));
-    }
-    if (it.model_drafts > 0 && (limits().drafter == SpecMethod::kNone || it.model_drafts > static_cast<int64_t>(g.max_model_drafts) ||
-                                it.tokens.size() != 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("executor: item ", i, ": model_drafts ", it.model_drafts,
-                                                     " (numoe-gpu's drafter ", SpecMethodName(limits().drafter),
-                                                     ", at most ", g.max_model_drafts, ", after exactly one token)"));
     }
     shm::StepEntry& e = ch_->entries()[i];
     e = shm::StepEntry{};

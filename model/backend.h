@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
+#include "common/config.h"
 #include "common/status.h"
 #include "model/sampling.h"
 #include "model/spec.h"
@@ -45,6 +47,13 @@ struct SequenceStep {
   // Record what this step overwrites so Rollback can drop its trailing tokens (speculative verification).
   bool speculative = false;
 };
+
+// The checks every backend's Forward makes before it touches any state: a non-empty step, each sequence
+// known (`position` returns its position, or NotFound) and present at most once, tokens present and in
+// [0, vocab_size), and the model's context limit (max_position_embeddings, OutOfRange). Errors name the
+// sequence. Backends add their own capacity checks after it.
+Status ValidateSequenceSteps(std::span<const SequenceStep> steps, const ModelConfig& config,
+                             const std::function<StatusOr<int64_t>(SequenceId)>& position);
 
 // Logits of one sequence's step: [n, vocab] with n = tokens.size() when all_logits, else 1.
 struct SequenceLogits {

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
-#include <set>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -720,28 +719,14 @@ Status CpuModel::Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32
 Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* experts,
                          std::vector<SequenceLogits>* out) {
   if (experts == nullptr) return absl::InvalidArgumentError("Forward: no expert backend");
-  if (steps.empty()) return absl::InvalidArgumentError("Forward: empty step");
+  RETURN_IF_ERROR(ValidateSequenceSteps(steps, cfg_, [&](SequenceId seq) -> StatusOr<int64_t> {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+    return it->second->position;
+  }));
   Rows rows;
-  std::set<SequenceId> seen;
   for (const SequenceStep& st : steps) {
-    auto it = seqs_.find(st.seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", st.seq, " does not exist"));
-    if (!seen.insert(st.seq).second) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, " appears twice in one step"));
-    }
-    if (st.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, ": no tokens"));
-    SeqState* state = it->second.get();
-    if (cfg_.max_position_embeddings > 0 &&
-        state->position + static_cast<int64_t>(st.tokens.size()) > cfg_.max_position_embeddings) {
-      return absl::OutOfRangeError(absl::StrCat("sequence ", st.seq, ": ", state->position + st.tokens.size(),
-                                                " tokens exceed the context limit of ", cfg_.max_position_embeddings));
-    }
-    for (int32_t t : st.tokens) {
-      if (t < 0 || t >= cfg_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", t, " is out of range [0, ", cfg_.vocab_size, ")"));
-      }
-    }
+    SeqState* state = seqs_.at(st.seq).get();
     Rows::Seq s{state, rows.n, rows.n + static_cast<int64_t>(st.tokens.size()), state->position};
     for (size_t i = 0; i < st.tokens.size(); ++i) {
       rows.pos.push_back(state->position + static_cast<int64_t>(i));

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <set>
 
 #include "common/log.h"
 #include "backends/cuda/cuda_model_internal.h"
@@ -421,15 +420,13 @@ Status CudaModel::RunSegment(int seg, const PassDims& d, bool use_graph) {
 // ---- steps -----------------------------------------------------------------------------------------------
 
 Status CudaModel::ValidateSteps(std::span<const SequenceStep> steps, std::vector<Seq*>* seqs) const {
-  if (steps.empty()) return absl::InvalidArgumentError("Forward: empty step");
-  std::set<SequenceId> seen;
+  RETURN_IF_ERROR(ValidateSequenceSteps(steps, cfg_, [&](SequenceId seq) -> StatusOr<int64_t> {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+    return it->second.position;
+  }));
   for (const SequenceStep& st : steps) {
     auto it = seqs_.find(st.seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", st.seq, " does not exist"));
-    if (!seen.insert(st.seq).second) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, " appears twice in one step"));
-    }
-    if (st.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", st.seq, ": no tokens"));
     if (st.speculative && spec_tokens_ == 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "sequence ", st.seq, ": speculative steps are off on this device (CudaOptions::max_spec_tokens = 0)"));
@@ -440,19 +437,10 @@ Status CudaModel::ValidateSteps(std::span<const SequenceStep> steps, std::vector
           spec_tokens_, " (CudaOptions::max_spec_tokens: the last token + drafts)"));
     }
     const int64_t end = it->second.position + static_cast<int64_t>(st.tokens.size());
-    if (cfg_.max_position_embeddings > 0 && end > cfg_.max_position_embeddings) {
-      return absl::OutOfRangeError(absl::StrCat("sequence ", st.seq, ": ", end, " tokens exceed the context limit of ",
-                                                cfg_.max_position_embeddings));
-    }
     if (end > max_context_) {
       return absl::ResourceExhaustedError(absl::StrCat("sequence ", st.seq, ": ", end,
                                                        " tokens exceed the device cache's per-sequence capacity of ",
                                                        max_context_, " tokens (CudaOptions::max_context)"));
-    }
-    for (int32_t t : st.tokens) {
-      if (t < 0 || t >= cfg_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is out of range [0, ", cfg_.vocab_size, ")"));
-      }
     }
     seqs->push_back(const_cast<Seq*>(&it->second));
   }

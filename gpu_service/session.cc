@@ -46,7 +46,7 @@ void WorkerSession::Stop() {
 
 void WorkerSession::ReleaseAll() {
   if (seqs_.empty()) return;
-  std::lock_guard<std::mutex> lk(host_->forward_mu);
+  std::lock_guard<FifoMutex> lk(host_->forward_mu);
   for (auto& [key, s] : seqs_) (void)host_->model->ReleaseSequence(s.model_seq);
   seqs_.clear();
   num_seqs_.store(0);
@@ -110,7 +110,7 @@ Status WorkerSession::HandleStep() {
 
   // Releases first (unknown keys are ignored: a release may race with the session's own cleanup).
   if (!releases.empty()) {
-    std::lock_guard<std::mutex> lk(host_->forward_mu);
+    std::lock_guard<FifoMutex> lk(host_->forward_mu);
     for (int64_t key : releases) {
       auto it = seqs_.find(key);
       if (it == seqs_.end()) continue;
@@ -174,7 +174,7 @@ Status WorkerSession::HandleStep() {
     return bad(absl::StrCat("num_tokens + model_drafts over the entries is ", rows, ", more than max_rows ", g.max_rows));
   }
 
-  std::lock_guard<std::mutex> lk(host_->forward_mu);
+  std::lock_guard<FifoMutex> lk(host_->forward_mu);
   for (int64_t i = 0; i < n; ++i) {
     const shm::StepEntry& e = entries_[i];
     if ((e.flags & shm::kEntryOpen) == 0) continue;
@@ -189,7 +189,9 @@ Status WorkerSession::HandleStep() {
     items_[i].seq = s.model_seq;
     samplers_[i] = &s.sampler;
   }
-  // The model drafter's MoE goes over the channel as the stage layers num_hidden_layers + s.
+  // The model drafter's MoE goes over the channel as the stage layers num_hidden_layers + s. While the
+  // worker computes a layer's experts, other sessions may use the model (ModelHost::interleaved_steps).
+  experts_.set_yield(host_->interleaved_steps ? &host_->forward_mu : nullptr);
   RETURN_IF_ERROR(RunModelStep(*host_->model, experts_, items_, samplers_, &scratch_, &out_));
 
   int64_t drafted_total = 0, accepted_total = 0, spec_steps = 0;

@@ -25,6 +25,7 @@
 #include "model/backend.h"
 #include "model/sampling.h"
 #include "model/step.h"
+#include "gpu_service/fifo_mutex.h"
 #include "gpu_service/latency.h"
 #include "gpu_service/shm_experts.h"
 
@@ -33,10 +34,12 @@ namespace numoe::gpu {
 // The model shared by every worker session.
 struct ModelHost {
   ModelBackend* model = nullptr;
-  // One Forward at a time on the one model: steps of different workers are serialised here. This is
-  // the place for cross-worker batching later (merge the queued steps of several workers into one
-  // Forward, each worker's MoE rows routed back to its own channel).
-  std::mutex forward_mu;
+  // One thread computes on the model at a time; sessions take turns in arrival order. With
+  // `interleaved_steps` (the backend's Capabilities) a session gives the model up while its worker computes
+  // a layer's experts, so another worker's step runs meanwhile (lanes, layer by layer); otherwise a step
+  // holds it from start to end.
+  FifoMutex forward_mu;
+  bool interleaved_steps = false;
   LatencyRecorder hops;
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> tokens{0};

@@ -33,8 +33,10 @@ Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
   m.top_k = r.top_k;
   const int64_t t0 = NowNs();
   if (Status st = ch_->Send(shm::MsgType::kMoeRequest); !st.ok()) return broken_ = st;
+  if (yield_ != nullptr) yield_->unlock();
   auto type = ch_->Receive(-1);
   const int64_t rtt = NowNs() - t0;
+  if (yield_ != nullptr) yield_->lock();
   if (!type.ok()) return broken_ = type.status();
   const shm::MsgHeader& in = ch_->incoming();
   if (*type == shm::MsgType::kError) {

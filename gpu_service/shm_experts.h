@@ -6,6 +6,7 @@
 
 #include "common/shm_channel.h"
 #include "model/backend.h"
+#include "gpu_service/fifo_mutex.h"
 #include "gpu_service/latency.h"
 
 namespace numoe::gpu {
@@ -15,6 +16,9 @@ class ShmExpertBackend final : public ExpertBackend {
   // Not owned; `channel` is the gpu side.
   ShmExpertBackend(shm::Channel* channel, LatencyRecorder* hops) : ch_(channel), hops_(hops) {}
   Status RunRouted(const MoeRequest& request) override;
+  // While waiting for the worker's answer, unlock `held` (the caller holds it) and lock it again before
+  // returning: other lanes use the model meanwhile. nullptr = keep holding.
+  void set_yield(FifoMutex* held) { yield_ = held; }
   // The channel failed (peer gone, protocol violation): the conversation cannot continue.
   bool broken() const { return !broken_.ok(); }
   const Status& broken_status() const { return broken_; }
@@ -23,6 +27,7 @@ class ShmExpertBackend final : public ExpertBackend {
   shm::Channel* ch_;
   LatencyRecorder* hops_;
   Status broken_;
+  FifoMutex* yield_ = nullptr;
 };
 
 }  // namespace numoe::gpu

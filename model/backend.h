@@ -108,6 +108,10 @@ struct Capabilities {
   // The most tokens of one speculative step (the last sampled token + drafts); 0 = no bound of the
   // backend's own (RunModelStep still caps drafts at kMaxDraftsPerItem).
   int64_t max_spec_tokens = 0;
+  // Forward and Draft calls on different sequences may interleave at their ExpertBackend calls, one
+  // thread computing at a time (the backend keeps no step state outside the call's own locals and the
+  // sequences): numoe-gpu then runs other workers' steps while one worker computes its experts.
+  bool interleaved_steps = false;
 };
 
 class ModelBackend {

@@ -127,7 +127,8 @@ class CpuModel final : public ModelBackend {
                         .drafter = dspark_ != nullptr ? SpecMethod::kDspark
                                    : mtp_ != nullptr  ? SpecMethod::kMtp
                                                       : SpecMethod::kNone,
-                        .max_spec_tokens = 0};
+                        .max_spec_tokens = 0,
+                        .interleaved_steps = true};
   }
   // DSpark: a block of `depth` drafts from one pass. MTP: `depth` sequential passes of the MTP block, each
   // on the previous pass's output streams and drafted token; the block's draft-time KV entries are

@@ -1,4 +1,4 @@
-// DeepSeek V4 chat for the router, on common/tokenizer/chat_encoding.h: OpenAI chat requests -> prompt ids,
+// DeepSeek V4 chat for the router, on router/chat/chat_encoding.h: OpenAI chat requests -> prompt ids,
 // and generated text -> reasoning_content / content / tool-call deltas in OpenAI's streaming shapes.
 //
 // Server policy (docs/dsv4-chat-encoding.md §3): "developer" means "system" (OpenAI clients); request tools
@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "common/tokenizer/chat_encoding.h"
+#include "router/chat/chat_encoding.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/openai/request.h"
 

@@ -2,7 +2,7 @@
 #include <random>
 
 #include "common/log.h"
-#include "common/tokenizer/chat_encoding.h"
+#include "router/chat/chat_encoding.h"
 
 namespace numoe::chat {
 namespace {

@@ -1,5 +1,5 @@
 // DeepSeek V4 prompt encoding (§2) and the official strict output grammar (§4.1-4.2).
-#include "common/tokenizer/chat_encoding.h"
+#include "router/chat/chat_encoding.h"
 
 #include <algorithm>
 #include <array>

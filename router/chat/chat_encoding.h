@@ -1,4 +1,4 @@
-// DeepSeek V4 chat encoding (prompt rendering) and output parsing, per /work/shared/docs/dsv4-chat-encoding.md
+// DeepSeek V4 chat encoding (prompt rendering) and output parsing, per docs/dsv4-chat-encoding.md
 // (the spec; section numbers below refer to it). V4 ships no Jinja template: this reproduces the official
 // Python encoder (encoding_dsv4.py, `encode_messages` / `parse_message_from_completion_text`) byte for byte,
 // plus a streaming output parser for the server.
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/tokenizer/py_json.h"
+#include "router/chat/py_json.h"
 #include "nlohmann/json.hpp"
 
 namespace numoe::chat {

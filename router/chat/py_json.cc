@@ -1,4 +1,4 @@
-#include "common/tokenizer/py_json.h"
+#include "router/chat/py_json.h"
 
 #include <charconv>
 #include <cmath>

@@ -1,8 +1,8 @@
 // DeepSeek V4 chat encoding tests. Every expected string is copied from the worked examples (E1-E14) and the
-// fixed texts (tools block, effort prompts) of /work/shared/docs/dsv4-chat-encoding.md, which is the spec;
+// fixed texts (tools block, effort prompts) of docs/dsv4-chat-encoding.md, which is the spec;
 // where the doc elides a part ("…", SYS, Q1), the test fills it with its own input and the expected text is
 // composed by hand from the doc's rules, never from the code's output.
-#include "common/tokenizer/chat_encoding.h"
+#include "router/chat/chat_encoding.h"
 
 #include <gtest/gtest.h>
 

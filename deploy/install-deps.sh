@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs every Debian package that building, running and testing numoe need.
-# Non-interactive and idempotent; run as root on Debian 12 (bookworm).
+# Installs every Debian package that building, running and testing numoe need, on Debian 12 (bookworm).
+# Non-interactive and idempotent. It checks first and asks for root only when something is missing, so
+# ./deploy/test.sh runs as any user on a machine that has everything; when something is missing and this
+# is not root, it exits 1 with the exact apt-get line to run as root.
 # CUDA 13 and NCCL are not installed here: they come from the machine (/usr/local/cuda) when present.
 set -euo pipefail
 
@@ -13,11 +15,6 @@ PACKAGES=(
   curl ca-certificates procps
 )
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-deps.sh: run as root (apt-get install needs it)" >&2
-  exit 1
-fi
-
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,6 +22,14 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps.sh: all ${#PACKAGES[@]} packages already installed"
   exit 0
+fi
+
+install_line="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps.sh: ${#missing[@]} of ${#PACKAGES[@]} packages are missing: ${missing[*]}" >&2
+  echo "install-deps.sh: installing them needs root; run as root (or with sudo sh -c '...'):" >&2
+  echo "  $install_line" >&2
+  exit 1
 fi
 echo "install-deps.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The dependency rule of docs/design.md ("Layout"), checked on every #include of the tree:
-#   common <- model <- {backends/*, worker, gpu_service}; router and cli sit on top.
+# The dependency rule of docs/design.md ("Dependency rule"), checked on every #include of the tree:
+#   common <- model <- {backends/*, worker, gpu_service}; router, cli, deploy and bench sit on top.
 #   common/      includes only common/
 #   model/       includes only common/ and model/
 #   backends/    includes no worker/, gpu_service/ or router/ header

@@ -45,8 +45,8 @@ struct Verdict {
 // after [last token, d_0 .. d_{i-1}]) with the rule in the header comment. `draft_logits` [k, vocab] are
 // the logits the drafts were drawn from (sampled through the same sampler settings), or empty for a
 // deterministic drafter (n-gram: q is one-hot). `sampler` is the sequence's: its RNG advances.
-// If `rows` is non-null it receives, per emitted token, the index of the target row that chose it
-// (row i chose tokens[i]). The caller rolls back k - accepted positions.
+// Target row i chose tokens[i], so the rows behind the emitted tokens are 0 .. accepted. The caller rolls
+// back k - accepted positions.
 Verdict VerifyDrafts(Sampler& sampler, std::span<const int32_t> drafts, std::span<const float> draft_logits,
                      const float* target, int64_t vocab);
 

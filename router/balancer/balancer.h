@@ -1,7 +1,7 @@
 // The balancer: admits generations, queues them when every worker is full, sends each to a worker chosen by
 // policy.h, health-checks the workers, and retries or fails requests when a worker fails.
 //
-// Rules (docs/design.md, issue #4):
+// Rules:
 //   - Every worker starts down and is up once its Stats health check answers; checks run every
 //     health_interval_s; `unhealthy_after` failed checks in a row mark it down, and a Generate call that
 //     fails with a transport error (UNAVAILABLE, or the stream cut) marks it down at once. A down worker

@@ -98,6 +98,17 @@ class ArgParser {
   bool help_requested_ = false;
 };
 
+// `config` as the argv that parses back to it: `add_flags(ArgParser&, Config*)` registers the flags onto a
+// default Config, which then takes config's values, and ChangedArgv writes the fields that differ.
+template <typename Config, typename AddFlags>
+std::vector<std::string> ArgvOf(const Config& config, AddFlags add_flags) {
+  Config bound;
+  ArgParser p("argv", "");
+  add_flags(p, &bound);
+  bound = config;
+  return p.ChangedArgv();
+}
+
 // Parses "1,2,3" into integers; errors name `what`.
 StatusOr<std::vector<int64_t>> ParseIntList(const std::string& text, const std::string& what);
 

@@ -29,12 +29,6 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
             &c->spec);
 }
 
-std::vector<std::string> GpuArgv(const GpuAppConfig& c) {
-  GpuAppConfig bound;  // defaults, read by the registration below
-  ArgParser p("numoe-gpu", "");
-  AddGpuFlags(p, &bound);
-  bound = c;
-  return p.ChangedArgv();
-}
+std::vector<std::string> GpuArgv(const GpuAppConfig& c) { return ArgvOf(c, AddGpuFlags); }
 
 }  // namespace numoe::gpu

@@ -54,13 +54,7 @@ void AddRouterFlags(ArgParser& p, RouterAppConfig* c) {
               &c->ready_file);
 }
 
-std::vector<std::string> RouterArgv(const RouterAppConfig& c) {
-  RouterAppConfig bound;  // defaults, read by the registration below
-  ArgParser p("numoe-router", "");
-  AddRouterFlags(p, &bound);
-  bound = c;
-  return p.ChangedArgv();
-}
+std::vector<std::string> RouterArgv(const RouterAppConfig& c) { return ArgvOf(c, AddRouterFlags); }
 
 StatusOr<std::vector<std::string>> ParseWorkerList(const std::string& text) {
   std::vector<std::string> out;

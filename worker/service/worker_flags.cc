@@ -44,12 +44,6 @@ void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c) {
             &c->spec_adaptive);
 }
 
-std::vector<std::string> WorkerArgv(const WorkerAppConfig& c) {
-  WorkerAppConfig bound;  // defaults, read by the registration below
-  ArgParser p("numoe-worker", "");
-  AddWorkerFlags(p, &bound);
-  bound = c;
-  return p.ChangedArgv();
-}
+std::vector<std::string> WorkerArgv(const WorkerAppConfig& c) { return ArgvOf(c, AddWorkerFlags); }
 
 }  // namespace numoe::worker

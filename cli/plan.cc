@@ -8,10 +8,14 @@
 
 #include "cli/commands.h"
 #include "common/args.h"
+#include "backends/cuda/cuda_model.h"
+#include "common/choices.h"
 #include "deploy/emit.h"
+#include "deploy/launch.h"
 #include "deploy/model_memory.h"
 #include "deploy/planner.h"
 #include "deploy/topology.h"
+#include "model/spec_policy.h"
 
 namespace numoe::cli {
 namespace {
@@ -49,13 +53,6 @@ std::vector<char*> TakeEmitDir(int argc, char** argv, std::string* dir, bool* mi
   return out;
 }
 
-StatusOr<deploy::DrafterExperts> ParseDrafter(const std::string& s) {
-  if (s == "auto") return deploy::DrafterExperts::kAuto;
-  if (s == "cpu") return deploy::DrafterExperts::kCpu;
-  if (s == "gpu") return deploy::DrafterExperts::kGpu;
-  return absl::InvalidArgumentError(absl::StrCat("--drafter-experts must be auto, cpu or gpu (got '", s, "')"));
-}
-
 }  // namespace
 
 int RunPlan(int argc, char** argv) {
@@ -64,9 +61,10 @@ int RunPlan(int argc, char** argv) {
   bool emit_dir_missing = false;
   std::vector<char*> args = TakeEmitDir(argc, argv, &emit_dir, &emit_dir_missing);
 
-  std::string model_dir, config_file, topology_file, emit, drafter = "auto", bin_dir = "/usr/local/bin";
-  std::string hostname = "HOSTNAME", image = "numoe:latest";
-  int64_t instances = 0, max_batch_tokens = deploy::kDefaultMaxBatchTokens, gpu_node = -1;
+  std::string model_dir, config_file, topology_file, emit;
+  deploy::EmitOptions eo;
+  eo.launch.backend = Backend::kAuto;
+  int64_t instances = 0, max_batch_tokens = deploy::kDefaultMaxBatchTokens;
   double headroom_gb = static_cast<double>(deploy::kDefaultOsHeadroomBytes) / deploy::kBytesPerGB;
   double headroom_pct = deploy::kDefaultOsHeadroomFraction * 100.0;
   double repack_pct = deploy::kDefaultRepackOverhead * 100.0;
@@ -94,10 +92,6 @@ int RunPlan(int argc, char** argv) {
               "numoe.target) or a Kubernetes manifest (numoe.yaml)",
               &emit);
   p.AddFlag("force", "let --emit overwrite files that exist in DIR", &force);
-  p.AddString("drafter-experts", "auto|cpu|gpu",
-              "where the DSpark/MTP drafter's routed experts live; auto = in every worker when the model has a "
-              "drafter",
-              &drafter);
   p.AddFlag("available-memory", "plan on memory available now (free + reclaimable) rather than installed", &available);
   p.AddDouble("os-headroom-gb", "GB", "memory kept free per node for the kernel, daemons and page cache",
               &headroom_gb, 0.0, 1e6);
@@ -108,11 +102,17 @@ int RunPlan(int argc, char** argv) {
               &repack_pct, 0.0, 100.0);
   p.AddInt("max-batch-tokens", "N", "tokens in flight per micro-batch (sizes the activation buffers)",
            &max_batch_tokens, 1, int64_t{1} << 24);
-  p.AddString("bin-dir", "DIR", "--emit: where numoe-gpu, numoe-worker and numoe-router are installed", &bin_dir);
+  // The daemons' options, shared with `numoe serve` (deploy/launch.h); --drafter-experts also decides
+  // whether the drafter's experts count in each worker's memory.
+  deploy::AddLaunchFlags(p, &eo.launch);
+  p.AddString("bin-dir", "DIR", "--emit: where numoe-gpu, numoe-worker and numoe-router are installed",
+              &eo.bin_dir);
   p.AddInt("gpu-node", "N", "--emit: NUMA node numoe-gpu runs on, nearest its GPU; -1 = the first node",
-           &gpu_node, -1, 1 << 16);
-  p.AddString("hostname", "NAME", "--emit k8s: kubernetes.io/hostname of the machine", &hostname);
-  p.AddString("image", "IMAGE", "--emit k8s: container image with the numoe binaries and numactl", &image);
+           &eo.gpu_numa_node, -1, 1 << 16);
+  p.AddInt("gpu-port", "N", "--emit: numoe-gpu's gRPC port", &eo.launch.gpu_port, 1, 65535);
+  p.AddInt("worker-port", "N", "--emit: worker i's gRPC port is N + i", &eo.launch.worker_base_port, 1, 65535);
+  p.AddString("hostname", "NAME", "--emit k8s: kubernetes.io/hostname of the machine", &eo.k8s_hostname);
+  p.AddString("image", "IMAGE", "--emit k8s: container image with the numoe binaries and numactl", &eo.image);
   p.AddEpilog(
       "Sizes are GB = 1e9 bytes. Exit status: 0 plan made; 1 error (unreadable model or topology, emit failed);\n"
       "2 bad flags; 3 the machine cannot hold one copy of the routed experts (the output says how much is\n"
@@ -138,9 +138,7 @@ int RunPlan(int argc, char** argv) {
   }
 
   deploy::PlanOptions options;
-  auto d = ParseDrafter(drafter);
-  if (!d.ok()) return Fail(prog, d.status(), kExitUsage);
-  options.drafter_experts = *d;
+  options.drafter_experts = eo.launch.drafter_experts;
   options.instances_per_node = static_cast<int>(instances);
   options.os_headroom_bytes = static_cast<int64_t>(std::llround(headroom_gb * deploy::kBytesPerGB));
   options.os_headroom_fraction = headroom_pct / 100.0;
@@ -161,17 +159,20 @@ int RunPlan(int argc, char** argv) {
   if (!plan->fits()) return kExitDoesNotFit;
 
   if (!emit.empty()) {
-    deploy::EmitOptions eo;
     std::error_code ec;
-    eo.model_path = model_dir.empty() ? "/path/to/model" : std::filesystem::absolute(model_dir, ec).string();
-    eo.bin_dir = bin_dir;
-    eo.gpu_numa_node = static_cast<int>(gpu_node);
-    eo.k8s_hostname = hostname;
-    eo.image = image;
-    if (gpu_node >= 0 && topology->IndexOf(static_cast<int>(gpu_node)) < 0) {
-      return Fail(prog, absl::InvalidArgumentError(absl::StrCat("--gpu-node ", gpu_node, " is not a node of ",
+    eo.launch.model_dir = model_dir.empty() ? "/path/to/model" : std::filesystem::absolute(model_dir, ec).string();
+    // auto: what this machine has (a described --topology does not say whether it has GPUs).
+    eo.launch.backend = ResolveBackend(eo.launch.backend, CudaDeviceCount());
+    if (eo.gpu_numa_node >= 0 && topology->IndexOf(eo.gpu_numa_node) < 0) {
+      return Fail(prog, absl::InvalidArgumentError(absl::StrCat("--gpu-node ", eo.gpu_numa_node, " is not a node of ",
                                                                 topology->name)),
                   kExitUsage);
+    }
+    // What numoe-gpu and the workers would refuse at start, refused before any file is written.
+    if (Status st = model_dir.empty() ? CheckDrafterExperts(eo.launch.drafter_experts, eo.launch.backend)
+                                      : deploy::CheckLaunchOptions(eo.launch);
+        !st.ok()) {
+      return Fail(prog, st);
     }
     auto files = emit == "systemd" ? deploy::RenderSystemd(*plan, eo) : deploy::RenderKubernetes(*plan, eo);
     if (!files.ok()) return Fail(prog, files.status());

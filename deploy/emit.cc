@@ -6,6 +6,9 @@
 #include <system_error>
 
 #include "absl/strings/str_join.h"
+#include "gpu_service/gpu_flags.h"
+#include "router/router_flags.h"
+#include "worker/service/worker_flags.h"
 
 namespace numoe::deploy {
 namespace {
@@ -13,8 +16,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kFlagsNote[] =
-    "The daemons' flags follow `numoe-worker --help` (and numoe-gpu / numoe-router --help); they are not final yet "
-    "(issue #4): check them before use.";
+    "The command lines are written from the daemons' own flag definitions; `numoe-worker --help` (and numoe-gpu / "
+    "numoe-router --help) explains each flag.";
 
 // systemd command-line word: specifiers (%) and variables ($) escaped, quoted when it has spaces or quotes.
 std::string SystemdWord(const std::string& s) {
@@ -90,20 +93,26 @@ int GpuNode(const Plan& plan, const EmitOptions& o) {
 
 std::string Bin(const EmitOptions& o, const std::string& name) { return (fs::path(o.bin_dir) / name).string(); }
 
-std::string WorkerAddr(const EmitOptions& o, const std::string& host, const WorkerPlacement& w) {
-  return absl::StrCat(host, ":", o.worker_base_port + w.index);
+// numactl's words for numoe-gpu: threads on its node, memory only preferred there (the workers' experts
+// fill the nodes they are bound to). None with no_numa_bind.
+std::vector<std::string> GpuPrefix(const EmitOptions& o, int gpu_node) {
+  if (o.launch.no_numa_bind) return {};
+  return {o.numactl, absl::StrCat("--cpunodebind=", gpu_node), absl::StrCat("--preferred=", gpu_node)};
 }
 
-std::string WorkersList(const Plan& plan, const EmitOptions& o, const std::string& host) {
-  std::vector<std::string> addrs;
-  for (const WorkerPlacement& w : plan.workers) addrs.push_back(WorkerAddr(o, host, w));
-  return absl::StrJoin(addrs, ",");
+std::vector<std::string> WorkerPrefix(const EmitOptions& o, const WorkerPlacement& w) {
+  if (o.launch.no_numa_bind) return {};
+  std::vector<std::string> words = {o.numactl};
+  for (const std::string& a : SplitWords(w.NumactlArgs())) words.push_back(a);
+  return words;
 }
 
-// The daemon's own words after the numactl prefix.
-std::vector<std::string> WorkerArgs(const WorkerPlacement& w, const EmitOptions& o, const std::string& gpu_addr) {
-  return {"--model", o.model_path, "--numa-node", w.NodeList(), "--threads", std::to_string(w.threads),
-          "--gpu-addr", gpu_addr, "--port", std::to_string(o.worker_base_port + w.index)};
+// prefix + binary + the daemon's argv.
+std::vector<std::string> Command(std::vector<std::string> prefix, const std::string& binary,
+                                 const std::vector<std::string>& argv) {
+  prefix.push_back(binary);
+  prefix.insert(prefix.end(), argv.begin(), argv.end());
+  return prefix;
 }
 
 std::string Binding(const WorkerPlacement& w) {
@@ -119,12 +128,62 @@ std::string Header(const Plan& plan, const std::string& what) {
                       OneLine(plan.topology.name), ". Edit freely.\n# ", kFlagsNote, "\n");
 }
 
+// The launch plan for pods: workers and numoe-gpu share the host's network (hostNetwork), the router runs
+// in its own pod, so the workers listen on every address and the router reaches them at the host's IP
+// (HOST_IP, from the downward API) and listens on every address for its Service.
+StatusOr<LaunchPlan> PodLaunchPlan(const Plan& plan, const EmitOptions& o) {
+  ASSIGN_OR_RETURN(LaunchPlan launch, MakeLaunchPlan(o.launch, plan.workers));
+  launch.router.router.host = "0.0.0.0";
+  launch.router.router.balancer.workers.clear();
+  for (worker::WorkerAppConfig& w : launch.workers) {
+    w.host = "0.0.0.0";
+    launch.router.router.balancer.workers.push_back(absl::StrCat("$(HOST_IP):", w.port));
+  }
+  return launch;
+}
+
 }  // namespace
+
+StatusOr<std::vector<std::string>> SplitExecStart(const std::string& command) {
+  std::vector<std::string> words;
+  std::string cur;
+  bool in_word = false, quoted = false;
+  for (size_t i = 0; i < command.size(); ++i) {
+    const char c = command[i];
+    if (quoted) {
+      if (c == '\\' && i + 1 < command.size()) {
+        cur += command[++i];
+      } else if (c == '"') {
+        quoted = false;
+      } else if ((c == '%' || c == '$') && i + 1 < command.size() && command[i + 1] == c) {
+        cur += command[++i];
+      } else {
+        cur += c;
+      }
+    } else if (c == ' ' || c == '\t') {
+      if (in_word) words.push_back(cur);
+      cur.clear();
+      in_word = false;
+    } else {
+      in_word = true;
+      if (c == '"') {
+        quoted = true;
+      } else if ((c == '%' || c == '$') && i + 1 < command.size() && command[i + 1] == c) {
+        cur += command[++i];
+      } else {
+        cur += c;
+      }
+    }
+  }
+  if (quoted) return absl::InvalidArgumentError(absl::StrCat("ExecStart: unterminated quote in: ", command));
+  if (in_word) words.push_back(cur);
+  return words;
+}
 
 StatusOr<std::vector<EmittedFile>> RenderSystemd(const Plan& plan, const EmitOptions& o) {
   if (!plan.fits()) return absl::FailedPreconditionError("the plan has no workers: nothing to emit");
+  ASSIGN_OR_RETURN(const LaunchPlan launch, MakeLaunchPlan(o.launch, plan.workers));
   std::vector<EmittedFile> files;
-  const std::string gpu_addr = absl::StrCat(o.host, ":", o.gpu_port);
   const int gpu_node = GpuNode(plan, o);
 
   std::vector<std::string> units;
@@ -136,31 +195,30 @@ StatusOr<std::vector<EmittedFile>> RenderSystemd(const Plan& plan, const EmitOpt
                     "[Unit]\nDescription=numoe GPU service\nPartOf=numoe.target\nWants=network-online.target\n",
                     "After=network-online.target\n\n",
                     "[Service]\nType=simple\nExecStart=",
-                    SystemdCommand({o.numactl, absl::StrCat("--cpunodebind=", gpu_node),
-                                    absl::StrCat("--preferred=", gpu_node), Bin(o, "numoe-gpu"), "--model",
-                                    o.model_path, "--port", std::to_string(o.gpu_port)}),
+                    SystemdCommand(Command(GpuPrefix(o, gpu_node), Bin(o, "numoe-gpu"), gpu::GpuArgv(launch.gpu))),
                     "\nLimitMEMLOCK=infinity\nLimitNOFILE=65536\nRestart=on-failure\nRestartSec=5\n",
                     "TimeoutStartSec=30min\n\n[Install]\nWantedBy=numoe.target\n");
     files.push_back({"numoe-gpu.service", u});
     units.push_back("numoe-gpu.service");
   }
-  for (const WorkerPlacement& w : plan.workers) {
+  for (size_t i = 0; i < plan.workers.size(); ++i) {
+    const WorkerPlacement& w = plan.workers[i];
     const std::string name = absl::StrCat("numoe-worker-", w.index, ".service");
-    std::vector<std::string> cmd = {o.numactl};
-    for (const std::string& a : SplitWords(w.NumactlArgs())) cmd.push_back(a);
-    cmd.push_back(Bin(o, "numoe-worker"));
-    for (const std::string& a : WorkerArgs(w, o, gpu_addr)) cmd.push_back(a);
+    const std::vector<std::string> cmd =
+        Command(WorkerPrefix(o, w), Bin(o, "numoe-worker"), worker::WorkerArgv(launch.workers[i]));
     std::string u = Header(plan, name);
     absl::StrAppend(&u, "# Binding: ", Binding(w), ".\n# Needs ", FormatBytes(w.need_bytes), " of its ",
                     FormatBytes(w.usable_bytes), " usable; ", w.threads, " threads.",
                     w.interleaved() ? " An interleaved worker takes the list of its nodes in --numa-node." : "",
                     "\n[Unit]\nDescription=numoe worker ", w.index, " (", w.interleaved() ? "nodes " : "node ",
                     w.NodeList(), ")\nPartOf=numoe.target\nAfter=network-online.target numoe-gpu.service\n",
-                    "Wants=network-online.target numoe-gpu.service\n\n[Service]\nType=simple\nExecStart=", SystemdCommand(cmd), "\n",
-                    "# The same binding for systemd itself (systemd >= 243), so `systemctl show` reports it.\n");
-    if (!w.cpus.empty()) absl::StrAppend(&u, "CPUAffinity=", FormatCpuList(w.cpus), "\n");
-    absl::StrAppend(&u, "NUMAPolicy=", w.interleaved() ? "interleave" : "bind", "\nNUMAMask=", w.NodeList(), "\n",
-                    "LimitMEMLOCK=infinity\nLimitNOFILE=65536\nRestart=on-failure\nRestartSec=5\n",
+                    "Wants=network-online.target numoe-gpu.service\n\n[Service]\nType=simple\nExecStart=", SystemdCommand(cmd), "\n");
+    if (!o.launch.no_numa_bind) {
+      absl::StrAppend(&u, "# The same binding for systemd itself (systemd >= 243), so `systemctl show` reports it.\n");
+      if (!w.cpus.empty()) absl::StrAppend(&u, "CPUAffinity=", FormatCpuList(w.cpus), "\n");
+      absl::StrAppend(&u, "NUMAPolicy=", w.interleaved() ? "interleave" : "bind", "\nNUMAMask=", w.NodeList(), "\n");
+    }
+    absl::StrAppend(&u, "LimitMEMLOCK=infinity\nLimitNOFILE=65536\nRestart=on-failure\nRestartSec=5\n",
                     "# Reading and repacking the experts from disk can take minutes.\n",
                     "TimeoutStartSec=30min\n\n[Install]\nWantedBy=numoe.target\n");
     files.push_back({name, u});
@@ -172,8 +230,7 @@ StatusOr<std::vector<EmittedFile>> RenderSystemd(const Plan& plan, const EmitOpt
                     "[Unit]\nDescription=numoe router\nPartOf=numoe.target\nWants=network-online.target\n",
                     "After=network-online.target",
                     "\n\n[Service]\nType=simple\nExecStart=",
-                    SystemdCommand({Bin(o, "numoe-router"), "--model", o.model_path, "--port",
-                                    std::to_string(o.router_port), "--workers", WorkersList(plan, o, o.host)}),
+                    SystemdCommand(Command({}, Bin(o, "numoe-router"), router::RouterArgv(launch.router))),
                     "\nLimitNOFILE=65536\nRestart=on-failure\nRestartSec=5\n\n[Install]\nWantedBy=numoe.target\n");
     files.push_back({"numoe-router.service", u});
     units.push_back("numoe-router.service");
@@ -192,7 +249,9 @@ StatusOr<std::vector<EmittedFile>> RenderSystemd(const Plan& plan, const EmitOpt
 
 StatusOr<std::vector<EmittedFile>> RenderKubernetes(const Plan& plan, const EmitOptions& o) {
   if (!plan.fits()) return absl::FailedPreconditionError("the plan has no workers: nothing to emit");
+  ASSIGN_OR_RETURN(const LaunchPlan launch, PodLaunchPlan(plan, o));
   const int gpu_node = GpuNode(plan, o);
+  const std::string& model_path = o.launch.model_dir;
   // Pods on one host share the data plane through /dev/shm (hostIPC) and reach each other over the
   // host's network (hostNetwork); the router reaches the workers at the host's IP.
   std::string y = Header(plan, "numoe.yaml");
@@ -207,12 +266,12 @@ StatusOr<std::vector<EmittedFile>> RenderKubernetes(const Plan& plan, const Emit
   auto common_spec = [&](std::string* s, bool host_ipc) {
     absl::StrAppend(s, "  nodeSelector:\n    kubernetes.io/hostname: ", Yq(o.k8s_hostname), "\n",
                     "  hostNetwork: true\n", host_ipc ? "  hostIPC: true\n" : "",
-                    "  volumes:\n    - name: model\n      hostPath:\n        path: ", Yq(o.model_path),
+                    "  volumes:\n    - name: model\n      hostPath:\n        path: ", Yq(model_path),
                     "\n        type: Directory\n");
   };
   auto container_head = [&](std::string* s, const std::string& name) {
     absl::StrAppend(s, "  containers:\n    - name: ", name, "\n      image: ", Yq(o.image), "\n",
-                    "      volumeMounts:\n        - name: model\n          mountPath: ", Yq(o.model_path),
+                    "      volumeMounts:\n        - name: model\n          mountPath: ", Yq(model_path),
                     "\n          readOnly: true\n");
   };
   auto command = [](std::string* s, const std::vector<std::string>& words) {
@@ -227,13 +286,12 @@ StatusOr<std::vector<EmittedFile>> RenderKubernetes(const Plan& plan, const Emit
                   "  restartPolicy: Always\n");
   common_spec(&y, true);
   container_head(&y, "numoe-gpu");
-  command(&y, {o.numactl, absl::StrCat("--cpunodebind=", gpu_node), absl::StrCat("--preferred=", gpu_node),
-               Bin(o, "numoe-gpu"), "--model", o.model_path, "--port", std::to_string(o.gpu_port)});
+  command(&y, Command(GpuPrefix(o, gpu_node), Bin(o, "numoe-gpu"), gpu::GpuArgv(launch.gpu)));
   absl::StrAppend(&y, "      resources:\n        limits:\n          nvidia.com/gpu: 1  # the GPUs numoe-gpu uses\n",
                   "      securityContext:\n        capabilities:\n          add: [\"IPC_LOCK\", \"SYS_NICE\"]\n");
 
-  const std::string gpu_addr = absl::StrCat("127.0.0.1:", o.gpu_port);
-  for (const WorkerPlacement& w : plan.workers) {
+  for (size_t i = 0; i < plan.workers.size(); ++i) {
+    const WorkerPlacement& w = plan.workers[i];
     const std::string name = absl::StrCat("numoe-worker-", w.index);
     absl::StrAppend(&y, "---\n# ", name, ": ", Binding(w), ". Needs ", FormatBytes(w.need_bytes), " of its ",
                     FormatBytes(w.usable_bytes), " usable.\napiVersion: v1\nkind: Pod\nmetadata:\n  name: ", name,
@@ -242,11 +300,7 @@ StatusOr<std::vector<EmittedFile>> RenderKubernetes(const Plan& plan, const Emit
                     "    numoe.dev/numactl: ", Yq(w.NumactlArgs()), "\nspec:\n  restartPolicy: Always\n");
     common_spec(&y, true);
     container_head(&y, "numoe-worker");
-    std::vector<std::string> cmd = {o.numactl};
-    for (const std::string& a : SplitWords(w.NumactlArgs())) cmd.push_back(a);
-    cmd.push_back(Bin(o, "numoe-worker"));
-    for (const std::string& a : WorkerArgs(w, o, gpu_addr)) cmd.push_back(a);
-    command(&y, cmd);
+    command(&y, Command(WorkerPrefix(o, w), Bin(o, "numoe-worker"), worker::WorkerArgv(launch.workers[i])));
     absl::StrAppend(&y, "      resources:\n        requests:\n          memory: ",
                     Yq(absl::StrCat(static_cast<int64_t>(std::ceil(static_cast<double>(w.need_bytes) / kBytesPerGB)), "G")),
                     "\n          cpu: ", Yq(std::to_string(w.threads)), "\n",
@@ -261,21 +315,19 @@ StatusOr<std::vector<EmittedFile>> RenderKubernetes(const Plan& plan, const Emit
                   "      app.kubernetes.io/component: router\n  template:\n    metadata:\n      labels:\n",
                   "        app.kubernetes.io/name: numoe\n        app.kubernetes.io/component: router\n",
                   "    spec:\n      nodeSelector:\n        kubernetes.io/hostname: ", Yq(o.k8s_hostname), "\n",
-                  "      volumes:\n        - name: model\n          hostPath:\n            path: ", Yq(o.model_path),
+                  "      volumes:\n        - name: model\n          hostPath:\n            path: ", Yq(model_path),
                   "\n            type: Directory\n      containers:\n        - name: numoe-router\n",
                   "          image: ", Yq(o.image), "\n          volumeMounts:\n            - name: model\n",
-                  "              mountPath: ", Yq(o.model_path), "\n              readOnly: true\n",
+                  "              mountPath: ", Yq(model_path), "\n              readOnly: true\n",
                   "          env:\n            - name: HOST_IP\n              valueFrom:\n                fieldRef:\n",
                   "                  fieldPath: status.hostIP\n          command:\n");
-  for (const std::string& w : {Bin(o, "numoe-router"), std::string("--model"), o.model_path, std::string("--port"),
-                               std::to_string(o.router_port), std::string("--workers"),
-                               WorkersList(plan, o, "$(HOST_IP)")}) {
+  for (const std::string& w : Command({}, Bin(o, "numoe-router"), router::RouterArgv(launch.router))) {
     absl::StrAppend(&y, "            - ", Yq(w), "\n");
   }
-  absl::StrAppend(&y, "          ports:\n            - containerPort: ", o.router_port, "\n              name: http\n",
+  absl::StrAppend(&y, "          ports:\n            - containerPort: ", o.launch.router_port, "\n              name: http\n",
                   "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: numoe-router\nspec:\n  selector:\n",
                   "    app.kubernetes.io/name: numoe\n    app.kubernetes.io/component: router\n  ports:\n",
-                  "    - name: http\n      port: ", o.router_port, "\n      targetPort: http\n");
+                  "    - name: http\n      port: ", o.launch.router_port, "\n      targetPort: http\n");
   return std::vector<EmittedFile>{{"numoe.yaml", y}};
 }
 

@@ -6,27 +6,28 @@
 // Kubernetes (numoe.yaml): one Pod per worker bound to its node(s) with numactl, one numoe-gpu Pod per
 // host, the router as a Deployment behind a Service.
 //
-// The daemons' command lines use --model, --numa-node, --threads, --gpu-addr, --port (and the router's
-// --workers); they follow `numoe-worker --help`, whose flags are not final yet (issue #4), and the files
-// say so in a comment.
+// The daemons' command lines come from the launch plan `numoe serve` runs too (deploy/launch.h), written
+// with each daemon's own flag definitions (WorkerArgv, GpuArgv, RouterArgv), so every flag the daemons
+// need is there (numoe-gpu's --backend, --spec and --drafter-experts included) and each parses with the
+// daemon's own parser. With LaunchOptions::no_numa_bind the commands have no numactl prefix and the
+// workers run with --no-numa-bind (containers, machines without NUMA rights).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "deploy/launch.h"
 #include "deploy/planner.h"
 
 namespace numoe::deploy {
 
 struct EmitOptions {
-  std::string model_path = "/path/to/model";  // --model of every daemon (a checkpoint directory)
+  // The daemons' configuration: --model (a checkpoint directory), the backend (resolved: kAuto is written
+  // as auto), spec flags, addresses and ports (workers on worker_base_port + i).
+  LaunchOptions launch{.model_dir = "/path/to/model", .backend = Backend::kCpu};
   std::string bin_dir = "/usr/local/bin";      // where numoe-gpu, numoe-worker, numoe-router live
   std::string numactl = "/usr/bin/numactl";
-  std::string host = "127.0.0.1";              // address the daemons use to reach each other
-  int gpu_port = 50051;                        // numoe-gpu's gRPC control port
-  int worker_base_port = 50061;                // worker i listens on worker_base_port + i
-  int router_port = 8000;                      // the router's HTTP/gRPC front door
   int gpu_numa_node = -1;                      // node numoe-gpu's threads run on; -1 = the first node
   std::string image = "numoe:latest";          // Kubernetes container image
   std::string k8s_hostname = "HOSTNAME";       // kubernetes.io/hostname of the machine the plan is for
@@ -37,9 +38,15 @@ struct EmittedFile {
   std::string content;
 };
 
-// Pure renderers (tests read these); FailedPrecondition when the plan has no workers.
+// Pure renderers (tests read these): the LaunchPlan of `plan.workers` under options.launch.
+// FailedPrecondition when the plan has no workers.
 StatusOr<std::vector<EmittedFile>> RenderSystemd(const Plan& plan, const EmitOptions& options);
 StatusOr<std::vector<EmittedFile>> RenderKubernetes(const Plan& plan, const EmitOptions& options);
+
+// Splits an ExecStart= command line into its words, undoing the units' quoting ("..." with \" and \\) and
+// systemd's %% and $$ escapes; InvalidArgument for an unterminated quote. What reads a unit back (tests,
+// a launcher without systemd) uses it.
+StatusOr<std::vector<std::string>> SplitExecStart(const std::string& command);
 
 // Writes the files into `dir` (created if missing). Existing files are not overwritten unless
 // `overwrite`: AlreadyExists names the first one (they may hold your edits). Returns the paths written.

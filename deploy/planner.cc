@@ -470,18 +470,6 @@ int64_t WorkerActivationBytesPerToken(int64_t hidden, int64_t moe_intermediate, 
   return 2 * hidden * 4 + top_k * (2 * moe_intermediate * 4 + 8);
 }
 
-const char* DrafterExpertsName(DrafterExperts d) {
-  switch (d) {
-    case DrafterExperts::kAuto:
-      return "auto";
-    case DrafterExperts::kCpu:
-      return "cpu";
-    case DrafterExperts::kGpu:
-      return "gpu";
-  }
-  return "?";
-}
-
 std::string FormatBytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
   const double mag = std::fabs(b);
@@ -512,8 +500,7 @@ StatusOr<Plan> MakePlan(const Topology& topology, const ModelMemory& model, cons
   plan.model = model;
   plan.options = options;
   plan.os_headroom_bytes = options.os_headroom_bytes;
-  plan.drafter_on_cpu = options.drafter_experts == DrafterExperts::kCpu ||
-                        (options.drafter_experts == DrafterExperts::kAuto && model.drafter_expert_bytes > 0);
+  plan.drafter_on_cpu = options.drafter_experts == DrafterExperts::kWorker && model.drafter_expert_bytes > 0;
 
   // The per-worker terms.
   const std::string fmt = model.expert_format.empty() ? "as stored" : absl::StrCat(model.expert_format, ", as stored");
@@ -532,8 +519,7 @@ StatusOr<Plan> MakePlan(const Topology& topology, const ModelMemory& model, cons
   } else if (plan.drafter_on_cpu) {
     drafter_detail = absl::StrCat(model.drafter_stages > 0 ? absl::StrCat(Plural(model.drafter_stages, "stage"), " x ") : "",
                                   model.num_experts > 0 ? absl::StrCat(model.num_experts, " experts, ") : "",
-                                  "in every worker (--drafter-experts ", DrafterExpertsName(options.drafter_experts),
-                                  options.drafter_experts == DrafterExperts::kAuto ? ": the model has a drafter" : "", ")");
+                                  "in every worker (--drafter-experts worker)");
   } else {
     drafter_detail = absl::StrCat("on the GPU (--drafter-experts gpu): ", FormatBytes(model.drafter_expert_bytes),
                                   " in numoe-gpu instead");

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/choices.h"
 #include "common/status.h"
 #include "deploy/topology.h"
 
@@ -70,16 +71,10 @@ struct ModelMemory {
   std::string expert_format;                // "MXFP4", "FP8", "BF16"
 };
 
-// Where the drafter's routed experts live.
-enum class DrafterExperts {
-  kAuto,  // on the CPU when the model has drafter experts (the GPU rarely has 10 GB to spare)
-  kCpu,   // in every worker (counted in its need)
-  kGpu,   // in numoe-gpu (not counted here)
-};
-const char* DrafterExpertsName(DrafterExperts d);  // "auto" / "cpu" / "gpu"
-
 struct PlanOptions {
-  DrafterExperts drafter_experts = DrafterExperts::kAuto;
+  // Where the drafter's routed experts live (common/choices.h): kWorker = in every worker, counted in its
+  // need (the default: the GPU rarely has 10 GB to spare); kGpu = in numoe-gpu, not counted here.
+  DrafterExperts drafter_experts = DrafterExperts::kWorker;
   int instances_per_node = 0;               // 0 = one worker per node that holds a copy; N = exactly N
   double repack_overhead = kDefaultRepackOverhead;  // fraction of the expert bytes, [0, 1]
   int64_t max_batch_tokens = kDefaultMaxBatchTokens;

@@ -1,17 +1,18 @@
 // numoe-gpu as a program: load the model on the chosen backend, serve GpuService over gRPC, stop on
-// SIGINT/SIGTERM. gpu_service/main.cc parses the flags into GpuAppConfig and calls RunGpuApp.
+// SIGINT/SIGTERM. gpu_service/gpu_flags.h turns the command line into a GpuAppConfig and back.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "common/choices.h"
 #include "common/status.h"
 
 namespace numoe::gpu {
 
 struct GpuAppConfig {
   std::string model_dir;
-  std::string backend = "cpu";        // "cpu" | "cuda"
+  Backend backend = Backend::kCpu;    // kAuto: cuda when a CUDA device is present, else cpu
   std::string host = "127.0.0.1";
   int64_t port = 50051;               // 0 = any free port (logged and sent to NUMOE_NOTIFY_FD)
   int64_t heartbeat_ms = 500;
@@ -22,13 +23,16 @@ struct GpuAppConfig {
   int64_t max_sequences = 256;        // per worker channel, and live sequences of the CUDA backend
   int64_t cuda_device = 0;            // --backend cuda: first GPU
   int64_t tp = 1;                     // --backend cuda: tensor-parallel GPUs
-  std::string drafter_experts = "worker";  // --backend cuda: the DSpark stages' routed experts: worker | gpu
-  // Speculative decoding: "auto" (the checkpoint's drafter, Checkpoint::drafter(), when the backend runs it:
-  // the CPU backend runs DSpark and MTP, the CUDA backend DSpark with tp 1), "dspark" / "mtp" (load that
-  // drafter; refused before loading when the checkpoint lacks it or the backend cannot run it), "ngram" /
-  // "none" (no drafter loaded; n-gram drafts come from the workers). Verification needs a backend that
+  // --backend cuda: where the DSpark stages' routed experts run.
+  DrafterExperts drafter_experts = DrafterExperts::kWorker;
+  // Speculative decoding (model/spec_policy.h): auto (the checkpoint's drafter when the backend runs it:
+  // the CPU backend runs DSpark and MTP, the CUDA backend DSpark with tp 1), dspark / mtp (load that
+  // drafter; refused before loading when the checkpoint lacks it or the backend cannot run it), ngram /
+  // none (no drafter loaded; n-gram drafts come from the workers). Verification needs a backend that
   // rolls back (both do).
-  std::string spec = "auto";
+  SpecChoice spec = SpecChoice::kAuto;
+
+  bool operator==(const GpuAppConfig&) const = default;
 };
 
 // Runs until SIGINT/SIGTERM; returns the process exit code (errors are logged).

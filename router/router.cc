@@ -35,22 +35,6 @@ struct Router::Parts {
   std::unique_ptr<GrpcServer> grpc;
 };
 
-StatusOr<std::vector<std::string>> ParseWorkerList(const std::string& text) {
-  std::vector<std::string> out;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    std::string entry(absl::StripAsciiWhitespace(part));
-    size_t colon = entry.rfind(':');
-    int port = 0;
-    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(entry.substr(colon + 1), &port) || port <= 0 ||
-        port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("--workers: '", entry, "' is not host:port"));
-    }
-    out.push_back(entry);
-  }
-  if (out.empty()) return absl::InvalidArgumentError("--workers: give at least one host:port");
-  return out;
-}
-
 StatusOr<std::unique_ptr<Router>> Router::Create(RouterConfig config) {
   auto parts = std::make_unique<Parts>();
   ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(config.model_dir));

@@ -1,5 +1,5 @@
 // numoe-router assembled: tokenizer + model facts, balancer, frontend, REST gateway + HTTP server, gRPC
-// server, metrics. main.cc only fills a RouterConfig from flags and runs one of these.
+// server, metrics. router_app.h runs one as the numoe-router process; router_flags.h fills its config.
 //
 // Lifetime: Create() loads the model facts; Start() binds both ports and starts health checks (workers start
 // down and come up as they answer); Drain() stops accepting new requests and waits for those in flight;
@@ -28,6 +28,8 @@ struct RouterConfig {
   std::string api_key;
   FrontendOptions frontend;
   BalancerOptions balancer;  // .workers required
+
+  bool operator==(const RouterConfig&) const = default;
 };
 
 class Router {
@@ -51,8 +53,5 @@ class Router {
   explicit Router(std::unique_ptr<Parts> parts);
   std::unique_ptr<Parts> parts_;
 };
-
-// "host:port,host:port" -> list; errors name the bad entry.
-StatusOr<std::vector<std::string>> ParseWorkerList(const std::string& text);
 
 }  // namespace numoe::router

@@ -56,6 +56,8 @@ struct BalancerOptions {
   int unhealthy_after = 2;  // failed health checks in a row that mark a worker down
   int max_attempts = 3;     // workers tried per request (failures before the first token)
   double request_timeout_s = 0;  // > 0: a worker call longer than this ends with DeadlineExceeded
+
+  bool operator==(const BalancerOptions&) const = default;
 };
 
 // What one generation sees. OnTokens zero or more times, then OnEnd exactly once (OK = finished normally,

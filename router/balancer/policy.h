@@ -27,6 +27,8 @@ struct PolicyOptions {
   // "Much busier" = more than busy_ratio x the least load plus busy_slack_tokens.
   double busy_ratio = 2.0;
   int64_t busy_slack_tokens = 2048;
+
+  bool operator==(const PolicyOptions&) const = default;
 };
 
 struct WorkerLoad {

@@ -32,6 +32,8 @@ struct ModelInfo {
 
 struct FrontendOptions {
   int32_t default_max_tokens = 256;  // when a request gives none (capped by the context left)
+
+  bool operator==(const FrontendOptions&) const = default;
 };
 
 // Sampling as requested; absent fields take the server defaults (temperature 1, top_p 1, top_k off,

@@ -128,7 +128,7 @@ TEST(Serve, StartsReportsReadyRestartsCrashedChildrenAndLeavesNothingOnSigterm) 
   ASSERT_EQ(goldens.size(), 4u);
   const std::string out_path = TempPath("serve.out");
   Child serve("numoe",
-              {"serve", "--model", TinyDir(), "--workers", "2", "--no-router", "--no-numa-bind",
+              {"serve", "--model", TinyDir(), "--workers", "2", "--no-router", "--no-numa-bind", "--backend", "cpu",
                "--threads-per-worker", "1", "--max-step-tokens", "64"},
               TempPath("serve.log"), /*notify=*/false, /*new_group=*/true, out_path);
   const pid_t pgid = serve.pid();
@@ -240,7 +240,8 @@ TEST(Serve, EndToEndThroughTheRouter) {
   const int http = free_port(), grpc_port = free_port();
   const std::string out_path = TempPath("serve_router.out");
   Child serve("numoe",
-              {"serve", "--model", TinyDir(), "--workers", "4", "--no-numa-bind", "--threads-per-worker", "1",
+              {"serve", "--model", TinyDir(), "--workers", "4", "--no-numa-bind", "--backend", "cpu",
+               "--threads-per-worker", "1",
                "--port", std::to_string(http), "--grpc-port", std::to_string(grpc_port)},
               TempPath("serve_router.log"), /*notify=*/false, /*new_group=*/true, out_path);
   const pid_t pgid = serve.pid();

@@ -205,7 +205,7 @@ TEST(SpecServe, MtpDrafterServesThePlainGreedyTokens) {
     const int http = FreePort(), grpc_port = FreePort();
     Child serve = Child::Start({kBin + "/numoe", "serve", "--model", model, "--workers", "1", "--no-numa-bind",
                                 "--threads-per-worker", "1", "--port", std::to_string(http), "--grpc-port",
-                                std::to_string(grpc_port), "--spec", "none"},
+                                std::to_string(grpc_port), "--spec", "none", "--backend", Backend()},
                                ref_dir + "/serve.log", /*new_group=*/true, ref_dir + "/serve.out");
     std::string ready;
     for (int i = 0; i < 2400 && ready.find('\n') == std::string::npos && serve.running(); ++i) {
@@ -229,7 +229,8 @@ TEST(SpecServe, MtpDrafterServesThePlainGreedyTokens) {
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
-// A `numoe serve` that must refuse: exits 1 without starting a child, the log says what to change.
+// A `numoe serve` that must refuse: exits 1 (2 for a bad flag value, the parser's usage error) without
+// starting a child, the log says what to change.
 void ExpectRefused(const std::vector<std::string>& args, const std::vector<std::string>& needles, int code = 1) {
   const std::string dir = MakeTempDir("numoe-spec-refuse");
   std::vector<std::string> argv = {kBin + "/numoe", "serve"};
@@ -254,15 +255,16 @@ TEST(SpecServe, CombinationsThatCannotRunAreRefusedBeforeLoading) {
                  "mtp"},
                 {"--spec mtp", "CUDA backend has no MTP drafter", "--backend cpu"});
   ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--spec", "eagle"},
-                {"--spec must be auto, none, dspark, mtp or ngram", "eagle"});
+                {"--spec must be auto, none, dspark, mtp or ngram", "eagle"}, 2);
   // Out of range depth: the flag parser's usage error (exit 2) names the flag and its range.
   ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--spec-depth", "17"},
                 {"--spec-depth: 17 is out of range [0, 16]"}, 2);
   // Drafter experts on the GPU need the CUDA backend; an unknown place is named.
-  ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--drafter-experts", "gpu"},
+  ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--backend", "cpu",
+                 "--drafter-experts", "gpu"},
                 {"--drafter-experts gpu needs --backend cuda"});
   ExpectRefused({"--model", test::TinyDir(), "--workers", "1", "--no-numa-bind", "--drafter-experts", "disk"},
-                {"--drafter-experts must be worker or gpu", "disk"});
+                {"--drafter-experts must be worker or gpu", "disk"}, 2);
 }
 
 // numoe-gpu and a numoe-worker started by hand with different drafters: the worker exits at start-up

@@ -9,10 +9,12 @@
 
 #include "common/checkpoint.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/shm_channel.h"
 #include "common/thread_pool.h"
 #include "worker/experts/reference_experts.h"
-#include "common/process.h"
+#include "model/spec_policy.h"
+#include "model/step.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/experts/inprocess.h"
@@ -30,15 +32,11 @@ namespace {
 // `drafter`: also the MTP/DSpark stages' experts (layers num_hidden_layers + s), for numoe-gpu's drafter.
 StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, const Checkpoint& ckpt, ThreadPool* pool,
                                                      const NumaBinding& binding, bool drafter) {
-  if (c.experts != "auto" && c.experts != "kernels" && c.experts != "reference") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--experts must be kernels or reference (got '", c.experts, "')"));
-  }
   const ModelFootprint fp = StoredFootprint(ckpt);
   const int64_t total = fp.routed_expert_bytes + (drafter ? fp.mtp_routed_expert_bytes : 0);
   ProgressBar bar("loading routed experts", total);
   bar.Update(0);
-  if (c.experts == "reference") {
+  if (c.experts == ExpertsImpl::kReference) {
     ASSIGN_OR_RETURN(auto experts, cpu::ReferenceExperts::Load(ckpt, drafter));
     bar.Done(total);
     NLOG(INFO) << "numoe-worker: routed experts loaded as fp32 reference";
@@ -54,66 +52,6 @@ StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, c
   NLOG(INFO) << "numoe-worker: routed experts packed for the " << IsaName(experts->isa()) << " kernels ("
              << experts->bytes() << " bytes, " << pool->size() << " threads)";
   return std::unique_ptr<ExpertBackend>(std::move(experts));
-}
-
-// --spec / --spec-depth / --spec-adaptive against the checkpoint, before anything is loaded. `method`
-// stays "auto" until numoe-gpu's drafter is known (ResolveSpecWithGpu).
-struct WorkerSpec {
-  std::string method;  // auto | none | dspark | mtp | ngram
-  SpecConfig config;   // method filled by ResolveSpecWithGpu
-  bool load_drafter_experts = false;
-};
-
-StatusOr<WorkerSpec> ResolveSpec(const WorkerAppConfig& c, const Checkpoint& ckpt) {
-  WorkerSpec w;
-  w.method = c.spec;
-  const std::string own = SpecMethodName(ckpt.drafter());
-  if (c.spec != "auto") {
-    auto m = ParseSpecMethod(c.spec);
-    if (!m.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--spec must be auto, none, dspark, mtp or ngram (got '", c.spec, "')"));
-    }
-    if ((*m == SpecMethod::kDspark || *m == SpecMethod::kMtp) && own != c.spec) {
-      return absl::FailedPreconditionError(absl::StrCat("--spec ", c.spec, ": ", c.model_dir, " has ",
-                                                        own == std::string("none") ? "no drafter stages" : "a " + own +
-                                                        " drafter", "; use --spec ngram or none"));
-    }
-  }
-  w.load_drafter_experts = c.spec == "dspark" || c.spec == "mtp" || (c.spec == "auto" && own != std::string("none"));
-  const int64_t block = ckpt.config().dspark_block_size;
-  w.config.depth = c.spec_depth > 0 ? c.spec_depth : (block > 0 ? block : 5);
-  w.config.adaptive = c.spec_adaptive;
-  if (Status st = ValidateSpec(w.config); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec-depth: ", st.message()));
-  }
-  return w;
-}
-
-// The spec against what numoe-gpu told us in the channel's geometry. Errors say which flag to change.
-Status ResolveSpecWithGpu(WorkerSpec* w, const engine::ExecutorLimits& limits, const shm::Geometry& g) {
-  SpecConfig& s = w->config;
-  if (w->method == "auto") {
-    s.method = w->load_drafter_experts ? limits.drafter : SpecMethod::kNone;
-  } else {
-    ASSIGN_OR_RETURN(s.method, ParseSpecMethod(w->method));
-  }
-  if (s.method == SpecMethod::kNone) return absl::OkStatus();
-  if ((s.method == SpecMethod::kDspark || s.method == SpecMethod::kMtp) && limits.drafter != s.method) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--spec ", SpecMethodName(s.method), ": numoe-gpu drafts with ", SpecMethodName(limits.drafter),
-        "; start numoe-gpu with --spec ", SpecMethodName(s.method), " (or this worker with --spec ",
-        limits.drafter == SpecMethod::kNone ? "ngram or none" : SpecMethodName(limits.drafter), ")"));
-  }
-  if (g.verify == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("--spec ", SpecMethodName(s.method),
-                                                      ": numoe-gpu's backend cannot verify drafts; use --spec none"));
-  }
-  if (limits.max_model_drafts > 0 && s.method != SpecMethod::kNgram && s.depth > limits.max_model_drafts) {
-    return absl::FailedPreconditionError(absl::StrCat("--spec-depth ", s.depth, ": numoe-gpu drafts at most ",
-                                                      limits.max_model_drafts, " tokens per step; lower --spec-depth"));
-  }
-  return absl::OkStatus();
 }
 
 std::string DefaultWorkerId(const std::vector<int>& nodes) {
@@ -148,13 +86,13 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   if (!ckpt.ok()) return fail(ckpt.status());
   auto fingerprint = ModelFingerprint(c.model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
-  auto spec = ResolveSpec(c, **ckpt);  // before loading: a bad flag fails at once
+  // --spec against the checkpoint before loading (a bad flag fails at once); numoe-gpu's backend is not
+  // known yet, so --spec auto stays open until registration (CheckSpecAgainstGpu).
+  auto spec = ResolveSpec(SpecFlags{.spec = c.spec, .depth = c.spec_depth, .adaptive = c.spec_adaptive},
+                          DrafterOf(**ckpt, c.model_dir), DrafterSupport{});
   if (!spec.ok()) return fail(spec.status());
-  if (c.drafter_experts != "worker" && c.drafter_experts != "gpu") {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("--drafter-experts must be worker or gpu (got '", c.drafter_experts, "')")));
-  }
-  const bool drafter_experts_here = spec->load_drafter_experts && c.drafter_experts == "worker";
+  const bool load_drafter_experts = spec->load != SpecMethod::kNone;
+  const bool drafter_experts_here = load_drafter_experts && c.drafter_experts == DrafterExperts::kWorker;
   auto experts = LoadExperts(c, **ckpt, pool->get(), binding, drafter_experts_here);
   if (!experts.ok()) return fail(experts.status());
 
@@ -169,7 +107,7 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   auto gpu = GpuClient::Register(c.gpu_address, reg, c.gpu_wait_ms);
   if (!gpu.ok()) return fail(gpu.status());
   const v1::RegisterResponse& r = (*gpu)->registration();
-  if (spec->load_drafter_experts && !drafter_experts_here && !r.drafter_experts_on_gpu()) {
+  if (load_drafter_experts && !drafter_experts_here && !r.drafter_experts_on_gpu()) {
     (void)(*gpu)->Release();
     return fail(absl::FailedPreconditionError(
         "--drafter-experts gpu: numoe-gpu runs the drafter's routed experts on the workers; start numoe-gpu with "
@@ -189,7 +127,7 @@ int RunWorkerApp(const WorkerAppConfig& c) {
 
   // 4. The engine over the remote executor.
   engine::RemoteExecutor executor(channel->get(), experts->get());
-  if (Status st = ResolveSpecWithGpu(&*spec, executor.limits(), (*channel)->geometry()); !st.ok()) {
+  if (Status st = CheckSpecAgainstGpu(&*spec, ChannelCapabilities((*channel)->geometry())); !st.ok()) {
     (void)(*gpu)->Release();
     return fail(st);
   }

@@ -1,14 +1,21 @@
 // numoe-worker as a program: bind to the NUMA node(s), load the routed experts (with a progress bar),
 // register with numoe-gpu and attach its shared-memory channel, run the batching engine, serve
 // worker.proto over gRPC; stop on SIGINT/SIGTERM, or exit with an error when numoe-gpu goes away (the
-// launcher restarts the worker, which then registers afresh). worker/main.cc fills WorkerAppConfig.
+// launcher restarts the worker, which then registers afresh). worker/service/worker_flags.h turns the
+// command line into a WorkerAppConfig and back.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/choices.h"
+
 namespace numoe::worker {
+
+// How the routed experts are held: packed MXFP4 for the CPU kernels (ISA-dispatched; NUMOE_ISA forces
+// one) or dequantized to fp32 (exact; small models only).
+enum class ExpertsImpl { kKernels, kReference };
 
 struct WorkerAppConfig {
   std::string model_dir;
@@ -26,19 +33,30 @@ struct WorkerAppConfig {
   int64_t default_max_tokens = 256;
   std::string worker_id;                        // default "worker-<nodes>-<pid>"
   int64_t gpu_wait_ms = 60000;                  // how long to retry registering while numoe-gpu starts
-  std::string experts = "kernels";              // "kernels" (packed MXFP4, ISA-dispatched) | "reference" (fp32)
-  // Speculative decoding. spec: "auto" (numoe-gpu's model drafter when it loaded one, else none), "none",
-  // "dspark" / "mtp" (numoe-gpu must draft with it), "ngram" (drafted here; numoe-gpu verifies).
-  // spec_depth 0 = the checkpoint's dspark_block_size, else 5. Checked against numoe-gpu at start-up.
-  std::string spec = "auto";
+  ExpertsImpl experts = ExpertsImpl::kKernels;
+  // Speculative decoding. spec: auto (numoe-gpu's model drafter when it loaded one, else none), none,
+  // dspark / mtp (numoe-gpu must draft with it), ngram (drafted here; numoe-gpu verifies).
+  // spec_depth 0 = the checkpoint's dspark_block_size, else 5. Checked against numoe-gpu at start-up
+  // (model/spec_policy.h).
+  SpecChoice spec = SpecChoice::kAuto;
   int64_t spec_depth = 0;
   bool spec_adaptive = false;
-  // Where numoe-gpu runs the model drafter's routed experts: "worker" (this process holds them) or "gpu"
+  // Where numoe-gpu runs the model drafter's routed experts: worker (this process holds them) or gpu
   // (numoe-gpu --drafter-experts gpu: this worker skips them; checked against numoe-gpu at registration).
-  std::string drafter_experts = "worker";
+  DrafterExperts drafter_experts = DrafterExperts::kWorker;
+
+  bool operator==(const WorkerAppConfig&) const = default;
 };
 
 // Runs until a signal (exit code 0) or a fatal error (1, logged).
 int RunWorkerApp(const WorkerAppConfig& config);
 
 }  // namespace numoe::worker
+
+namespace numoe {
+template <>
+struct ChoiceTable<worker::ExpertsImpl> {
+  static constexpr Choice<worker::ExpertsImpl> kChoices[] = {{worker::ExpertsImpl::kKernels, "kernels"},
+                                                             {worker::ExpertsImpl::kReference, "reference"}};
+};
+}  // namespace numoe

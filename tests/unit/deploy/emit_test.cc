@@ -6,8 +6,11 @@
 #include <sstream>
 
 #include "gmock/gmock.h"
+#include "gpu_service/gpu_flags.h"
 #include "gtest/gtest.h"
+#include "router/router_flags.h"
 #include "tests/unit/deploy/full_size_model.h"
+#include "worker/service/worker_flags.h"
 
 namespace numoe::deploy {
 namespace {
@@ -35,6 +38,45 @@ const EmittedFile* Find(const std::vector<EmittedFile>& files, const std::string
   return nullptr;
 }
 
+// The words of a unit's ExecStart= line.
+std::vector<std::string> ExecStart(const std::string& unit) {
+  const size_t at = unit.find("\nExecStart=");
+  EXPECT_NE(at, std::string::npos) << unit;
+  if (at == std::string::npos) return {};
+  const size_t begin = at + 11, end = unit.find('\n', begin);
+  auto words = SplitExecStart(unit.substr(begin, end - begin));
+  EXPECT_TRUE(words.ok()) << words.status();
+  return words.ok() ? *words : std::vector<std::string>{};
+}
+
+// The daemon's own words after its binary (`name`) in `words`, parsed with its own flags into `config`.
+template <typename Config, typename AddFlags>
+Config ParseDaemon(const std::vector<std::string>& words, const std::string& name, AddFlags add_flags) {
+  Config config;
+  size_t bin = 0;
+  while (bin < words.size() && fs::path(words[bin]).filename() != name) ++bin;
+  EXPECT_LT(bin, words.size()) << name << " not in the command";
+  std::vector<std::string> argv(words.begin() + static_cast<std::ptrdiff_t>(std::min(bin, words.size())),
+                                words.end());
+  std::vector<char*> ptrs;
+  for (auto& w : argv) ptrs.push_back(w.data());
+  ArgParser p(name, "");
+  add_flags(p, &config);
+  const Status st = p.Parse(static_cast<int>(ptrs.size()), ptrs.data());
+  EXPECT_TRUE(st.ok()) << name << ": " << st;
+  return config;
+}
+
+worker::WorkerAppConfig WorkerOf(const std::string& unit) {
+  return ParseDaemon<worker::WorkerAppConfig>(ExecStart(unit), "numoe-worker", worker::AddWorkerFlags);
+}
+gpu::GpuAppConfig GpuOf(const std::string& unit) {
+  return ParseDaemon<gpu::GpuAppConfig>(ExecStart(unit), "numoe-gpu", gpu::AddGpuFlags);
+}
+router::RouterAppConfig RouterOf(const std::string& unit) {
+  return ParseDaemon<router::RouterAppConfig>(ExecStart(unit), "numoe-router", router::AddRouterFlags);
+}
+
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
@@ -43,7 +85,7 @@ size_t Count(const std::string& text, const std::string& what) {
 
 TEST(EmitSystemd, OneUnitPerProcessWithBindings) {
   EmitOptions o;
-  o.model_path = "/models/DeepSeek-V4-Flash-0731";
+  o.launch.model_dir = "/models/DeepSeek-V4-Flash-0731";
   auto files = RenderSystemd(UnevenPlan(), o);
   ASSERT_TRUE(files.ok()) << files.status();
   ASSERT_EQ(files->size(), 6u);  // gpu, 3 workers, router, target
@@ -53,8 +95,15 @@ TEST(EmitSystemd, OneUnitPerProcessWithBindings) {
   }
   const std::string w0 = Find(*files, "numoe-worker-0.service")->content;
   EXPECT_THAT(w0, HasSubstr("ExecStart=/usr/bin/numactl --cpunodebind=0 --membind=0 /usr/local/bin/numoe-worker "
-                            "--model /models/DeepSeek-V4-Flash-0731 --numa-node 0 --threads 24 --gpu-addr "
-                            "127.0.0.1:50051 --port 50061\n"));
+                            "--model /models/DeepSeek-V4-Flash-0731 "));
+  // What numoe-worker itself makes of the command: its own flags parse it.
+  const worker::WorkerAppConfig wc0 = WorkerOf(w0);
+  EXPECT_EQ(wc0.model_dir, "/models/DeepSeek-V4-Flash-0731");
+  EXPECT_EQ(wc0.gpu_address, "127.0.0.1:50051");
+  EXPECT_EQ(wc0.port, 50061);
+  EXPECT_EQ(wc0.numa_nodes, std::vector<int>{0});
+  EXPECT_FALSE(wc0.no_numa_bind);
+  EXPECT_EQ(wc0.threads, 24);
   EXPECT_THAT(w0, HasSubstr("CPUAffinity=0-23,96-119\n"));
   EXPECT_THAT(w0, HasSubstr("NUMAPolicy=bind\nNUMAMask=0\n"));
   EXPECT_THAT(w0, HasSubstr("numoe-worker --help"));  // the flags are not final: say where they come from
@@ -70,9 +119,13 @@ TEST(EmitSystemd, OneUnitPerProcessWithBindings) {
 
   const std::string gpu = Find(*files, "numoe-gpu.service")->content;
   EXPECT_THAT(gpu, HasSubstr("numactl --cpunodebind=0 --preferred=0 /usr/local/bin/numoe-gpu --model "
-                             "/models/DeepSeek-V4-Flash-0731 --port 50051"));
+                             "/models/DeepSeek-V4-Flash-0731"));
+  EXPECT_EQ(GpuOf(gpu).port, 50051);
+  EXPECT_EQ(GpuOf(gpu).backend, Backend::kCpu);
   const std::string router = Find(*files, "numoe-router.service")->content;
   EXPECT_THAT(router, HasSubstr("--workers 127.0.0.1:50061,127.0.0.1:50062,127.0.0.1:50063"));
+  EXPECT_EQ(RouterOf(router).router.balancer.workers,
+            (std::vector<std::string>{"127.0.0.1:50061", "127.0.0.1:50062", "127.0.0.1:50063"}));
   const std::string target = Find(*files, "numoe.target")->content;
   EXPECT_THAT(target, HasSubstr("Wants=numoe-gpu.service numoe-worker-0.service numoe-worker-1.service "
                                 "numoe-worker-2.service numoe-router.service"));
@@ -92,15 +145,84 @@ TEST(EmitSystemd, SeveralPerNodeArePinnedToTheirCpus) {
 
 TEST(EmitSystemd, QuotesAndEscapesPaths) {
   EmitOptions o;
-  o.model_path = "/models/my model 100%";
+  o.launch.model_dir = "/models/my model 100% \"$HOME\"";
   auto files = RenderSystemd(UnevenPlan(), o);
   ASSERT_TRUE(files.ok());
-  EXPECT_THAT(Find(*files, "numoe-worker-0.service")->content, HasSubstr("--model \"/models/my model 100%%\""));
+  EXPECT_THAT(Find(*files, "numoe-worker-0.service")->content,
+              HasSubstr("--model \"/models/my model 100%% \\\"$$HOME\\\"\""));
+  // And the daemon reads the path back as it was.
+  EXPECT_EQ(WorkerOf(Find(*files, "numoe-worker-0.service")->content).model_dir, o.launch.model_dir);
+}
+
+// Every unit's ExecStart parses with its daemon's own flags, carries the launch options (backend, spec,
+// drafter experts) and wires the daemons to each other's addresses.
+TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
+  EmitOptions o;
+  o.launch.model_dir = "/models/v4";
+  o.launch.backend = Backend::kCuda;
+  o.launch.spec = SpecChoice::kDspark;
+  o.launch.spec_depth = 3;
+  o.launch.drafter_experts = DrafterExperts::kGpu;
+  o.launch.max_seqs = 300;
+  o.launch.gpu_port = 7000;
+  o.launch.worker_base_port = 7100;
+  o.launch.router_port = 9000;
+  const Plan plan = UnevenPlan();
+  auto files = RenderSystemd(plan, o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  const gpu::GpuAppConfig g = GpuOf(Find(*files, "numoe-gpu.service")->content);
+  EXPECT_EQ(g.model_dir, "/models/v4");
+  EXPECT_EQ(g.backend, Backend::kCuda);
+  EXPECT_EQ(g.spec, SpecChoice::kDspark);
+  EXPECT_EQ(g.drafter_experts, DrafterExperts::kGpu);
+  EXPECT_EQ(g.port, 7000);
+  EXPECT_GE(g.max_sequences, 300);  // admits the workers' --max-seqs
+  std::vector<std::string> addrs;
+  for (const WorkerPlacement& p : plan.workers) {
+    SCOPED_TRACE(p.index);
+    const worker::WorkerAppConfig w =
+        WorkerOf(Find(*files, absl::StrCat("numoe-worker-", p.index, ".service"))->content);
+    EXPECT_EQ(w.gpu_address, "127.0.0.1:7000");
+    EXPECT_EQ(w.port, 7100 + p.index);
+    EXPECT_EQ(w.numa_nodes, p.nodes);
+    EXPECT_EQ(w.cpus, p.cpus);
+    EXPECT_EQ(w.threads, p.threads);
+    EXPECT_EQ(w.spec, SpecChoice::kDspark);
+    EXPECT_EQ(w.spec_depth, 3);
+    EXPECT_EQ(w.max_seqs, 300);
+    EXPECT_EQ(w.drafter_experts, DrafterExperts::kGpu);
+    addrs.push_back(absl::StrCat(w.host, ":", w.port));
+  }
+  const router::RouterAppConfig r = RouterOf(Find(*files, "numoe-router.service")->content);
+  EXPECT_EQ(r.router.balancer.workers, addrs);
+  EXPECT_EQ(r.router.http_port, 9000);
+}
+
+TEST(EmitSystemd, NoNumaBindDropsNumactlAndBindsNothing) {
+  EmitOptions o;
+  o.launch.no_numa_bind = true;
+  auto files = RenderSystemd(UnevenPlan(), o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  for (const EmittedFile& f : *files) {
+    EXPECT_THAT(f.content, Not(HasSubstr("numactl --"))) << f.name;
+    EXPECT_THAT(f.content, Not(HasSubstr("NUMAPolicy="))) << f.name;
+  }
+  const worker::WorkerAppConfig w = WorkerOf(Find(*files, "numoe-worker-2.service")->content);
+  EXPECT_TRUE(w.no_numa_bind);
+  EXPECT_TRUE(w.numa_nodes.empty());
+  EXPECT_EQ(ExecStart(Find(*files, "numoe-gpu.service")->content)[0], "/usr/local/bin/numoe-gpu");
+}
+
+TEST(EmitSystemd, SplitExecStartUndoesTheQuoting) {
+  auto words = SplitExecStart("/bin/x --a \"b c\" 100%% \"q\\\"d\" $$V");
+  ASSERT_TRUE(words.ok()) << words.status();
+  EXPECT_EQ(*words, (std::vector<std::string>{"/bin/x", "--a", "b c", "100%", "q\"d", "$V"}));
+  EXPECT_FALSE(SplitExecStart("/bin/x \"open").ok());
 }
 
 TEST(EmitKubernetes, PodPerWorkerGpuPerHostRouterService) {
   EmitOptions o;
-  o.model_path = "/models/v4";
+  o.launch.model_dir = "/models/v4";
   o.k8s_hostname = "box1";
   auto files = RenderKubernetes(UnevenPlan(), o);
   ASSERT_TRUE(files.ok()) << files.status();
@@ -115,8 +237,11 @@ TEST(EmitKubernetes, PodPerWorkerGpuPerHostRouterService) {
   EXPECT_THAT(y, HasSubstr("  name: numoe-worker-2\n"));
   EXPECT_THAT(y, HasSubstr("numoe.dev/numa-nodes: \"2,3\""));
   EXPECT_THAT(y, HasSubstr("        - \"/usr/bin/numactl\"\n        - \"--cpunodebind=0\"\n        - \"--membind=0\"\n"
-                           "        - \"/usr/local/bin/numoe-worker\"\n        - \"--model\"\n        - \"/models/v4\"\n"
-                           "        - \"--numa-node\"\n        - \"0\"\n        - \"--threads\"\n        - \"24\"\n"));
+                           "        - \"/usr/local/bin/numoe-worker\"\n        - \"--model\"\n        - \"/models/v4\"\n"));
+  EXPECT_THAT(y, HasSubstr("        - \"--numa-node\"\n        - \"0\"\n"));
+  EXPECT_THAT(y, HasSubstr("        - \"--threads\"\n        - \"24\"\n"));
+  // The workers listen where the router's pod reaches them (the host's IP), the router where its Service does.
+  EXPECT_THAT(y, HasSubstr("        - \"--host\"\n        - \"0.0.0.0\"\n"));
   EXPECT_THAT(y, HasSubstr("        - \"--interleave=2,3\"\n"));
   EXPECT_THAT(y, HasSubstr("memory: \"164G\""));  // 163.73 GB rounded up
   EXPECT_THAT(y, HasSubstr("kubernetes.io/hostname: \"box1\""));

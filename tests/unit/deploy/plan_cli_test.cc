@@ -69,7 +69,7 @@ TEST_F(PlanCli, HelpDocumentsEveryFlag) {
   Result r = Run("--help");
   EXPECT_EQ(r.rc, 0);
   for (const char* flag : {"--model DIR", "--config FILE", "--topology FILE.json", "--instances-per-node N", "--json",
-                           "--emit systemd|k8s DIR", "--force", "--drafter-experts auto|cpu|gpu", "--available-memory",
+                           "--emit systemd|k8s DIR", "--force", "--drafter-experts worker|gpu", "--available-memory",
                            "--os-headroom-gb GB", "--os-headroom-pct PCT", "--repack-overhead-pct PCT",
                            "--max-batch-tokens N", "--bin-dir DIR", "--gpu-node N", "--hostname NAME", "--image IMAGE",
                            "Exit status"}) {

@@ -1,0 +1,100 @@
+#include "deploy/launch.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint.h"
+#include "model/spec_policy.h"
+
+namespace numoe::deploy {
+
+void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
+  p.AddEnum("backend", "numoe-gpu's model backend; auto = cuda when this machine has a CUDA device, else cpu",
+            &o->backend);
+  p.AddEnum("spec",
+            "speculative decoding (numoe-gpu and every worker): auto = the checkpoint's drafter (dspark with DSpark "
+            "stages, mtp with MTP stages, else none; --backend cuda has no mtp); ngram drafts from the prompt and "
+            "generated text (no weights); none turns it off",
+            &o->spec);
+  p.AddInt("spec-depth", "K",
+           "draft tokens per step (0 = the checkpoint's dspark_block_size, else 5); any --max-seqs x --spec-depth "
+           "runs, drafts share --max-step-tokens",
+           &o->spec_depth, 0, 16);
+  p.AddFlag("spec-adaptive", "adapt each sequence's draft depth from its recent acceptance (up to --spec-depth)",
+            &o->spec_adaptive);
+  p.AddEnum("drafter-experts",
+            "where the model drafter's routed experts run: worker (in every numoe-worker, counted in its memory) or "
+            "gpu (numoe-gpu --drafter-experts gpu: copied to the GPU, 9.6 GiB at V4-Flash width; needs --backend "
+            "cuda)",
+            &o->drafter_experts);
+  p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &o->max_seqs, 0, 4096);
+  // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
+  p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &o->max_step_tokens, 0,
+           16384);
+  p.AddInt("prefill-chunk", "N", "numoe-worker --prefill-chunk (-1 = its default)", &o->prefill_chunk, -1, 65536);
+  p.AddInt("threads-per-worker", "N", "expert kernel threads per worker (0 = its CPUs)", &o->threads_per_worker, 0,
+           4096);
+  p.AddFlag("no-numa-bind", "start workers with --no-numa-bind (no NUMA rights, e.g. containers)", &o->no_numa_bind);
+  p.AddString("host", "ADDR", "address the router binds (REST and gRPC)", &o->router_host);
+  p.AddInt("port", "N", "the router's REST port", &o->router_port, 0, 65535);
+  p.AddInt("grpc-port", "N", "the router's gRPC port", &o->router_grpc_port, 0, 65535);
+}
+
+Status CheckLaunchOptions(const LaunchOptions& o) {
+  RETURN_IF_ERROR(CheckDrafterExperts(o.drafter_experts, o.backend));
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model_dir));
+  // numoe serve and plan start numoe-gpu without --tp: one GPU.
+  return ResolveSpec(SpecFlags{.spec = o.spec, .depth = o.spec_depth, .adaptive = o.spec_adaptive},
+                     DrafterOf(*ckpt, o.model_dir), KnownDrafterSupport(o.backend, /*tp=*/1))
+      .status();
+}
+
+StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const WorkerPlacement> placements) {
+  if (!o.worker_ports.empty() && o.worker_ports.size() != placements.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker_ports: ", o.worker_ports.size(), " ports for ",
+                                                   placements.size(), " workers"));
+  }
+  LaunchPlan plan;
+  gpu::GpuAppConfig& g = plan.gpu;
+  g.model_dir = o.model_dir;
+  g.backend = o.backend;
+  g.host = o.host;
+  g.port = o.gpu_port;
+  g.spec = o.spec;
+  g.drafter_experts = o.drafter_experts;
+  // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
+  g.max_sequences = std::max(g.max_sequences, o.max_seqs);
+
+  router::RouterConfig& r = plan.router.router;
+  r.model_dir = o.model_dir;
+  r.host = o.router_host;
+  r.http_port = o.router_port;
+  r.grpc_port = o.router_grpc_port;
+
+  const std::string gpu_address = absl::StrCat(o.host, ":", o.gpu_port);
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const WorkerPlacement& place = placements[i];
+    worker::WorkerAppConfig w;
+    w.model_dir = o.model_dir;
+    w.gpu_address = gpu_address;
+    w.host = o.host;
+    w.port = o.worker_ports.empty() ? o.worker_base_port + static_cast<int64_t>(i) : o.worker_ports[i];
+    w.worker_id = absl::StrCat("worker-", i);
+    w.no_numa_bind = o.no_numa_bind || place.nodes.empty();
+    if (!w.no_numa_bind) w.numa_nodes = place.nodes;
+    w.cpus = place.cpus;
+    w.threads = o.threads_per_worker > 0 ? o.threads_per_worker : place.threads;
+    if (o.max_seqs > 0) w.max_seqs = o.max_seqs;
+    if (o.max_step_tokens > 0) w.max_step_tokens = o.max_step_tokens;
+    if (o.prefill_chunk >= 0) w.prefill_chunk = o.prefill_chunk;
+    w.spec = o.spec;
+    w.spec_depth = o.spec_depth;
+    w.spec_adaptive = o.spec_adaptive;
+    w.drafter_experts = o.drafter_experts;
+    r.balancer.workers.push_back(absl::StrCat(o.host, ":", w.port));
+    plan.workers.push_back(std::move(w));
+  }
+  return plan;
+}
+
+}  // namespace numoe::deploy

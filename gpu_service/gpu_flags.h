@@ -1,0 +1,20 @@
+// numoe-gpu's command line, defined once: AddGpuFlags registers every flag onto a GpuAppConfig, GpuArgv
+// writes a GpuAppConfig back as the argv that parses to it (used by deploy/launch.h for `numoe serve` and
+// `numoe plan --emit`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/args.h"
+#include "gpu_service/gpu_app.h"
+
+namespace numoe::gpu {
+
+// Binds every numoe-gpu flag to a field of `c`; the fields' current values are the defaults.
+void AddGpuFlags(ArgParser& p, GpuAppConfig* c);
+
+// The flags of the fields of `c` that differ from a default GpuAppConfig (the binary name not included).
+std::vector<std::string> GpuArgv(const GpuAppConfig& c);
+
+}  // namespace numoe::gpu

@@ -1,0 +1,21 @@
+// numoe-worker's command line, defined once: AddWorkerFlags registers every flag onto a WorkerAppConfig,
+// and WorkerArgv writes a WorkerAppConfig back as the argv that parses to it. worker/main.cc parses with
+// the first; `numoe serve` and `numoe plan --emit` (deploy/launch.h) build their command lines with the
+// second, so the launchers cannot drift from the daemon.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/args.h"
+#include "worker/service/worker_app.h"
+
+namespace numoe::worker {
+
+// Binds every numoe-worker flag to a field of `c`; the fields' current values are the defaults.
+void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c);
+
+// The flags of the fields of `c` that differ from a default WorkerAppConfig (the binary name not included).
+std::vector<std::string> WorkerArgv(const WorkerAppConfig& c);
+
+}  // namespace numoe::worker

@@ -8,10 +8,10 @@
 
 #include "cli/commands.h"
 #include "common/args.h"
+#include "common/topology.h"
 #include "deploy/emit.h"
 #include "deploy/model_memory.h"
 #include "deploy/planner.h"
-#include "deploy/topology.h"
 
 namespace numoe::cli {
 namespace {
@@ -67,7 +67,7 @@ int RunPlan(int argc, char** argv) {
   std::string model_dir, config_file, topology_file, emit, drafter = "auto", bin_dir = "/usr/local/bin";
   std::string hostname = "HOSTNAME", image = "numoe:latest";
   int64_t instances = 0, max_batch_tokens = deploy::kDefaultMaxBatchTokens, gpu_node = -1;
-  double headroom_gb = static_cast<double>(deploy::kDefaultOsHeadroomBytes) / deploy::kBytesPerGB;
+  double headroom_gb = static_cast<double>(deploy::kDefaultOsHeadroomBytes) / kBytesPerGB;
   double headroom_pct = deploy::kDefaultOsHeadroomFraction * 100.0;
   double repack_pct = deploy::kDefaultRepackOverhead * 100.0;
   bool json = false, force = false, available = false;
@@ -142,7 +142,7 @@ int RunPlan(int argc, char** argv) {
   if (!d.ok()) return Fail(prog, d.status(), kExitUsage);
   options.drafter_experts = *d;
   options.instances_per_node = static_cast<int>(instances);
-  options.os_headroom_bytes = static_cast<int64_t>(std::llround(headroom_gb * deploy::kBytesPerGB));
+  options.os_headroom_bytes = static_cast<int64_t>(std::llround(headroom_gb * kBytesPerGB));
   options.os_headroom_fraction = headroom_pct / 100.0;
   options.repack_overhead = repack_pct / 100.0;
   options.max_batch_tokens = max_batch_tokens;
@@ -150,7 +150,7 @@ int RunPlan(int argc, char** argv) {
 
   auto model = deploy::LoadModelMemory(model_dir.empty() ? config_file : model_dir);
   if (!model.ok()) return Fail(prog, model.status());
-  auto topology = topology_file.empty() ? deploy::ProbeTopology() : deploy::LoadTopologyFile(topology_file);
+  auto topology = topology_file.empty() ? ProbeTopology() : LoadTopologyFile(topology_file);
   if (!topology.ok()) return Fail(prog, topology.status());
   auto plan = deploy::MakePlan(*topology, *model, options);
   if (!plan.ok()) return Fail(prog, plan.status());

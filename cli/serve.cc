@@ -44,9 +44,10 @@
 #include "common/args.h"
 #include "common/checkpoint.h"
 #include "common/log.h"
-#include "common/numa.h"
 #include "common/status.h"
+#include "common/topology.h"
 #include "deploy/model_memory.h"
+#include "deploy/placement.h"
 #include "deploy/planner.h"
 #include "model/spec.h"
 
@@ -138,51 +139,21 @@ std::string Join(const std::vector<int>& v) {
   return s;
 }
 
-struct WorkerSlot {
-  std::vector<int> nodes;  // empty = no binding
-  std::vector<int> cpus;   // kernel CPUs (empty = the nodes' first CPUs)
-  int threads = 0;
-};
-
 // Where the workers go: the planner's placement (one per node that holds a copy), or `count` workers
-// spread round-robin over the nodes with disjoint CPU slices when several share a node.
-StatusOr<std::vector<WorkerSlot>> PlaceWorkers(const ServeConfig& c) {
-  std::vector<WorkerSlot> slots;
+// placed by the same rule (deploy/placement.h) without the memory check.
+StatusOr<std::vector<WorkerPlacement>> PlaceWorkers(const ServeConfig& c) {
+  const int threads = static_cast<int>(c.threads_per_worker);
   if (c.workers == 0) {
     ASSIGN_OR_RETURN(deploy::ModelMemory mem, deploy::LoadModelMemory(c.model_dir));
-    auto plan = deploy::PlanForThisMachine(mem, deploy::PlanOptions{});
+    auto plan = deploy::PlanForThisMachine(mem, deploy::PlanOptions{.threads_per_worker = threads});
     if (!plan.ok()) {
       return Status(plan.status().code(), absl::StrCat(plan.status().message(),
                                                        "\n(pass --workers N to start workers anyway)"));
     }
-    for (const auto& w : plan->workers) {
-      WorkerSlot s;
-      s.nodes = w.nodes;
-      s.cpus = w.cpus;
-      s.threads = c.threads_per_worker > 0 ? static_cast<int>(c.threads_per_worker) : w.threads;
-      slots.push_back(std::move(s));
-    }
-    return slots;
+    return plan->workers;
   }
-  ASSIGN_OR_RETURN(NumaTopology topo, GetNumaTopology());
-  const int nodes = std::max(topo.num_nodes(), 1);
-  std::vector<int> per_node(static_cast<size_t>(nodes), 0);
-  for (int64_t i = 0; i < c.workers; ++i) ++per_node[static_cast<size_t>(i % nodes)];
-  std::vector<int> seen(static_cast<size_t>(nodes), 0);
-  for (int64_t i = 0; i < c.workers; ++i) {
-    const int node = static_cast<int>(i % nodes);
-    const std::vector<int>& cpus = topo.cpus[static_cast<size_t>(node)];
-    const int share = per_node[static_cast<size_t>(node)], k = seen[static_cast<size_t>(node)]++;
-    WorkerSlot s;
-    s.nodes = {node};
-    // Slice k of `share` of the node's CPUs (at least one CPU each; slices wrap when CPUs are few).
-    const int n = static_cast<int>(cpus.size());
-    const int width = std::max(1, n / share);
-    for (int j = 0; j < width && n > 0; ++j) s.cpus.push_back(cpus[static_cast<size_t>((k * width + j) % n)]);
-    s.threads = c.threads_per_worker > 0 ? static_cast<int>(c.threads_per_worker) : static_cast<int>(s.cpus.size());
-    slots.push_back(std::move(s));
-  }
-  return slots;
+  ASSIGN_OR_RETURN(Topology topology, ProbeTopology());
+  return deploy::PlaceWorkers(topology, {.workers = static_cast<int>(c.workers), .threads_per_worker = threads});
 }
 
 // One supervised child process.
@@ -465,7 +436,7 @@ int Serve(const ServeConfig& c) {
   std::vector<Child*> workers;
   std::vector<std::string> worker_addrs;
   for (size_t i = 0; i < slots->size(); ++i) {
-    const WorkerSlot& s = (*slots)[i];
+    const WorkerPlacement& s = (*slots)[i];
     auto port = FreePort();
     if (!port.ok()) return fail(port.status());
     std::vector<std::string> args = {"--model",     model, "--gpu", gpu_addr, "--host", "127.0.0.1",
@@ -476,7 +447,7 @@ int Serve(const ServeConfig& c) {
     } else {
       args.insert(args.end(), {"--numa-node", Join(s.nodes)});
     }
-    if (!s.cpus.empty()) args.insert(args.end(), {"--cpus", Join(s.cpus)});
+    if (!s.thread_cpus.empty()) args.insert(args.end(), {"--cpus", Join(s.thread_cpus)});
     if (s.threads > 0) args.insert(args.end(), {"--threads", std::to_string(s.threads)});
     if (c.max_seqs > 0) args.insert(args.end(), {"--max-seqs", std::to_string(c.max_seqs)});
     if (c.max_step_tokens > 0) args.insert(args.end(), {"--max-step-tokens", std::to_string(c.max_step_tokens)});

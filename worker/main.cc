@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/args.h"
+#include "common/topology.h"
 #include "worker/service/worker_app.h"
 
 int main(int argc, char** argv) {
@@ -17,8 +18,10 @@ int main(int argc, char** argv) {
   p.AddString("numa-node", "N[,N...]", "bind threads and memory to these NUMA node(s) (several: interleaved)",
               &numa_nodes);
   p.AddFlag("no-numa-bind", "do not bind (machines or containers without NUMA rights)", &c.no_numa_bind);
-  p.AddInt("threads", "N", "expert kernel threads (0 = every CPU of the bound nodes)", &c.threads, 0, 4096);
-  p.AddString("cpus", "C[,C...]", "pin the kernel threads to these CPUs (workers sharing a node)", &cpus);
+  p.AddInt("threads", "N", "expert kernel threads (0 = one per --cpus CPU, else one per CPU of the bound nodes)",
+           &c.threads, 0, 4096);
+  p.AddString("cpus", "LIST", "pin kernel thread i to the i-th of these CPUs, e.g. 0-11,96-107 (one per thread; "
+              "without it the threads run unpinned on the nodes' CPUs)", &cpus);
   p.AddInt("max-seqs", "N", "sequences running at once", &c.max_seqs, 1, 4096);
   p.AddInt("max-step-tokens", "N", "token budget of one step (decode tokens + prefill chunks)", &c.max_step_tokens, 1,
            65536);
@@ -59,12 +62,12 @@ int main(int argc, char** argv) {
     for (int64_t n : *nodes) c.numa_nodes.push_back(static_cast<int>(n));
   }
   if (!cpus.empty()) {
-    auto list = numoe::ParseIntList(cpus, "--cpus");
+    auto list = numoe::ParseCpuList(cpus, "--cpus");
     if (!list.ok()) {
       std::fprintf(stderr, "numoe-worker: %s\n", std::string(list.status().message()).c_str());
       return 2;
     }
-    for (int64_t n : *list) c.cpus.push_back(static_cast<int>(n));
+    c.cpus = std::move(*list);
   }
   return numoe::worker::RunWorkerApp(c);
 }

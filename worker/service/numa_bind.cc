@@ -70,8 +70,9 @@ Status ValidatePlacement(const WorkerPlacement& p, const Topology& topology) {
   if (p.threads < 1) return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1 (got ", p.threads, ")"));
   if (!p.thread_cpus.empty() && static_cast<size_t>(p.threads) != p.thread_cpus.size()) {
     return absl::InvalidArgumentError(absl::StrCat("--threads ", p.threads, " disagrees with --cpus (",
-                                                   p.thread_cpus.size(), " CPUs, one per kernel thread): list ",
-                                                   p.threads, " CPUs, or drop --threads"));
+                                                   p.thread_cpus.size(), p.thread_cpus.size() == 1 ? " CPU" : " CPUs",
+                                                   ", one per kernel thread): list ", p.threads,
+                                                   " CPUs, or drop --threads"));
   }
   return absl::OkStatus();
 }

@@ -185,7 +185,7 @@ TEST(PlaceWorkers, MoreWorkersThanCpusShareOneCpuEach) {
 
 TEST(PlaceWorkers, ThreadsPerWorkerPinsTheFirstCpusAndIsCheckedAgainstThem) {
   const Topology t = Machine({Node(0, "0-3"), Node(1, "4-7")});
-  // The placement PlaceWorker(node 1, 2 threads) of common/numa.h used to give, now one rule.
+  // Two threads on node 1: its first two CPUs.
   auto w = Place(t, ByCount(2, 2));
   ASSERT_EQ(w.size(), 2u);
   EXPECT_THAT(w[1].nodes, ElementsAre(1));

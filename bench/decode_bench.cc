@@ -46,6 +46,8 @@
 #include "common/checkpoint.h"
 #include "common/numa.h"
 #include "common/thread_pool.h"
+#include "common/topology.h"
+#include "deploy/placement.h"
 #include "nlohmann/json.hpp"
 
 namespace numoe::bench {
@@ -300,31 +302,21 @@ StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, in
 
 // ---- the bandwidth ----------------------------------------------------------------------------------------
 
-struct WorkerCpus {
-  int node = 0;
-  std::vector<int> cpus;
-  int threads = 0;
-};
-
-// Worker-0's CPUs and threads as `numoe serve --workers N [--threads-per-worker T]` places them: node 0,
-// the first of ceil(N / nodes) equal slices of its CPUs.
-StatusOr<WorkerCpus> Worker0Cpus(int64_t workers, int64_t threads) {
-  ASSIGN_OR_RETURN(NumaTopology topo, GetNumaTopology());
-  if (topo.cpus.empty() || topo.cpus[0].empty()) return absl::FailedPreconditionError("NUMA node 0 has no CPUs");
-  const int nodes = std::max(topo.num_nodes(), 1);
-  const int share = static_cast<int>((workers + nodes - 1) / nodes);
-  const std::vector<int>& node_cpus = topo.cpus[0];
-  const int width = std::max(1, static_cast<int>(node_cpus.size()) / share);
-  WorkerCpus w;
-  w.cpus.assign(node_cpus.begin(), node_cpus.begin() + std::min<size_t>(width, node_cpus.size()));
-  w.threads = threads > 0 ? static_cast<int>(threads) : static_cast<int>(w.cpus.size());
-  return w;
+// Worker-0's placement as `numoe serve --workers N [--threads-per-worker T]` gives it: the one rule of
+// deploy/placement.h on this machine.
+StatusOr<WorkerPlacement> Worker0Placement(int64_t workers, int64_t threads) {
+  ASSIGN_OR_RETURN(Topology topology, ProbeTopology());
+  ASSIGN_OR_RETURN(std::vector<WorkerPlacement> placed,
+                   deploy::PlaceWorkers(topology, {.workers = static_cast<int>(workers),
+                                                   .threads_per_worker = static_cast<int>(threads),
+                                                   .threads_flag = "--threads"}));
+  return placed.front();
 }
 
 // Streaming-read GB/s of each pass over a node-0 buffer of `bytes` (after one untimed pass that faults it in).
-StatusOr<std::vector<double>> MeasureRead(const WorkerCpus& w, size_t bytes, int passes) {
-  ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.num_threads = w.threads, .cpus = w.cpus}));
-  ASSIGN_OR_RETURN(NodeBuffer buf, AllocateOnNode(bytes, {.node = w.node}));
+StatusOr<std::vector<double>> MeasureRead(const WorkerPlacement& w, size_t bytes, int passes) {
+  ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.num_threads = w.threads, .cpus = w.thread_cpus}));
+  ASSIGN_OR_RETURN(NodeBuffer buf, AllocateOnNode(bytes, {.node = w.nodes.front()}));
   std::memset(buf.data(), 1, buf.size());
   uint64_t sink = 0;
   ReadPass(*pool, buf.data(), buf.size(), &sink);
@@ -513,14 +505,14 @@ int RunDecodeBench(int argc, char** argv) {
                    Fmt(fp.routed_bytes_per_token / 1e6, 1), " MB"));
 
   // 2. Read bandwidth on worker-0's CPUs.
-  auto wc = Worker0Cpus(workers, threads);
+  auto wc = Worker0Placement(workers, threads);
   if (!wc.ok()) return fail(wc.status());
   const size_t read_bytes = read_mib > 0 ? static_cast<size_t>(read_mib) << 20
                                          : static_cast<size_t>(std::max<int64_t>(8 * LastLevelCacheBytes(), int64_t{1} << 30));
   auto before = MeasureRead(*wc, read_bytes, static_cast<int>(passes));
   if (!before.ok()) return fail(before.status());
   say(absl::StrCat("read bandwidth before serving: ", Fmt(Median(*before), 2), " GB/s (", wc->threads,
-                   " threads on CPUs ", absl::StrJoin(wc->cpus, ","), ", ", Fmt(read_bytes / 1e9, 2),
+                   " threads on CPUs ", absl::StrJoin(wc->thread_cpus, ","), ", ", Fmt(read_bytes / 1e9, 2),
                    " GB buffer, median of ", passes, " passes)"));
 
   // 3. The served stack.

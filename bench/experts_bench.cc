@@ -23,6 +23,8 @@
 #include "common/log.h"
 #include "common/numa.h"
 #include "common/thread_pool.h"
+#include "common/topology.h"
+#include "deploy/placement.h"
 #include "worker/experts/expert_layer.h"
 #include "worker/experts/isa.h"
 #include "worker/experts/kernel_ops.h"
@@ -98,15 +100,17 @@ int RunExpertsBench(int argc, char** argv) {
     return fail(absl::InvalidArgumentError("--precision must be high or low"));
   }
 
-  auto topo = GetNumaTopology();
+  // One worker on the first node (deploy/placement.h), with --threads kernel threads (default: one per
+  // CPU of the node, SMT siblings included: the figure is the node's, not the planner's thread count).
+  auto topo = ProbeTopology();
   if (!topo.ok()) return fail(topo.status());
-  auto placement = PlaceWorker(*topo, 0, static_cast<int>(threads));
+  auto placement = deploy::PlaceWorkers(
+      *topo, {.workers = 1,
+              .threads_per_worker = threads > 0 ? static_cast<int>(threads) : topo->nodes.front().num_cpus,
+              .threads_flag = "--threads"});
   if (!placement.ok()) return fail(placement.status());
-  if (threads > static_cast<int64_t>(placement->cpus.size())) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("--threads ", threads, " but node 0 has ",
-                                                        placement->cpus.size(), " usable CPUs")));
-  }
-  auto pool_or = ThreadPool::Create({.num_threads = static_cast<int>(placement->cpus.size()), .cpus = placement->cpus});
+  const std::vector<int>& cpus = placement->front().thread_cpus;
+  auto pool_or = ThreadPool::Create({.num_threads = static_cast<int>(cpus.size()), .cpus = cpus});
   if (!pool_or.ok()) return fail(pool_or.status());
   ThreadPool& pool = **pool_or;
 
@@ -151,10 +155,10 @@ int RunExpertsBench(int argc, char** argv) {
   std::vector<std::unique_ptr<ExpertLayer>> packed;
   {
     // Packing is load-time work: use every CPU of the node, not just the measured threads.
-    ThreadPool pack_pool(static_cast<int>(topo->cpus[0].size()));
+    ThreadPool pack_pool(topo->nodes.front().num_cpus);
     for (int64_t l = 0; l < layers; ++l) {
       auto layer = ExpertLayer::Pack(preset->hidden, preset->inter, refs, isa,
-                                     {.numa_node = placement->memory_node, .pool = &pack_pool});
+                                     {.numa_node = placement->front().nodes.front(), .pool = &pack_pool});
       if (!layer.ok()) return fail(layer.status());
       packed.push_back(std::move(*layer));
     }

@@ -10,11 +10,11 @@
 #include "common/args.h"
 #include "backends/cuda/cuda_model.h"
 #include "common/choices.h"
+#include "common/topology.h"
 #include "deploy/emit.h"
 #include "deploy/launch.h"
 #include "deploy/model_memory.h"
 #include "deploy/planner.h"
-#include "deploy/topology.h"
 #include "model/spec_policy.h"
 
 namespace numoe::cli {
@@ -65,7 +65,7 @@ int RunPlan(int argc, char** argv) {
   deploy::EmitOptions eo;
   eo.launch.backend = Backend::kAuto;
   int64_t instances = 0, max_batch_tokens = deploy::kDefaultMaxBatchTokens;
-  double headroom_gb = static_cast<double>(deploy::kDefaultOsHeadroomBytes) / deploy::kBytesPerGB;
+  double headroom_gb = static_cast<double>(deploy::kDefaultOsHeadroomBytes) / kBytesPerGB;
   double headroom_pct = deploy::kDefaultOsHeadroomFraction * 100.0;
   double repack_pct = deploy::kDefaultRepackOverhead * 100.0;
   bool json = false, force = false, available = false;
@@ -140,7 +140,7 @@ int RunPlan(int argc, char** argv) {
   deploy::PlanOptions options;
   options.drafter_experts = eo.launch.drafter_experts;
   options.instances_per_node = static_cast<int>(instances);
-  options.os_headroom_bytes = static_cast<int64_t>(std::llround(headroom_gb * deploy::kBytesPerGB));
+  options.os_headroom_bytes = static_cast<int64_t>(std::llround(headroom_gb * kBytesPerGB));
   options.os_headroom_fraction = headroom_pct / 100.0;
   options.repack_overhead = repack_pct / 100.0;
   options.max_batch_tokens = max_batch_tokens;
@@ -148,7 +148,7 @@ int RunPlan(int argc, char** argv) {
 
   auto model = deploy::LoadModelMemory(model_dir.empty() ? config_file : model_dir);
   if (!model.ok()) return Fail(prog, model.status());
-  auto topology = topology_file.empty() ? deploy::ProbeTopology() : deploy::LoadTopologyFile(topology_file);
+  auto topology = topology_file.empty() ? ProbeTopology() : LoadTopologyFile(topology_file);
   if (!topology.ok()) return Fail(prog, topology.status());
   auto plan = deploy::MakePlan(*topology, *model, options);
   if (!plan.ok()) return Fail(prog, plan.status());

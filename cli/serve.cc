@@ -40,10 +40,11 @@
 #include "common/args.h"
 #include "common/choices.h"
 #include "common/log.h"
-#include "common/numa.h"
 #include "common/status.h"
+#include "common/topology.h"
 #include "deploy/launch.h"
 #include "deploy/model_memory.h"
+#include "deploy/placement.h"
 #include "deploy/planner.h"
 #include "deploy/supervisor.h"
 #include "gpu_service/gpu_flags.h"
@@ -87,38 +88,21 @@ std::string BinDir() {
 }
 
 // Where the workers go: the planner's placement (one per node that holds a copy), or `count` workers
-// spread round-robin over the nodes with disjoint CPU slices when several share a node.
-StatusOr<std::vector<deploy::WorkerPlacement>> PlaceWorkers(const ServeConfig& c) {
+// placed by the same rule (deploy/placement.h) without the memory check.
+StatusOr<std::vector<WorkerPlacement>> PlaceWorkers(const ServeConfig& c) {
+  const int threads = static_cast<int>(c.launch.threads_per_worker);
   if (c.workers == 0) {
     ASSIGN_OR_RETURN(deploy::ModelMemory mem, deploy::LoadModelMemory(c.model_dir));
-    auto plan = deploy::PlanForThisMachine(mem, deploy::PlanOptions{.drafter_experts = c.launch.drafter_experts});
+    auto plan = deploy::PlanForThisMachine(
+        mem, deploy::PlanOptions{.drafter_experts = c.launch.drafter_experts, .threads_per_worker = threads});
     if (!plan.ok()) {
       return Status(plan.status().code(), absl::StrCat(plan.status().message(),
                                                        "\n(pass --workers N to start workers anyway)"));
     }
     return plan->workers;
   }
-  std::vector<deploy::WorkerPlacement> slots;
-  ASSIGN_OR_RETURN(NumaTopology topo, GetNumaTopology());
-  const int nodes = std::max(topo.num_nodes(), 1);
-  std::vector<int> per_node(static_cast<size_t>(nodes), 0);
-  for (int64_t i = 0; i < c.workers; ++i) ++per_node[static_cast<size_t>(i % nodes)];
-  std::vector<int> seen(static_cast<size_t>(nodes), 0);
-  for (int64_t i = 0; i < c.workers; ++i) {
-    const int node = static_cast<int>(i % nodes);
-    const std::vector<int>& cpus = topo.cpus[static_cast<size_t>(node)];
-    const int share = per_node[static_cast<size_t>(node)], k = seen[static_cast<size_t>(node)]++;
-    deploy::WorkerPlacement s;
-    s.index = static_cast<int>(i);
-    s.nodes = {node};
-    // Slice k of `share` of the node's CPUs (at least one CPU each; slices wrap when CPUs are few).
-    const int n = static_cast<int>(cpus.size());
-    const int width = std::max(1, n / share);
-    for (int j = 0; j < width && n > 0; ++j) s.cpus.push_back(cpus[static_cast<size_t>((k * width + j) % n)]);
-    s.threads = static_cast<int>(s.cpus.size());
-    slots.push_back(std::move(s));
-  }
-  return slots;
+  ASSIGN_OR_RETURN(Topology topology, ProbeTopology());
+  return deploy::PlaceWorkers(topology, {.workers = static_cast<int>(c.workers), .threads_per_worker = threads});
 }
 
 // The children of `plan`, registered with `sup` in start order: numoe-gpu, the workers, the router.

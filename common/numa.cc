@@ -2,7 +2,6 @@
 
 #include <numa.h>
 #include <numaif.h>
-#include <sched.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -39,45 +38,6 @@ bool ThpAllowed() {
 bool NumaUsable() { return numa_available() >= 0 && numa_num_configured_nodes() > 1; }
 
 }  // namespace
-
-StatusOr<NumaTopology> GetNumaTopology() {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
-    return absl::InternalError(absl::StrCat("numa: sched_getaffinity: ", std::strerror(errno)));
-  }
-  NumaTopology topo;
-  if (numa_available() < 0) {
-    topo.cpus.emplace_back();
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &allowed)) topo.cpus[0].push_back(c);
-    return topo;
-  }
-  const int nodes = numa_max_node() + 1;
-  topo.cpus.resize(nodes);
-  struct bitmask* mask = numa_allocate_cpumask();
-  for (int n = 0; n < nodes; ++n) {
-    if (numa_node_to_cpus(n, mask) != 0) continue;  // a hole in the node numbering
-    for (unsigned c = 0; c < mask->size && c < CPU_SETSIZE; ++c)
-      if (numa_bitmask_isbitset(mask, c) && CPU_ISSET(c, &allowed)) topo.cpus[n].push_back(static_cast<int>(c));
-  }
-  numa_free_cpumask(mask);
-  return topo;
-}
-
-StatusOr<NumaPlacement> PlaceWorker(const NumaTopology& topology, int node, int max_threads) {
-  if (node < 0 || node >= topology.num_nodes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("numa: node ", node, " out of range (this machine has ", topology.num_nodes(), ")"));
-  }
-  const auto& cpus = topology.cpus[node];
-  if (cpus.empty()) return absl::InvalidArgumentError(absl::StrCat("numa: node ", node, " has no usable CPUs"));
-  NumaPlacement p;
-  p.memory_node = node;
-  const size_t n = max_threads <= 0 ? cpus.size() : std::min(cpus.size(), static_cast<size_t>(max_threads));
-  p.cpus.assign(cpus.begin(), cpus.begin() + n);
-  return p;
-}
 
 NodeBuffer::~NodeBuffer() { Release(); }
 

@@ -1,10 +1,10 @@
-// NUMA topology, the one placement rule shared by the expert loader and the kernels, and node-local
-// allocation on 2 MB pages.
+// Node-local allocation on 2 MB pages.
 //
 // A numoe-worker serves one NUMA node: its expert weights live in that node's memory and its kernel
-// threads run on that node's cores, so every weight byte is streamed from local DRAM. PlaceWorker() is the
-// single (pure) function that decides both; ExpertLayer::Pack allocates with its memory_node and the
-// kernels' ThreadPool is created with its cpus.
+// threads run on that node's cores, so every weight byte is streamed from local DRAM. Where a worker runs
+// is decided once, by deploy/placement.h's PlaceWorkers() over common/topology.h's Topology; the worker
+// applies that placement (worker/service/numa_bind.h) and ExpertLayer::Pack allocates here, on the
+// placement's node.
 #pragma once
 
 #include <cstddef>
@@ -15,25 +15,6 @@
 #include "common/status.h"
 
 namespace numoe {
-
-struct NumaTopology {
-  // cpus[node] = the CPUs of that node that this process may run on (ascending). A machine without
-  // NUMA support reports one node holding every allowed CPU.
-  std::vector<std::vector<int>> cpus;
-  int num_nodes() const { return static_cast<int>(cpus.size()); }
-};
-
-// Reads the topology through libnuma, restricted to sched_getaffinity's CPU set.
-StatusOr<NumaTopology> GetNumaTopology();
-
-struct NumaPlacement {
-  int memory_node = 0;    // where the worker's weights and scratch live
-  std::vector<int> cpus;  // one kernel thread pinned to each
-};
-
-// The placement rule (pure): worker for `node` uses that node's memory and its first `max_threads`
-// allowed CPUs (all of them when max_threads <= 0). Errors: node out of range, or a node without CPUs.
-StatusOr<NumaPlacement> PlaceWorker(const NumaTopology& topology, int node, int max_threads);
 
 struct NodeAllocOptions {
   int node = -1;            // -1: no binding (the kernel's default policy)

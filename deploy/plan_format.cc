@@ -167,6 +167,7 @@ std::string FormatPlanJson(const Plan& plan) {
                {"threads", w.threads},
                {"numactl", w.NumactlArgs()}};
     if (!w.cpus.empty()) wj["cpus"] = FormatCpuList(w.cpus);
+    if (!w.thread_cpus.empty()) wj["thread_cpus"] = FormatCpuList(w.thread_cpus);  // numoe-worker --cpus
     if (w.slots > 1) {
       wj["slot"] = w.slot;
       wj["slots"] = w.slots;

@@ -1,8 +1,9 @@
 // The deploy planner: how many numoe-workers a machine runs, and on which NUMA nodes.
 //
-// One pure function decides placement, MakePlan(topology, model memory, options); everything else
-// (probing the machine, reading the model, printing, writing systemd units / k8s manifests) feeds it or
-// formats its result. The launcher (`numoe serve`) calls PlanForThisMachine().
+// MakePlan(topology, model memory, options) works out what one worker needs and what each node offers,
+// and leaves where the workers go to deploy/placement.h's PlaceWorkers(), the one placement rule;
+// everything else (probing the machine, reading the model, printing, writing systemd units / k8s
+// manifests) feeds it or formats its result. The launcher (`numoe serve`) calls PlanForThisMachine().
 //
 // The rules, and why:
 //   * Decode speed is set by memory bandwidth, not capacity: every decoded token streams the chosen
@@ -34,7 +35,7 @@
 
 #include "common/choices.h"
 #include "common/status.h"
-#include "deploy/topology.h"
+#include "common/topology.h"
 
 namespace numoe::deploy {
 
@@ -86,6 +87,8 @@ struct PlanOptions {
   // Plan on the memory available now (free + reclaimable) instead of the node's memory: for a launcher
   // starting next to other memory users. Nodes with unknown availability use their memory.
   bool plan_on_available = false;
+  // Kernel threads per worker (`numoe serve --threads-per-worker`); 0 = one per physical core of its CPUs.
+  int threads_per_worker = 0;
 };
 
 // One line of the per-worker memory arithmetic.
@@ -94,24 +97,6 @@ struct MemoryTerm {
   std::string label;   // "routed experts"
   int64_t bytes = 0;
   std::string detail;  // the arithmetic and assumption behind it
-};
-
-// One numoe-worker process.
-struct WorkerPlacement {
-  int index = 0;               // numoe-worker-<index>
-  std::vector<int> nodes;      // NUMA node ids; more than one = memory interleaved over them
-  int slot = 0;                // this worker's slot among `slots` workers sharing one node
-  int slots = 1;
-  int64_t need_bytes = 0;      // what it needs (the same for every worker)
-  int64_t usable_bytes = 0;    // usable memory of its nodes (its share when several share a node)
-  int threads = 0;             // --threads: physical cores of its CPUs when known, else logical CPUs
-  std::vector<int> cpus;       // CPUs it is bound to; empty = all CPUs of `nodes` (ids unknown)
-
-  bool interleaved() const { return nodes.size() > 1; }
-  std::string NodeList() const;     // "2,3"
-  // numactl arguments: "--cpunodebind=0 --membind=0", "--physcpubind=0-11,48-59 --membind=0",
-  // "--cpunodebind=2,3 --interleave=2,3".
-  std::string NumactlArgs() const;
 };
 
 // Per node: what it offers and what the plan does with it.

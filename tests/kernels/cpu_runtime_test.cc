@@ -11,6 +11,7 @@
 #include "common/cpu_features.h"
 #include "common/numa.h"
 #include "common/thread_pool.h"
+#include "common/topology.h"
 #include "worker/experts/isa.h"
 
 namespace numoe {
@@ -219,25 +220,12 @@ TEST(ThreadPool, PinningValidatesCpus) {
   EXPECT_FALSE(ThreadPool::Create({.num_threads = 0}).ok());
 }
 
-TEST(Numa, PlacementIsAPureFunctionOfTopology) {
-  NumaTopology topo;
-  topo.cpus = {{0, 1, 2, 3}, {4, 5, 6, 7}, {}};
-  auto p = PlaceWorker(topo, 1, 2);
-  ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->memory_node, 1);
-  EXPECT_EQ(p->cpus, (std::vector<int>{4, 5}));
-  EXPECT_EQ(PlaceWorker(topo, 0, 0)->cpus.size(), 4u);
-  EXPECT_FALSE(PlaceWorker(topo, 2, 0).ok());  // no CPUs
-  EXPECT_FALSE(PlaceWorker(topo, 3, 0).ok());
-  EXPECT_FALSE(PlaceWorker(topo, -1, 0).ok());
-}
-
 TEST(Numa, TopologyAndNodeLocalAllocation) {
-  auto topo = GetNumaTopology();
+  auto topo = ProbeTopology();
   ASSERT_TRUE(topo.ok()) << topo.status();
-  ASSERT_GE(topo->num_nodes(), 1);
+  ASSERT_GE(topo->nodes.size(), 1u);
   std::set<int> all;
-  for (const auto& cpus : topo->cpus) all.insert(cpus.begin(), cpus.end());
+  for (const NumaNode& node : topo->nodes) all.insert(node.cpu_ids.begin(), node.cpu_ids.end());
   EXPECT_FALSE(all.empty());
   auto buf = AllocateOnNode(5 << 20, NodeAllocOptions{.node = 0, .huge_pages = true});
   ASSERT_TRUE(buf.ok()) << buf.status();

@@ -8,93 +8,120 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <set>
 
-#include "common/numa.h"
+#include "absl/strings/str_join.h"
 
 namespace numoe::worker {
-
 namespace {
 
-std::string NodeList(const std::vector<int>& nodes) {
-  std::string s;
-  for (int n : nodes) s += (s.empty() ? "" : ",") + std::to_string(n);
-  return s;
+constexpr char kOptOut[] = " (run with --no-numa-bind where the process may not bind, e.g. some containers)";
+
+// The CPUs the placement may use: those of its nodes, or every CPU of `topology` when it binds none.
+std::set<int> DomainCpus(const WorkerPlacement& p, const Topology& topology) {
+  std::set<int> out;
+  for (const NumaNode& n : topology.nodes) {
+    if (p.nodes.empty() || std::find(p.nodes.begin(), p.nodes.end(), n.id) != p.nodes.end()) {
+      out.insert(n.cpu_ids.begin(), n.cpu_ids.end());
+    }
+  }
+  return out;
+}
+
+std::string Where(const WorkerPlacement& p) {
+  return p.nodes.empty() ? std::string("this process") : absl::StrCat("node(s) ", p.NodeList());
 }
 
 }  // namespace
 
-NumaBinding Unbound(int threads, const std::vector<int>& cpus) {
-  NumaBinding b;
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  int n = threads;
-  if (n <= 0) n = !cpus.empty() ? static_cast<int>(cpus.size())
-                                : (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 1);
-  b.threads = std::max(n, 1);
-  b.cpus = cpus;
-  b.description = absl::StrCat("not NUMA-bound (--no-numa-bind or no --numa-node); ", b.threads, " kernel threads",
-                               cpus.empty() ? " (unpinned)" : " pinned to --cpus");
-  return b;
-}
-
-StatusOr<NumaBinding> BindToNumaNodes(const std::vector<int>& nodes, int max_threads, const std::vector<int>& cpus) {
-  const std::string hint = " (run with --no-numa-bind where the process may not bind, e.g. some containers)";
-  if (nodes.empty()) return absl::InvalidArgumentError("--numa-node: no node given");
-  if (numa_available() < 0) {
-    return absl::FailedPreconditionError("NUMA bind: libnuma reports NUMA is not available on this system" + hint);
-  }
-  ASSIGN_OR_RETURN(NumaTopology topo, GetNumaTopology());
-  NumaBinding b;
-  std::unique_ptr<bitmask, void (*)(bitmask*)> mask(numa_allocate_nodemask(), numa_free_nodemask);
-  for (int node : nodes) {
-    if (node < 0 || node >= topo.num_nodes()) {
-      return absl::InvalidArgumentError(absl::StrCat("--numa-node: node ", node, " does not exist (this machine has ",
-                                                     topo.num_nodes(), " node(s): 0..", topo.num_nodes() - 1, ")"));
+Status ValidatePlacement(const WorkerPlacement& p, const Topology& topology) {
+  std::vector<int> usable;
+  for (const NumaNode& n : topology.nodes) usable.push_back(n.id);
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    const int node = p.nodes[i];
+    if (topology.IndexOf(node) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--numa-node: node ", node, " does not exist or has no CPUs this process may run on (usable nodes: ",
+          absl::StrJoin(usable, ","), ")"));
     }
-    if (std::find(b.nodes.begin(), b.nodes.end(), node) != b.nodes.end()) {
+    if (std::find(p.nodes.begin(), p.nodes.begin() + i, node) != p.nodes.begin() + i) {
       return absl::InvalidArgumentError(absl::StrCat("--numa-node: node ", node, " is listed twice"));
     }
-    if (topo.cpus[node].empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("NUMA bind: node ", node, " has no CPUs this process may run on" + hint));
-    }
-    b.nodes.push_back(node);
-    numa_bitmask_setbit(mask.get(), static_cast<unsigned>(node));
   }
-  // CPUs: every allowed CPU of the nodes for the process; the first max_threads for the kernel pool.
+  const std::set<int> domain = DomainCpus(p, topology);
+  for (int c : p.cpus) {
+    if (!domain.contains(c)) {
+      return absl::InvalidArgumentError(absl::StrCat("placement: CPU ", c, " is not a CPU of ", Where(p),
+                                                     " that this process may run on"));
+    }
+  }
+  const std::set<int> for_threads = p.cpus.empty() ? domain : std::set<int>(p.cpus.begin(), p.cpus.end());
+  std::set<int> seen;
+  for (int c : p.thread_cpus) {
+    if (!for_threads.contains(c)) {
+      return absl::InvalidArgumentError(absl::StrCat("--cpus: CPU ", c, " is not a usable CPU of ", Where(p),
+                                                     " (usable: ", FormatCpuList({for_threads.begin(), for_threads.end()}),
+                                                     ")"));
+    }
+    if (!seen.insert(c).second) {
+      return absl::InvalidArgumentError(absl::StrCat("--cpus: CPU ", c, " is listed twice (one kernel thread each)"));
+    }
+  }
+  if (p.threads < 1) return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1 (got ", p.threads, ")"));
+  if (!p.thread_cpus.empty() && static_cast<size_t>(p.threads) != p.thread_cpus.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads ", p.threads, " disagrees with --cpus (",
+                                                   p.thread_cpus.size(), p.thread_cpus.size() == 1 ? " CPU" : " CPUs",
+                                                   ", one per kernel thread): list ", p.threads,
+                                                   " CPUs, or drop --threads"));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<NumaBinding> ApplyPlacement(const WorkerPlacement& placement) {
+  ASSIGN_OR_RETURN(Topology topology, ProbeTopology());
+  WorkerPlacement p = placement;
+  if (p.threads <= 0) {
+    p.threads = !p.thread_cpus.empty() ? static_cast<int>(p.thread_cpus.size())
+                : !p.cpus.empty()      ? static_cast<int>(p.cpus.size())
+                                       : static_cast<int>(DomainCpus(p, topology).size());
+  }
+  RETURN_IF_ERROR(ValidatePlacement(p, topology));
+  NumaBinding b;
+  b.threads = p.threads;
+  b.cpus = p.thread_cpus;
+  const std::string pinned = p.thread_cpus.empty() ? " (unpinned)" : absl::StrCat(" pinned to ", FormatCpuList(p.thread_cpus));
+  if (p.nodes.empty()) {
+    b.description = absl::StrCat("not NUMA-bound (--no-numa-bind or no --numa-node); ", b.threads, " kernel threads",
+                                 pinned);
+    return b;
+  }
+  if (numa_available() < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("NUMA bind: libnuma reports NUMA is not available on this system",
+                                                      kOptOut));
+  }
+  const std::set<int> domain = DomainCpus(p, topology);
+  const std::vector<int> process_cpus = p.cpus.empty() ? std::vector<int>(domain.begin(), domain.end()) : p.cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
-  std::vector<int> all;
-  for (int node : b.nodes) {
-    for (int c : topo.cpus[node]) {
-      CPU_SET(c, &set);
-      all.push_back(c);
-    }
-  }
-  for (int c : cpus) {  // validated before anything is bound
-    if (std::find(all.begin(), all.end(), c) == all.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("--cpus: CPU ", c, " is not a usable CPU of node(s) ",
-                                                     NodeList(b.nodes)));
-    }
-  }
+  for (int c : process_cpus) CPU_SET(c, &set);
   if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("NUMA bind: sched_setaffinity to the CPUs of node(s) ", NodeList(b.nodes), " failed: ",
-                     std::strerror(errno), hint));
+    return absl::FailedPreconditionError(absl::StrCat("NUMA bind: sched_setaffinity to CPUs ",
+                                                      FormatCpuList(process_cpus), " of node(s) ", p.NodeList(),
+                                                      " failed: ", std::strerror(errno), kOptOut));
   }
-  const int mode = b.nodes.size() == 1 ? MPOL_BIND : MPOL_INTERLEAVE;
+  std::unique_ptr<bitmask, void (*)(bitmask*)> mask(numa_allocate_nodemask(), numa_free_nodemask);
+  for (int node : p.nodes) numa_bitmask_setbit(mask.get(), static_cast<unsigned>(node));
+  const int mode = p.interleaved() ? MPOL_INTERLEAVE : MPOL_BIND;
   if (set_mempolicy(mode, mask->maskp, mask->size + 1) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("NUMA bind: set_mempolicy(", b.nodes.size() == 1 ? "MPOL_BIND" : "MPOL_INTERLEAVE", ", node(s) ",
-                     NodeList(b.nodes), ") failed: ", std::strerror(errno), hint));
+    return absl::FailedPreconditionError(absl::StrCat("NUMA bind: set_mempolicy(",
+                                                      p.interleaved() ? "MPOL_INTERLEAVE" : "MPOL_BIND", ", node(s) ",
+                                                      p.NodeList(), ") failed: ", std::strerror(errno), kOptOut));
   }
-  b.cpus = cpus.empty() ? all : cpus;
-  if (max_threads > 0 && static_cast<int>(b.cpus.size()) > max_threads) b.cpus.resize(static_cast<size_t>(max_threads));
-  b.threads = static_cast<int>(b.cpus.size());
-  b.memory_node = b.nodes.size() == 1 ? b.nodes[0] : -1;
-  b.description = absl::StrCat("bound to NUMA node(s) ", NodeList(b.nodes), " (memory ",
-                               b.nodes.size() == 1 ? "bound" : "interleaved", ", ", all.size(), " CPUs; ",
-                               b.cpus.size(), " kernel threads pinned)");
+  b.nodes = p.nodes;
+  b.memory_node = p.interleaved() ? -1 : p.nodes[0];
+  b.description = absl::StrCat("bound to NUMA node(s) ", p.NodeList(), " (memory ",
+                               p.interleaved() ? "interleaved" : "bound", ", CPUs ", FormatCpuList(process_cpus), "; ",
+                               b.threads, " kernel threads", pinned, ")");
   return b;
 }
 

@@ -68,15 +68,15 @@ int RunWorkerApp(const WorkerAppConfig& c) {
     NLOG(ERROR) << "numoe-worker: " << st;
     return 1;
   };
-  // 1. NUMA: threads and memory on the node(s), before anything big is allocated.
-  NumaBinding binding;
-  if (c.no_numa_bind || c.numa_nodes.empty()) {
-    binding = Unbound(static_cast<int>(c.threads), c.cpus);
-  } else {
-    auto b = BindToNumaNodes(c.numa_nodes, static_cast<int>(c.threads), c.cpus);
-    if (!b.ok()) return fail(b.status());
-    binding = std::move(*b);
-  }
+  // 1. NUMA: the placement the launcher decided (threads and memory on the node(s)), applied before
+  // anything big is allocated.
+  WorkerPlacement placement;
+  if (!c.no_numa_bind) placement.nodes = c.numa_nodes;
+  placement.threads = static_cast<int>(c.threads);
+  placement.thread_cpus = c.cpus;
+  auto applied = ApplyPlacement(placement);
+  if (!applied.ok()) return fail(applied.status());
+  const NumaBinding binding = std::move(*applied);
   NLOG(INFO) << "numoe-worker: " << binding.description;
   auto pool = ThreadPool::Create({.num_threads = binding.threads, .cpus = binding.cpus});
   if (!pool.ok()) return fail(pool.status());

@@ -24,8 +24,8 @@ struct WorkerAppConfig {
   int64_t port = 50061;                         // 0 = any free port (logged, and sent to NUMOE_NOTIFY_FD)
   std::vector<int> numa_nodes;                  // empty = not bound
   bool no_numa_bind = false;
-  int64_t threads = 0;                          // kernel threads; 0 = the bound nodes' CPUs (all usable CPUs)
-  std::vector<int> cpus;                        // kernel threads' CPUs (empty: the nodes' first CPUs)
+  int64_t threads = 0;                          // kernel threads; 0 = one per `cpus` entry, else per usable CPU
+  std::vector<int> cpus;                        // kernel thread i's CPU is cpus[i] (empty: unpinned)
   int64_t max_seqs = 16;
   int64_t max_step_tokens = 512;
   int64_t prefill_chunk = 256;

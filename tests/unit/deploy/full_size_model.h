@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "deploy/planner.h"
-#include "deploy/topology.h"
+#include "common/topology.h"
 
 namespace numoe::deploy::testing {
 

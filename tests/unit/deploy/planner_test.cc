@@ -150,6 +150,7 @@ TEST(PlannerPlacement, FourNodes192GB24Dimms) {
     EXPECT_EQ(w.slots, 1);
   }
   EXPECT_EQ(plan.workers[1].cpus.size(), 48u);
+  EXPECT_EQ(FormatCpuList(plan.workers[1].thread_cpus), "24-47");  // one hardware thread of every core
   EXPECT_EQ(plan.workers[1].NumactlArgs(), "--cpunodebind=1 --membind=1");
   EXPECT_TRUE(plan.unused_nodes.empty());
   EXPECT_EQ(plan.shortfall_bytes, 0);
@@ -237,6 +238,7 @@ TEST(PlannerPlacement, InstancesPerNodeOverride) {
   EXPECT_EQ(FormatCpuList(plan.workers[0].cpus), "0-5,96-101");
   EXPECT_EQ(FormatCpuList(plan.workers[5].cpus), "30-35,126-131");
   EXPECT_EQ(plan.workers[5].threads, 6);
+  EXPECT_EQ(FormatCpuList(plan.workers[5].thread_cpus), "30-35");
   EXPECT_EQ(plan.workers[5].usable_bytes, 190'000'000'000);
   EXPECT_EQ(plan.workers[5].NumactlArgs(), "--physcpubind=30-35,126-131 --membind=1");
   EXPECT_THAT(Flat(FormatPlanText(plan)), HasSubstr("runs 4 workers (--instances-per-node 4)"));
@@ -382,6 +384,7 @@ TEST(PlannerJson, WorkersAndTerms) {
   EXPECT_EQ(j["workers"][2]["interleaved"], true);
   EXPECT_DOUBLE_EQ(j["workers"][2]["need_gb"].get<double>(), 163.73);
   EXPECT_EQ(j["workers"][2]["threads"], 48);
+  EXPECT_FALSE(j["workers"][2].contains("thread_cpus"));  // CPU ids not given: nothing to pin
   EXPECT_EQ(j["workers"][2]["numactl"], "--cpunodebind=2,3 --interleave=2,3");
   EXPECT_DOUBLE_EQ(j["need_gb"].get<double>(), 163.73);
   EXPECT_EQ(j["need_bytes"], kNeed);

@@ -1,5 +1,5 @@
 // The JSON machine description: what it accepts, and errors that name the field.
-#include "deploy/topology.h"
+#include "common/topology.h"
 
 #include <filesystem>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace numoe::deploy {
+namespace numoe {
 namespace {
 
 using ::testing::ElementsAre;
@@ -152,4 +152,4 @@ TEST(TopologyProbe, ThisMachine) {
 }
 
 }  // namespace
-}  // namespace numoe::deploy
+}  // namespace numoe

@@ -1,11 +1,14 @@
-#include "deploy/topology.h"
+#include "common/topology.h"
 
 #include <hwloc.h>
 #include <numa.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -13,10 +16,11 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "nlohmann/json.hpp"
 
-namespace numoe::deploy {
+namespace numoe {
 namespace {
 
 using json = nlohmann::json;
@@ -190,30 +194,42 @@ std::map<int, int> CoresPerNode() {
   return out;
 }
 
+// The CPUs this process may run on (sched_getaffinity: a cpuset cgroup, taskset or numactl narrows it).
+StatusOr<cpu_set_t> AllowedCpus() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+    return absl::InternalError(absl::StrCat("topology: sched_getaffinity: ", std::strerror(errno)));
+  }
+  return allowed;
+}
+
 std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
 }
 
-// A machine without libnuma support: one node with every online CPU and all memory.
-StatusOr<Topology> ProbeWithoutNuma() {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+// A machine without libnuma support: one node with every CPU this process may run on, and all memory.
+StatusOr<Topology> ProbeWithoutNuma(const cpu_set_t& allowed) {
   long pages = sysconf(_SC_PHYS_PAGES);
   long avail_pages = sysconf(_SC_AVPHYS_PAGES);
   long page = sysconf(_SC_PAGESIZE);
-  if (cpus <= 0 || pages <= 0 || page <= 0) {
+  if (pages <= 0 || page <= 0) {
     return absl::UnavailableError("cannot read the machine's topology: libnuma is unavailable and sysconf failed");
   }
   Topology t;
   t.name = absl::StrCat("this machine (", HostName(), ", no NUMA support)");
   NumaNode node;
   node.id = 0;
-  node.num_cpus = static_cast<int>(cpus);
-  for (int c = 0; c < node.num_cpus; ++c) node.cpu_ids.push_back(c);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) node.cpu_ids.push_back(c);
+  }
+  node.num_cpus = static_cast<int>(node.cpu_ids.size());
   node.memory_bytes = static_cast<int64_t>(pages) * page;
   node.available_bytes = avail_pages > 0 ? static_cast<int64_t>(avail_pages) * page : -1;
   t.nodes.push_back(std::move(node));
+  RETURN_IF_ERROR(ValidateTopology(t, t.name));
   return t;
 }
 
@@ -346,7 +362,8 @@ StatusOr<Topology> LoadTopologyFile(const std::string& path) {
 }
 
 StatusOr<Topology> ProbeTopology() {
-  if (numa_available() < 0) return ProbeWithoutNuma();
+  ASSIGN_OR_RETURN(cpu_set_t allowed, AllowedCpus());
+  if (numa_available() < 0) return ProbeWithoutNuma(allowed);
   Topology t;
   t.name = absl::StrCat("this machine (", HostName(), ")");
   std::map<int, int> cores = CoresPerNode();
@@ -361,12 +378,13 @@ StatusOr<Topology> ProbeTopology() {
     node.id = id;
     numa_bitmask_clearall(mask.get());
     if (numa_node_to_cpus(id, mask.get()) != 0) continue;
-    for (int c = 0; c < possible_cpus; ++c) {
-      if (numa_bitmask_isbitset(mask.get(), c)) node.cpu_ids.push_back(c);
+    for (int c = 0; c < possible_cpus && c < CPU_SETSIZE; ++c) {
+      if (numa_bitmask_isbitset(mask.get(), c) && CPU_ISSET(c, &allowed)) node.cpu_ids.push_back(c);
     }
     if (node.cpu_ids.empty()) {
-      // Memory-only nodes (CXL, HBM in flat mode) cannot run a worker's threads; plan without them.
-      NLOG(INFO) << "node " << id << " has memory but no CPUs; the planner leaves it out";
+      // Memory-only nodes (CXL, HBM in flat mode), and nodes whose CPUs this process may not use, cannot
+      // run a worker's threads; plan without them.
+      NLOG(INFO) << "node " << id << " has memory but no CPUs this process may run on; the planner leaves it out";
       continue;
     }
     node.num_cpus = static_cast<int>(node.cpu_ids.size());
@@ -377,7 +395,7 @@ StatusOr<Topology> ProbeTopology() {
     node.available_bytes = NodeAvailableBytes(id, free_bytes);
     t.nodes.push_back(std::move(node));
   }
-  if (t.nodes.empty()) return ProbeWithoutNuma();
+  if (t.nodes.empty()) return ProbeWithoutNuma(allowed);
   bool have_distances = true;
   for (size_t i = 0; i < t.nodes.size() && have_distances; ++i) {
     std::vector<int> row;
@@ -394,6 +412,15 @@ StatusOr<Topology> ProbeTopology() {
   if (!have_distances) t.distances.clear();
   RETURN_IF_ERROR(ValidateTopology(t, t.name));
   return t;
+}
+
+std::string WorkerPlacement::NodeList() const { return absl::StrJoin(nodes, ","); }
+
+std::string WorkerPlacement::NumactlArgs() const {
+  const std::string list = NodeList();
+  if (interleaved()) return absl::StrCat("--cpunodebind=", list, " --interleave=", list);
+  if (slots > 1 && !cpus.empty()) return absl::StrCat("--physcpubind=", FormatCpuList(cpus), " --membind=", list);
+  return absl::StrCat("--cpunodebind=", list, " --membind=", list);
 }
 
 std::string FormatCpuList(const std::vector<int>& cpus) {
@@ -452,4 +479,4 @@ StatusOr<std::vector<int>> ParseCpuList(std::string_view text_view, const std::s
   return out;
 }
 
-}  // namespace numoe::deploy
+}  // namespace numoe

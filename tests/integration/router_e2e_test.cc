@@ -22,7 +22,7 @@
 #include "numoe/v1/inference.grpc.pb.h"
 #include "numoe/v1/worker.grpc.pb.h"
 #include "tests/integration/router_test_util.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/unit/engine/runtime_test_util.h"
 
 namespace numoe::testing {
 namespace {

@@ -17,7 +17,7 @@
 #include "numoe/v1/gpu.grpc.pb.h"
 #include "numoe/v1/worker.grpc.pb.h"
 #include "tests/integration/process_util.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/unit/engine/runtime_test_util.h"
 
 namespace numoe::test {
 namespace {

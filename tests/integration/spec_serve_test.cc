@@ -27,7 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/router_test_util.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/unit/engine/runtime_test_util.h"
 
 namespace numoe::testing {
 namespace {

@@ -34,7 +34,7 @@
 #include "common/testing/synthetic.h"
 #include "model/generation.h"
 #include "gpu_service/session.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/unit/engine/runtime_test_util.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/local_executor.h"
 #include "worker/engine/remote_executor.h"

@@ -18,7 +18,7 @@
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
 #include "gpu_service/session.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/unit/engine/runtime_test_util.h"
 #include "worker/engine/local_executor.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/engine/stream.h"

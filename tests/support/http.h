@@ -1,0 +1,55 @@
+// A minimal blocking HTTP/1.1 client for tests on loopback, with server-sent-events parsing. Plain POSIX on
+// purpose: the tests must not share code with the server they test.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace numoe::test {
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+
+struct HttpResponse {
+  int status = 0;  // 0 = connection failed
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;  // de-chunked
+  std::string error;
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+// One request on a new connection ("Connection: close"). `headers` are extra "Name: value" lines.
+HttpResponse HttpCall(int port, const std::string& method, const std::string& path, const std::string& body = "",
+                      const std::vector<std::string>& headers = {},
+                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// A streaming request read incrementally: Open sends it and reads the headers; NextEvent returns the next
+// SSE "data:" payload ("" at the end of the stream or on error).
+class SseStream {
+ public:
+  bool Open(int port, const std::string& path, const std::string& body,
+            const std::vector<std::string>& headers = {});
+  ~SseStream();
+  int status() const { return status_; }
+  std::string NextEvent(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  void Close();
+
+ private:
+  bool Fill(std::chrono::milliseconds timeout);
+  int fd_ = -1;
+  int status_ = 0;
+  bool chunked_ = false;
+  std::string raw_;      // bytes read, not yet de-chunked
+  std::string decoded_;  // de-chunked body bytes not yet returned
+  bool eof_ = false;
+};
+
+// Splits an SSE body into its "data:" payloads.
+std::vector<std::string> SseEvents(const std::string& body);
+
+}  // namespace numoe::test

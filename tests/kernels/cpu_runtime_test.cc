@@ -12,6 +12,7 @@
 #include "common/numa.h"
 #include "common/thread_pool.h"
 #include "worker/experts/isa.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -46,7 +47,7 @@ TEST(SelectIsa, BestAvailableAndOverride) {
   {
     ScopedEnv env("NUMOE_ISA", "");
     auto best = SelectIsa();
-    ASSERT_TRUE(best.ok()) << best.status();
+    ASSERT_OK(best);
     EXPECT_TRUE(IsaAvailable(*best));
     for (Isa better : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2}) {
       if (better == *best) break;
@@ -56,7 +57,7 @@ TEST(SelectIsa, BestAvailableAndOverride) {
   {
     ScopedEnv env("NUMOE_ISA", "generic");
     auto isa = SelectIsa();
-    ASSERT_TRUE(isa.ok());
+    ASSERT_OK(isa);
     EXPECT_EQ(*isa, Isa::kGeneric);
   }
   {
@@ -67,7 +68,7 @@ TEST(SelectIsa, BestAvailableAndOverride) {
     ScopedEnv env("NUMOE_ISA", IsaName(isa));
     auto got = SelectIsa();
     if (IsaAvailable(isa)) {
-      ASSERT_TRUE(got.ok());
+      ASSERT_OK(got);
       EXPECT_EQ(*got, isa);
     } else {
       EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << IsaName(isa);
@@ -184,7 +185,7 @@ TEST(ThreadPool, PinnedRunOnAvailableUsesWorkersOnly) {
   for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
     if (CPU_ISSET(c, &allowed)) first = c;
   auto pool = ThreadPool::Create({.num_threads = 2, .cpus = {first}});
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_OK(pool);
   EXPECT_FALSE((*pool)->caller_participates());
   const std::thread::id caller = std::this_thread::get_id();
   for (int rep = 0; rep < 200; ++rep) {
@@ -209,7 +210,7 @@ TEST(ThreadPool, PinningValidatesCpus) {
     if (CPU_ISSET(c, &allowed)) first = c;
   ASSERT_GE(first, 0);
   auto pool = ThreadPool::Create({.num_threads = 2, .cpus = {first}});
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_OK(pool);
   std::vector<int> seen(2, -1);
   (*pool)->RunOnAll([&](int t) { seen[t] = sched_getcpu(); });
   EXPECT_EQ(seen[0], first);
@@ -223,7 +224,7 @@ TEST(Numa, PlacementIsAPureFunctionOfTopology) {
   NumaTopology topo;
   topo.cpus = {{0, 1, 2, 3}, {4, 5, 6, 7}, {}};
   auto p = PlaceWorker(topo, 1, 2);
-  ASSERT_TRUE(p.ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->memory_node, 1);
   EXPECT_EQ(p->cpus, (std::vector<int>{4, 5}));
   EXPECT_EQ(PlaceWorker(topo, 0, 0)->cpus.size(), 4u);
@@ -234,13 +235,13 @@ TEST(Numa, PlacementIsAPureFunctionOfTopology) {
 
 TEST(Numa, TopologyAndNodeLocalAllocation) {
   auto topo = GetNumaTopology();
-  ASSERT_TRUE(topo.ok()) << topo.status();
+  ASSERT_OK(topo);
   ASSERT_GE(topo->num_nodes(), 1);
   std::set<int> all;
   for (const auto& cpus : topo->cpus) all.insert(cpus.begin(), cpus.end());
   EXPECT_FALSE(all.empty());
   auto buf = AllocateOnNode(5 << 20, NodeAllocOptions{.node = 0, .huge_pages = true});
-  ASSERT_TRUE(buf.ok()) << buf.status();
+  ASSERT_OK(buf);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % (2 << 20), 0u);
   EXPECT_GE(buf->size(), size_t{5} << 20);
   buf->data()[0] = 1;

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -31,8 +33,13 @@ TempDir& TempDir::operator=(TempDir&& o) noexcept {
 }
 
 TempDir::~TempDir() {
+  if (path_.empty()) return;
+  if (::testing::Test::HasFailure() || std::getenv("NUMOE_KEEP_TEST_LOGS") != nullptr) {
+    std::fprintf(stderr, "kept %s\n", path_.c_str());
+    return;
+  }
   std::error_code ec;
-  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  std::filesystem::remove_all(path_, ec);
 }
 
 std::string ReadFile(const std::filesystem::path& path) {

@@ -9,7 +9,8 @@ namespace numoe::test {
 
 // A fresh empty directory under the test temp dir (gtest's TempDir(): $TEST_TMPDIR, $TMPDIR or /tmp),
 // named `<prefix>-<pid>-<n>` so tests in one process and parallel ctest processes never share one;
-// removed with everything in it on destruction. Move-only.
+// removed with everything in it on destruction, except when the current test has failed or
+// NUMOE_KEEP_TEST_LOGS is set: then the logs in it stay for the post-mortem. Move-only.
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix = "numoe");

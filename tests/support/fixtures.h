@@ -27,6 +27,13 @@ namespace numoe::test {
 std::string TestDataDir();
 std::string TinyDir();
 
+// The bytes of a safetensors file: 8-byte little-endian header length, header, data; `header_len` other than
+// header.size() makes a corrupt one.
+std::string SafetensorsBytes(const std::string& header, const std::string& data, uint64_t header_len);
+inline std::string SafetensorsBytes(const std::string& header, const std::string& data) {
+  return SafetensorsBytes(header, data, header.size());
+}
+
 // One golden prompt of DIR/golden.safetensors (tests/data/README.md says how they were made).
 struct GoldenPrompt {
   std::string name;                   // "p0", "p1", ...
@@ -64,13 +71,14 @@ struct TinyModelOptions {
   bool drafter = false;
 };
 
-// A checkpoint with the fp32 CPU model (single-threaded) and the reference experts on it, loaded on first
-// use and kept for the rest of the process (one per model and drafter choice), so the tests of one binary
-// share one load. The objects keep per-sequence state: a test releases the sequences it creates.
+// A checkpoint with the fp32 CPU model (single-threaded), the reference experts on it and its goldens,
+// loaded on first use and kept for the rest of the process (one per model and drafter choice), so the tests
+// of one binary share one load. The objects keep per-sequence state: a test releases the sequences it creates.
 struct TinyModel {
   std::unique_ptr<Checkpoint> ckpt;
   std::unique_ptr<cpu::CpuModel> model;
   std::unique_ptr<cpu::ReferenceExperts> experts;
+  Goldens goldens;  // the directory's golden.safetensors; none for a checkpoint without one
 
   // The loaded model, or the error that stopped the load (the next call tries again).
   static absl::StatusOr<TinyModel*> Get(const TinyModelOptions& options = {});

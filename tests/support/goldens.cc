@@ -22,6 +22,12 @@ StatusOr<std::vector<int32_t>> ReadIds(const TensorStore& store, std::string_vie
 
 }  // namespace
 
+std::string SafetensorsBytes(const std::string& header, const std::string& data, uint64_t header_len) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header_len >> (8 * i)) & 0xFF);
+  return out + header + data;
+}
+
 std::string TestDataDir() { return NUMOE_TEST_DATA; }
 std::string TinyDir() { return TestDataDir() + "/tiny-v4"; }
 

@@ -229,6 +229,27 @@ RunResult RunCommand(const std::vector<std::string>& argv, const RunOptions& opt
   return r;
 }
 
+std::vector<std::string> CommandLine(const std::string& program, const std::string& args) {
+  std::vector<std::string> argv = {program};
+  std::string word;
+  bool in_word = false, quoted = false;
+  for (const char c : args) {
+    if (c == '\'') {
+      quoted = !quoted;
+      in_word = true;
+    } else if (!quoted && std::isspace(static_cast<unsigned char>(c))) {
+      if (in_word) argv.push_back(word);
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) argv.push_back(word);
+  return argv;
+}
+
 std::vector<std::pair<pid_t, std::string>> ProcessGroupMembers(pid_t pgid) {
   std::vector<std::pair<pid_t, std::string>> members;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {

@@ -88,6 +88,10 @@ struct RunOptions {
 // (Not `Run`: inside a TEST body that name is testing::Test::Run.)
 RunResult RunCommand(const std::vector<std::string>& argv, const RunOptions& options = {});
 
+// `program` followed by the words of `args`: split on whitespace, a '...' part kept whole (no escapes), as a
+// shell would for the command lines tests write ("--model '/tmp/a b' --json").
+std::vector<std::string> CommandLine(const std::string& program, const std::string& args);
+
 // Processes of process group `pgid` (from /proc; zombies excluded), as (pid, command name).
 std::vector<std::pair<pid_t, std::string>> ProcessGroupMembers(pid_t pgid);
 

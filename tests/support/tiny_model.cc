@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -25,6 +26,9 @@ StatusOr<TinyModel*> TinyModel::Get(const TinyModelOptions& options) {
   ASSIGN_OR_RETURN(m->ckpt, Checkpoint::Open(dir));
   ASSIGN_OR_RETURN(m->model, cpu::CpuModel::Create(*m->ckpt, nullptr, {.drafter = options.drafter}));
   ASSIGN_OR_RETURN(m->experts, cpu::ReferenceExperts::Load(*m->ckpt, options.drafter));
+  if (std::filesystem::exists(dir + "/golden.safetensors")) {
+    ASSIGN_OR_RETURN(m->goldens, Goldens::Load(dir));
+  }
   slot = std::move(m);
   return slot.get();
 }

@@ -81,6 +81,13 @@ TEST(RunCommand, AKilledOrMissingCommandIsNotASuccess) {
   EXPECT_NE(missing.err.find("/nonexistent/numoe"), std::string::npos) << missing.err;
 }
 
+TEST(RunCommand, CommandLineSplitsLikeAShell) {
+  EXPECT_EQ(CommandLine("/bin/numoe", "inspect  --model '/tmp/a b' --json"),
+            (std::vector<std::string>{"/bin/numoe", "inspect", "--model", "/tmp/a b", "--json"}));
+  EXPECT_EQ(CommandLine("/bin/numoe", ""), std::vector<std::string>{"/bin/numoe"});
+  EXPECT_EQ(CommandLine("/bin/numoe", "--x ''"), (std::vector<std::string>{"/bin/numoe", "--x", ""}));
+}
+
 TEST(Child, WaitsForTheReadyLineOnTheNotifyPipe) {
   TempDir dir("support-child");
   Child c = Child::Start({"/bin/sh", "-c", "echo starting; echo \"READY 127.0.0.1:4242\" >&$NUMOE_NOTIFY_FD; sleep 30"},

@@ -18,6 +18,8 @@ TEST(TinyModel, LoadsOncePerModelAndDrafter) {
   ASSERT_NE(plain->model, nullptr);
   ASSERT_NE(plain->experts, nullptr);
   EXPECT_EQ(plain->model->vocab_size(), plain->ckpt->config().vocab_size);
+  ASSERT_OK_AND_ASSIGN(const Goldens goldens, Goldens::Load(TinyDir()));
+  EXPECT_EQ(plain->goldens.size(), goldens.size());  // the directory's goldens come with it
   EXPECT_EQ(plain->model->drafter(), SpecMethod::kNone);
   EXPECT_EQ(drafter->model->drafter(), SpecMethod::kDspark);  // tiny-v4 has DSpark stages
 }

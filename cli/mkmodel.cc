@@ -1,4 +1,4 @@
-// numoe mkmodel: writes a random-weight checkpoint in the official DeepSeek-V4 layout (common/testing/presets.h
+// numoe mkmodel: writes a random-weight checkpoint in the official DeepSeek-V4 layout (common/synthetic/presets.h
 // for the shapes, synthetic.h for the storage and the values, synthetic_tokenizer.h for the tokenizer).
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -16,9 +16,9 @@
 #include "cli/commands.h"
 #include "common/args.h"
 #include "common/checkpoint.h"
-#include "common/testing/presets.h"
-#include "common/testing/synthetic.h"
-#include "common/testing/synthetic_tokenizer.h"
+#include "common/synthetic/presets.h"
+#include "common/synthetic/synthetic.h"
+#include "common/synthetic/synthetic_tokenizer.h"
 
 namespace numoe::cli {
 namespace {
@@ -134,7 +134,7 @@ std::string ScheduleText(const ModelConfig& c) {
   return s;
 }
 
-std::string DrafterText(const testing::Preset& p) {
+std::string DrafterText(const synthetic::Preset& p) {
   if (p.drafter == "dspark") return absl::StrCat("dspark (", p.mtp_stages, " stages)");
   if (p.drafter == "mtp") return "mtp (1 block)";
   return "none";
@@ -186,7 +186,7 @@ int RunMkmodel(int argc, char** argv) {
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
 
-  auto preset = testing::MakePreset(
+  auto preset = synthetic::MakePreset(
       {.preset = preset_name,
        .layers = layers,
        .experts = experts,
@@ -195,7 +195,7 @@ int RunMkmodel(int argc, char** argv) {
   if (!preset.ok()) return Fail(preset.status());
   const ModelConfig& cfg = preset->config;
 
-  testing::SyntheticOptions opt;
+  synthetic::SyntheticOptions opt;
   opt.seed = static_cast<uint64_t>(seed);
   opt.mtp_stages = preset->mtp_stages;
   opt.threads = threads > 0 ? static_cast<int>(threads) : std::max(1u, std::thread::hardware_concurrency());
@@ -205,11 +205,11 @@ int RunMkmodel(int argc, char** argv) {
     opt.num_shards = 2;
   } else {
     opt.num_shards = 1;
-    auto one = testing::SyntheticCheckpointBytes(cfg, opt);
+    auto one = synthetic::SyntheticCheckpointBytes(cfg, opt);
     if (!one.ok()) return Fail(one.status());
     opt.num_shards = static_cast<int>(std::max<int64_t>(1, (*one + kShardTargetBytes - 1) / kShardTargetBytes));
   }
-  auto total = testing::SyntheticCheckpointBytes(cfg, opt);
+  auto total = synthetic::SyntheticCheckpointBytes(cfg, opt);
   if (!total.ok()) return Fail(total.status());
 
   if (dry_run) {
@@ -254,9 +254,9 @@ int RunMkmodel(int argc, char** argv) {
   }
   Progress progress(quiet);
   opt.progress = [&](int64_t done, int64_t all) { progress.Update(done, all); };
-  if (Status s = testing::MakeSyntheticCheckpoint(cfg, out, opt); !s.ok()) return Fail(s);
-  const Status tok = preset_name == "tiny" ? testing::WriteTinyTokenizer(out)
-                                           : testing::WriteSyntheticTokenizer(out, cfg.vocab_size);
+  if (Status s = synthetic::MakeSyntheticCheckpoint(cfg, out, opt); !s.ok()) return Fail(s);
+  const Status tok = preset_name == "tiny" ? synthetic::WriteTinyTokenizer(out)
+                                           : synthetic::WriteSyntheticTokenizer(out, cfg.vocab_size);
   if (!tok.ok()) return Fail(tok);
   const double secs = progress.seconds();
 

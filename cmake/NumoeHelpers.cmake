@@ -33,12 +33,13 @@ function(numoe_add_binary name)
 endfunction()
 
 # numoe_add_test(<name> SOURCES ... [LIBS ...] LABELS unit|kernels|model|integration|gpu [TIMEOUT s])
-# A GoogleTest binary registered with ctest as one test; NUMOE_TEST_DATA points at tests/data.
+# A GoogleTest binary registered with ctest as one test, linked with tests/support (numoe_test_support);
+# NUMOE_TEST_DATA points at tests/data.
 # Exit code 77 counts as skipped (e.g. no GPU / ISA absent).
 function(numoe_add_test name)
   cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
-  target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${A_LIBS} numoe_test_support GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE NUMOE_TEST_DATA="${NUMOE_TEST_DATA}"
                              NUMOE_BIN_DIR="${CMAKE_RUNTIME_OUTPUT_DIRECTORY}")
   numoe_target_defaults(${name})

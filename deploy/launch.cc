@@ -82,8 +82,9 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
     w.worker_id = absl::StrCat("worker-", i);
     w.no_numa_bind = o.no_numa_bind || place.nodes.empty();
     if (!w.no_numa_bind) w.numa_nodes = place.nodes;
-    w.cpus = place.cpus;
-    w.threads = o.threads_per_worker > 0 ? o.threads_per_worker : place.threads;
+    // The placement already applied --threads-per-worker (PlaceWorkers / MakePlan): one pinned CPU per thread.
+    w.cpus = place.thread_cpus;
+    w.threads = place.threads;
     if (o.max_seqs > 0) w.max_seqs = o.max_seqs;
     if (o.max_step_tokens > 0) w.max_step_tokens = o.max_step_tokens;
     if (o.prefill_chunk >= 0) w.prefill_chunk = o.prefill_chunk;

@@ -17,6 +17,7 @@
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/generation.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -101,8 +102,8 @@ TEST(CudaDrafterExperts, DraftsMatchHostExperts) {
     og.drafter_experts = "gpu";
     auto host = CreateCudaBackend(*f->ckpt, ow);
     auto dev = CreateCudaBackend(*f->ckpt, og);
-    ASSERT_TRUE(host.ok()) << host.status();
-    ASSERT_TRUE(dev.ok()) << dev.status();
+    ASSERT_OK(host);
+    ASSERT_OK(dev);
     ASSERT_EQ((*dev)->drafter(), SpecMethod::kDspark);
     EXPECT_EQ((*host)->drafter_expert_bytes(), 0);
     // At least the checkpoint's MXFP4 bytes: stages x experts x 3 matrices x (D·I/2 codes + D·I/32 scales).
@@ -120,11 +121,12 @@ TEST(CudaDrafterExperts, DraftsMatchHostExperts) {
       for (int32_t t = 0; t < len; ++t) p.push_back(static_cast<int32_t>(rng() % V));
       auto x = (*host)->CreateSequence();
       auto y = (*dev)->CreateSequence();
-      ASSERT_TRUE(x.ok() && y.ok());
+      ASSERT_OK(x);
+      ASSERT_OK(y);
       a.push_back(*x);
       b.push_back(*y);
-      ASSERT_TRUE(Prefill(**host, *f->experts, *x, p).ok());
-      ASSERT_TRUE(Prefill(**dev, guard, *y, p).ok());
+      ASSERT_OK(Prefill(**host, *f->experts, *x, p));
+      ASSERT_OK(Prefill(**dev, guard, *y, p));
     }
     auto compare = [&](const std::string& what, size_t first, size_t count, auto depth_of) {
       std::vector<DraftRequest> ra, rb;
@@ -136,8 +138,8 @@ TEST(CudaDrafterExperts, DraftsMatchHostExperts) {
       std::vector<DraftResult> da, db;
       Status x = (*host)->Draft(ra, f->experts.get(), &da);
       Status y = (*dev)->Draft(rb, &guard, &db);
-      ASSERT_TRUE(x.ok()) << x;
-      ASSERT_TRUE(y.ok()) << y;
+      ASSERT_OK(x);
+      ASSERT_OK(y);
       ASSERT_EQ(da.size(), db.size());
       float worst = 0;
       for (size_t i = 0; i < da.size(); ++i) {
@@ -163,10 +165,10 @@ TEST(CudaDrafterExperts, DraftsMatchHostExperts) {
       sa.tokens = sb.tokens = k6;
       sa.speculative = sb.speculative = true;
       std::vector<SequenceLogits> la, lb;
-      ASSERT_TRUE((*host)->Forward({&sa, 1}, f->experts.get(), &la).ok());
-      ASSERT_TRUE((*dev)->Forward({&sb, 1}, &guard, &lb).ok());
-      ASSERT_TRUE((*host)->Rollback(a[i], 4).ok());
-      ASSERT_TRUE((*dev)->Rollback(b[i], 4).ok());
+      ASSERT_OK((*host)->Forward({&sa, 1}, f->experts.get(), &la));
+      ASSERT_OK((*dev)->Forward({&sb, 1}, &guard, &lb));
+      ASSERT_OK((*host)->Rollback(a[i], 4));
+      ASSERT_OK((*dev)->Rollback(b[i], 4));
     }
     compare("3 sequences after a rollback", 0, 3, [](size_t i) { return static_cast<int64_t>(5 - i); });
     compare("40 sequences x depth 16", 3, 40, [](size_t) { return int64_t{16}; });
@@ -174,7 +176,7 @@ TEST(CudaDrafterExperts, DraftsMatchHostExperts) {
     // No host expert backend at all: the device has everything the draft needs.
     std::vector<DraftRequest> r1 = {DraftRequest{b[0], 7, 4, nullptr}};
     std::vector<DraftResult> d1;
-    EXPECT_TRUE((*dev)->Draft(r1, nullptr, &d1).ok());
+    EXPECT_OK((*dev)->Draft(r1, nullptr, &d1));
     std::vector<DraftRequest> r0 = {DraftRequest{a[0], 7, 4, nullptr}};
     EXPECT_EQ((*host)->Draft(r0, nullptr, &d1).code(), absl::StatusCode::kInvalidArgument);
   }
@@ -190,7 +192,7 @@ TEST(CudaDrafterExperts, GreedySpeculationEqualsPlainGreedy) {
   CudaOptions opt;
   opt.drafter_experts = "gpu";
   auto gpu = CreateCudaModel(*f->ckpt, opt);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_OK(gpu);
   int64_t drafted = 0;
   for (int64_t batch : {1, 3, 8}) {
     std::vector<GenerateRequest> reqs;
@@ -203,11 +205,11 @@ TEST(CudaDrafterExperts, GreedySpeculationEqualsPlainGreedy) {
       reqs.push_back(r);
     }
     auto plain = GenerateBatch(**gpu, guard, reqs);
-    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_OK(plain);
     for (int64_t depth = 1; depth <= 7; ++depth) {
       SpecConfig spec{.method = SpecMethod::kDspark, .depth = depth};
       auto got = GenerateBatch(**gpu, guard, reqs, nullptr, spec);
-      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_OK(got);
       for (size_t i = 0; i < reqs.size(); ++i) {
         EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens) << "batch " << batch << " depth " << depth << " seq " << i;
         drafted += (*got)[i].spec.drafted;

@@ -18,6 +18,7 @@
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/generation.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -37,10 +38,10 @@ struct Fixture {
 
 std::vector<float> F32(const TensorStore& s, const std::string& name) {
   auto v = s.Get(name);
-  EXPECT_TRUE(v.ok()) << v.status();
+  EXPECT_OK(v);
   if (!v.ok()) return {};
   auto t = ToF32(**v);
-  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_OK(t);
   return t.ok() ? t->data : std::vector<float>{};
 }
 
@@ -178,7 +179,7 @@ TEST_P(CudaGoldenTest, LogitsAndGreedyTokensMatch) {
   ASSERT_NE(m, nullptr);
   const Golden& g = fx->prompts.at(c.prompt);
   auto res = GenerateBatch(*m, *fx->experts, {Request(g, c.chunk)});
-  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_OK(res);
   ExpectMatches(g, (*res)[0], c.mode.tol(), c.mode.name + "/" + c.prompt + "/chunk" + std::to_string(c.chunk));
 }
 
@@ -215,7 +216,7 @@ TEST_P(CudaGoldenModeTest, AllPromptsInOneBatch) {
       names.push_back(name);
     }
     auto res = GenerateBatch(*m, *fx->experts, reqs);
-    ASSERT_TRUE(res.ok()) << res.status();
+    ASSERT_OK(res);
     for (size_t i = 0; i < reqs.size(); ++i) {
       ExpectMatches(fx->prompts.at(names[i]), (*res)[i], mode.tol(),
                     mode.name + "/batch/" + names[i] + "/chunk" + std::to_string(chunk));
@@ -234,22 +235,22 @@ TEST_P(CudaGoldenModeTest, DeviceArgmaxGreedy) {
   ASSERT_NE(m, nullptr);
   for (const auto& [name, g] : fx->prompts) {
     auto seq = m->CreateSequence();
-    ASSERT_TRUE(seq.ok()) << seq.status();
+    ASSERT_OK(seq);
     std::vector<int32_t> got, tok;
     SequenceStep st;
     st.seq = *seq;
     st.tokens = g.input_ids;
-    ASSERT_TRUE(m->ForwardGreedy({&st, 1}, fx->experts.get(), &tok).ok());
+    ASSERT_OK(m->ForwardGreedy({&st, 1}, fx->experts.get(), &tok));
     got.push_back(tok[0]);
     while (got.size() < g.greedy_tokens.size()) {
       int32_t last = got.back();
       st.tokens = std::span<const int32_t>(&last, 1);
       const Status s = m->ForwardGreedy({&st, 1}, fx->experts.get(), &tok);
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       got.push_back(tok[0]);
     }
     EXPECT_EQ(got, g.greedy_tokens) << mode.name << "/" << name;
-    ASSERT_TRUE(m->ReleaseSequence(*seq).ok());
+    ASSERT_OK(m->ReleaseSequence(*seq));
   }
 }
 
@@ -267,7 +268,7 @@ TEST_P(CudaGoldenModeTest, HiddenStreamsLayerByLayer) {
   std::map<int64_t, std::vector<float>> seen;
   m->set_hidden_hook([&](int64_t layer, const std::vector<float>& x) { seen[layer] = x; });
   auto seq = m->CreateSequence();
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   SequenceStep step;
   step.seq = *seq;
   step.tokens = fx->prompts.at("p0").input_ids;
@@ -275,10 +276,10 @@ TEST_P(CudaGoldenModeTest, HiddenStreamsLayerByLayer) {
   std::vector<SequenceLogits> out;
   const Status st = m->Forward({&step, 1}, fx->experts.get(), &out);
   m->set_hidden_hook(nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_TRUE(m->ReleaseSequence(*seq).ok());
+  ASSERT_OK(st);
+  ASSERT_OK(m->ReleaseSequence(*seq));
   auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4/golden.safetensors");
-  ASSERT_TRUE(g.ok());
+  ASSERT_OK(g);
   const int64_t L = fx->ckpt->config().num_hidden_layers;
   for (int64_t i = 0; i < L; ++i) {  // hidden.L is the final normed hidden, not a residual stream
     const std::string name = "p0.hidden." + std::to_string(i);
@@ -313,7 +314,7 @@ TEST(CudaBf16CacheTest, CloseBeforeTheFirstTopKFlip) {
   GenerateRequest r = Request(g2, 0);
   r.max_new_tokens = 1;
   auto res = GenerateBatch(*m, *fx->experts, {r});
-  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_OK(res);
   const auto [pd, pat] = MaxDiff((*res)[0].prefill_logits, g2.prefill_logits);
   NLOG(INFO) << "bf16 cache p2 prefill: max diff " << pd;
   EXPECT_LE(pd, 5e-2f) << "at " << pat;
@@ -321,18 +322,18 @@ TEST(CudaBf16CacheTest, CloseBeforeTheFirstTopKFlip) {
   std::map<int64_t, std::vector<float>> seen;
   m->set_hidden_hook([&](int64_t layer, const std::vector<float>& x) { seen[layer] = x; });
   auto seq = m->CreateSequence();
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   SequenceStep step;
   step.seq = *seq;
   step.tokens = fx->prompts.at("p0").input_ids;
   std::vector<SequenceLogits> out;
   const Status st = m->Forward({&step, 1}, fx->experts.get(), &out);
   m->set_hidden_hook(nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_TRUE(m->ReleaseSequence(*seq).ok());
+  ASSERT_OK(st);
+  ASSERT_OK(m->ReleaseSequence(*seq));
   for (float v : out[0].logits) ASSERT_TRUE(std::isfinite(v));
   auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4/golden.safetensors");
-  ASSERT_TRUE(g.ok());
+  ASSERT_OK(g);
   for (int64_t i = 1; i <= 3; ++i) {  // after layers 0 (sliding), 1 (CSA) and 2 (HCA)
     const std::vector<float> want = F32(**g, "p0.hidden." + std::to_string(i));
     ASSERT_EQ(seen[i - 1].size(), want.size());

@@ -14,11 +14,12 @@
 
 #include "common/checkpoint.h"
 #include "common/log.h"
-#include "common/testing/synthetic.h"
+#include "common/synthetic/synthetic.h"
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/state_size.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -29,7 +30,7 @@ bool HaveGpus(int n) { return CudaCompiledIn() && CudaDeviceCount() >= n; }
 
 TEST(CudaFactoryTest, UnavailableWithoutCudaOrDevice) {
   auto ck = Checkpoint::Open(TinyDir());
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   auto m = CreateCudaModel(**ck, CudaOptions{});
   if (!CudaCompiledIn()) {
     ASSERT_FALSE(m.ok());
@@ -42,7 +43,7 @@ TEST(CudaFactoryTest, UnavailableWithoutCudaOrDevice) {
     EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
     return;
   }
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_EQ((*m)->vocab_size(), (*ck)->config().vocab_size);
   CudaOptions bad;
   bad.tp = 3;  // does not divide 4 heads / 2 groups
@@ -67,7 +68,8 @@ float Compare(ModelBackend& cpu, ModelBackend& gpu, ExpertBackend& experts, cons
   for (size_t i = 0; i < ns; ++i) {
     auto x = cpu.CreateSequence();
     auto y = gpu.CreateSequence();
-    EXPECT_TRUE(x.ok() && y.ok());
+    EXPECT_OK(x);
+    EXPECT_OK(y);
     a[i] = *x;
     b[i] = *y;
   }
@@ -96,8 +98,8 @@ float Compare(ModelBackend& cpu, ModelBackend& gpu, ExpertBackend& experts, cons
     std::vector<SequenceLogits> la, lb;
     Status x = cpu.Forward(sa, &experts, &la);
     Status y = gpu.Forward(sb, &experts, &lb);
-    EXPECT_TRUE(x.ok()) << x;
-    EXPECT_TRUE(y.ok()) << y;
+    EXPECT_OK(x);
+    EXPECT_OK(y);
     if (!x.ok() || !y.ok()) break;
     for (size_t j = 0; j < la.size(); ++j) {
       EXPECT_EQ(la[j].rows, lb[j].rows);
@@ -114,12 +116,13 @@ float Compare(ModelBackend& cpu, ModelBackend& gpu, ExpertBackend& experts, cons
   for (size_t i = 0; i < ns; ++i) {
     auto ma = cpu.Memory(a[i]);
     auto mb = gpu.Memory(b[i]);
-    EXPECT_TRUE(ma.ok() && mb.ok());
+    EXPECT_OK(ma);
+    EXPECT_OK(mb);
     if (ma.ok() && mb.ok()) {
       EXPECT_EQ(ma->position, mb->position) << what;
     }
-    EXPECT_TRUE(cpu.ReleaseSequence(a[i]).ok());
-    EXPECT_TRUE(gpu.ReleaseSequence(b[i]).ok());
+    EXPECT_OK(cpu.ReleaseSequence(a[i]));
+    EXPECT_OK(gpu.ReleaseSequence(b[i]));
   }
   return worst;
 }
@@ -151,17 +154,17 @@ TEST_P(CudaVsCpuTest, TinyMixedBatch) {
   const CmpMode& mode = GetParam();
   if (!HaveGpus(mode.tp)) GTEST_SKIP() << "needs " << mode.tp << " GPU(s)";
   auto ck = Checkpoint::Open(TinyDir());
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   auto cpu = cpu::CpuModel::Create(**ck, nullptr);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_OK(cpu);
   auto ex = cpu::ReferenceExperts::Load(**ck);
-  ASSERT_TRUE(ex.ok()) << ex.status();
+  ASSERT_OK(ex);
   CudaOptions opt;
   opt.fp32 = mode.fp32;
   opt.tp = mode.tp;
   opt.max_step_tokens = 48;  // the 64- and 86-token chunks run as several device passes
   auto gpu = CreateCudaModel(**ck, opt);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_OK(gpu);
   const int64_t vocab = (*ck)->config().vocab_size;
   Compare(**cpu, **gpu, **ex, MixedSchedule(vocab), vocab, mode.fp32 ? 1e-3f : 3e-2f,
           "tiny/" + mode.name);
@@ -172,7 +175,7 @@ TEST_P(CudaVsCpuTest, TinyMixedBatch) {
 TEST_P(CudaVsCpuTest, WideSyntheticMixedBatch) {
   const CmpMode& mode = GetParam();
   if (!HaveGpus(mode.tp)) GTEST_SKIP() << "needs " << mode.tp << " GPU(s)";
-  ModelConfig cfg = testing::TinyConfig();
+  ModelConfig cfg = synthetic::TinyConfig();
   cfg.hidden_size = 512;
   cfg.head_dim = 128;
   cfg.rope_dim = 32;
@@ -182,21 +185,21 @@ TEST_P(CudaVsCpuTest, WideSyntheticMixedBatch) {
   cfg.index_head_dim = 64;
   cfg.moe_intermediate_size = 256;
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "numoe_gpu_wide_synthetic";
-  testing::SyntheticOptions so;
+  synthetic::SyntheticOptions so;
   so.seed = 3;
-  const Status st = testing::MakeSyntheticCheckpoint(cfg, dir.string(), so);
-  ASSERT_TRUE(st.ok()) << st;
+  const Status st = synthetic::MakeSyntheticCheckpoint(cfg, dir.string(), so);
+  ASSERT_OK(st);
   auto ck = Checkpoint::Open(dir.string());
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   auto cpu = cpu::CpuModel::Create(**ck, nullptr);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_OK(cpu);
   auto ex = cpu::ReferenceExperts::Load(**ck);
-  ASSERT_TRUE(ex.ok()) << ex.status();
+  ASSERT_OK(ex);
   CudaOptions opt;
   opt.fp32 = mode.fp32;
   opt.tp = mode.tp;
   auto gpu = CreateCudaModel(**ck, opt);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_OK(gpu);
   Compare(**cpu, **gpu, **ex, MixedSchedule(cfg.vocab_size), cfg.vocab_size, mode.fp32 ? 1e-3f : 3e-2f, "wide/" + mode.name);
 }
 
@@ -210,10 +213,10 @@ class CudaCapacityTest : public ::testing::Test {
   void SetUp() override {
     if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device";
     auto ck = Checkpoint::Open(TinyDir());
-    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_OK(ck);
     ckpt_ = std::move(*ck);
     auto ex = cpu::ReferenceExperts::Load(*ckpt_);
-    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_OK(ex);
     experts_ = std::move(*ex);
   }
   Status Feed(ModelBackend& m, SequenceId seq, int64_t n) {
@@ -235,17 +238,17 @@ TEST_F(CudaCapacityTest, SlotsContextAndPagePool) {
   opt.max_context = 40;
   opt.cache_mb = 1;
   auto m = CreateCudaModel(*ckpt_, opt);
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   ModelBackend& b = **m;
 
   // Per-sequence context: a 41-token prompt is refused whole and the sequence stays empty.
   auto s0 = b.CreateSequence();
-  ASSERT_TRUE(s0.ok());
+  ASSERT_OK(s0);
   Status st = Feed(b, *s0, 41);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_NE(st.message().find("max_context"), std::string::npos) << st;
   EXPECT_EQ(b.Memory(*s0)->position, 0);
-  EXPECT_TRUE(Feed(b, *s0, 40).ok());
+  EXPECT_OK(Feed(b, *s0, 40));
   EXPECT_EQ(b.Memory(*s0)->position, 40);
 
   // The page pool (1 MiB here) runs out before the slots do: a clear error naming cache_mb, then room again
@@ -254,7 +257,7 @@ TEST_F(CudaCapacityTest, SlotsContextAndPagePool) {
   Status full = absl::OkStatus();
   for (int i = 0; i < 11 && full.ok(); ++i) {
     auto s = b.CreateSequence();
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     live.push_back(*s);
     full = Feed(b, *s, 8);
   }
@@ -262,8 +265,8 @@ TEST_F(CudaCapacityTest, SlotsContextAndPagePool) {
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_NE(full.message().find("cache_mb"), std::string::npos) << full;
   EXPECT_EQ(b.Memory(live.back())->position, 0);
-  ASSERT_TRUE(b.ReleaseSequence(live.front()).ok());
-  EXPECT_TRUE(Feed(b, live.back(), 8).ok());
+  ASSERT_OK(b.ReleaseSequence(live.front()));
+  EXPECT_OK(Feed(b, live.back(), 8));
 
   // Slots: max_sequences live sequences, then ResourceExhausted naming the option.
   Status slots = absl::OkStatus();
@@ -285,12 +288,12 @@ TEST_F(CudaCapacityTest, MemoryAccountingAndRollback) {
     opt.fp32 = v.fp32;
     opt.bf16_cache = v.bf16_cache;
     auto m = CreateCudaModel(*ckpt_, opt);
-    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_OK(m);
     auto s = (*m)->CreateSequence();
-    ASSERT_TRUE(s.ok());
-    ASSERT_TRUE(Feed(**m, *s, 37).ok());
+    ASSERT_OK(s);
+    ASSERT_OK(Feed(**m, *s, 37));
     auto mem = (*m)->Memory(*s);
-    ASSERT_TRUE(mem.ok());
+    ASSERT_OK(mem);
     const ModelConfig& cfg = ckpt_->config();
     EXPECT_EQ(mem->position, 37);
     EXPECT_EQ(mem->growing_bytes, ComputeStateSize(cfg).GrowingValuesAt(cfg, 37) * v.elem);

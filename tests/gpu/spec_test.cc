@@ -22,6 +22,7 @@
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/generation.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -101,29 +102,30 @@ void CheckRollback(CudaBackend& m, ExpertBackend& ex, int64_t vocab, const Rollb
 
   auto a = m.CreateSequence();
   auto b = m.CreateSequence();
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   std::vector<float> la, lb;
   if (!prompt.empty()) {
-    ASSERT_TRUE(Feed(m, ex, *a, prompt, false, nullptr).ok()) << what;
-    ASSERT_TRUE(Feed(m, ex, *b, prompt, false, nullptr).ok()) << what;
+    ASSERT_OK(Feed(m, ex, *a, prompt, false, nullptr)) << what;
+    ASSERT_OK(Feed(m, ex, *b, prompt, false, nullptr)) << what;
   }
   Status st = Feed(m, ex, *a, draft, true, &la);
-  ASSERT_TRUE(st.ok()) << what << ": " << st;
+  ASSERT_OK(st) << what << ": " << st;
   for (int64_t r : c.rollbacks) {
     st = m.Rollback(*a, r);
-    ASSERT_TRUE(st.ok()) << what << ": " << st;
+    ASSERT_OK(st) << what << ": " << st;
   }
   EXPECT_EQ(m.Memory(*a)->position, c.prompt + j) << what;
   if (j > 0) {
-    ASSERT_TRUE(Feed(m, ex, *b, std::span<const int32_t>(draft.data(), static_cast<size_t>(j)), false, &lb).ok());
+    ASSERT_OK(Feed(m, ex, *b, std::span<const int32_t>(draft.data(), static_cast<size_t>(j)), false, &lb));
     const float d = MaxDiff(la, lb, static_cast<size_t>(j * vocab));
     EXPECT_LE(d, tol) << what << ": kept rows of the speculative step";
   }
   EXPECT_EQ(m.Memory(*a)->position, m.Memory(*b)->position) << what;
   // The continuation: one chunk that closes the windows left open, then decode steps (CUDA graphs).
   float worst = 0;
-  ASSERT_TRUE(Feed(m, ex, *a, std::span<const int32_t>(cont.data(), 13), false, &la).ok());
-  ASSERT_TRUE(Feed(m, ex, *b, std::span<const int32_t>(cont.data(), 13), false, &lb).ok());
+  ASSERT_OK(Feed(m, ex, *a, std::span<const int32_t>(cont.data(), 13), false, &la));
+  ASSERT_OK(Feed(m, ex, *b, std::span<const int32_t>(cont.data(), 13), false, &lb));
   worst = std::max(worst, MaxDiff(la, lb, static_cast<size_t>(13 * vocab)));
   for (size_t t = 13; t < cont.size(); ++t) {
     std::vector<SequenceStep> steps(2);
@@ -131,13 +133,13 @@ void CheckRollback(CudaBackend& m, ExpertBackend& ex, int64_t vocab, const Rollb
     steps[1].seq = *b;
     steps[0].tokens = steps[1].tokens = std::span<const int32_t>(cont.data() + t, 1);
     std::vector<SequenceLogits> out;
-    ASSERT_TRUE(m.Forward(steps, &ex, &out).ok()) << what;
+    ASSERT_OK(m.Forward(steps, &ex, &out)) << what;
     worst = std::max(worst, MaxDiff(out[0].logits, out[1].logits, static_cast<size_t>(vocab)));
   }
   NLOG(INFO) << what << ": continuation max |spec+rollback - plain| = " << worst;
   EXPECT_LE(worst, tol) << what << ": logits after the rollback";
-  EXPECT_TRUE(m.ReleaseSequence(*a).ok());
-  EXPECT_TRUE(m.ReleaseSequence(*b).ok());
+  EXPECT_OK(m.ReleaseSequence(*a));
+  EXPECT_OK(m.ReleaseSequence(*b));
 }
 
 struct ModeCase {
@@ -158,7 +160,7 @@ TEST_P(CudaRollbackTest, TinyStateEqualsKeptTokensOnly) {
   opt.fp32 = mode.fp32;
   opt.tp = mode.tp;
   auto m = CreateCudaBackend(*f->ckpt, opt);
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   const int64_t V = f->ckpt->config().vocab_size;
   const float tol = mode.fp32 ? 1e-3f : 5e-2f;  // tests/data/README.md "matches"
   const std::vector<RollbackCase> cases = {
@@ -193,7 +195,7 @@ TEST_P(CudaRollbackTest, MixedBatchAndMultiPassSteps) {
   opt.tp = mode.tp;
   opt.max_step_tokens = 12;
   auto mm = CreateCudaBackend(*f->ckpt, opt);
-  ASSERT_TRUE(mm.ok()) << mm.status();
+  ASSERT_OK(mm);
   CudaBackend& m = **mm;
   ExpertBackend& ex = *f->experts;
   const int64_t V = f->ckpt->config().vocab_size;
@@ -210,42 +212,42 @@ TEST_P(CudaRollbackTest, MixedBatchAndMultiPassSteps) {
   std::vector<SequenceId> ids;
   for (int i = 0; i < 5; ++i) {
     auto s = m.CreateSequence();
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     ids.push_back(*s);
   }
   const SequenceId s0 = ids[0], s1 = ids[1], p = ids[2], t0 = ids[3], t1 = ids[4];
-  ASSERT_TRUE(Feed(m, ex, s0, pre0, false, nullptr).ok());
-  ASSERT_TRUE(Feed(m, ex, t0, pre0, false, nullptr).ok());
-  ASSERT_TRUE(Feed(m, ex, s1, pre1, false, nullptr).ok());
-  ASSERT_TRUE(Feed(m, ex, t1, pre1, false, nullptr).ok());
-  ASSERT_TRUE(Feed(m, ex, p, prep, false, nullptr).ok());
+  ASSERT_OK(Feed(m, ex, s0, pre0, false, nullptr));
+  ASSERT_OK(Feed(m, ex, t0, pre0, false, nullptr));
+  ASSERT_OK(Feed(m, ex, s1, pre1, false, nullptr));
+  ASSERT_OK(Feed(m, ex, t1, pre1, false, nullptr));
+  ASSERT_OK(Feed(m, ex, p, prep, false, nullptr));
   std::vector<SequenceStep> steps(3);
   steps[0] = {.seq = p, .tokens = chunk, .all_logits = true};
   steps[1] = {.seq = s0, .tokens = d0, .all_logits = true, .speculative = true};
   steps[2] = {.seq = s1, .tokens = d1, .all_logits = true, .speculative = true};
   std::vector<SequenceLogits> out;
   Status st = m.Forward(steps, &ex, &out);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_TRUE(m.Rollback(s0, 2).ok());  // keeps 15
-  ASSERT_TRUE(m.Rollback(s1, 1).ok());  // keeps 3: 126 + 3 crosses 128
+  ASSERT_OK(st);
+  ASSERT_OK(m.Rollback(s0, 2));  // keeps 15
+  ASSERT_OK(m.Rollback(s1, 1));  // keeps 3: 126 + 3 crosses 128
   EXPECT_EQ(m.Memory(s0)->position, 45);
   EXPECT_EQ(m.Memory(s1)->position, 129);
   EXPECT_EQ(m.Memory(p)->position, 27);
   // A plain step on the rolled-back sequences disarms them: no second rollback.
   std::vector<float> la, lb;
-  ASSERT_TRUE(Feed(m, ex, t0, std::span<const int32_t>(d0.data(), 15), false, &lb).ok());
+  ASSERT_OK(Feed(m, ex, t0, std::span<const int32_t>(d0.data(), 15), false, &lb));
   EXPECT_LE(MaxDiff(out[1].logits, lb, static_cast<size_t>(15 * V)), tol);
-  ASSERT_TRUE(Feed(m, ex, t1, std::span<const int32_t>(d1.data(), 3), false, &lb).ok());
+  ASSERT_OK(Feed(m, ex, t1, std::span<const int32_t>(d1.data(), 3), false, &lb));
   EXPECT_LE(MaxDiff(out[2].logits, lb, static_cast<size_t>(3 * V)), tol);
   const auto cont = toks(15);
   for (auto [x, y] : {std::pair{s0, t0}, std::pair{s1, t1}}) {
-    ASSERT_TRUE(Feed(m, ex, x, cont, false, &la).ok());
-    ASSERT_TRUE(Feed(m, ex, y, cont, false, &lb).ok());
+    ASSERT_OK(Feed(m, ex, x, cont, false, &la));
+    ASSERT_OK(Feed(m, ex, y, cont, false, &lb));
     EXPECT_LE(MaxDiff(la, lb, la.size()), tol) << "sequence " << x;
   }
   Status again = m.Rollback(s0, 1);
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
-  for (SequenceId s : ids) EXPECT_TRUE(m.ReleaseSequence(s).ok());
+  for (SequenceId s : ids) EXPECT_OK(m.ReleaseSequence(s));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CudaRollbackTest,
@@ -260,16 +262,16 @@ TEST(CudaRollbackErrors, RefusedWithClearErrors) {
   CudaOptions opt;
   opt.max_spec_tokens = 5;
   auto mm = CreateCudaModel(*f->ckpt, opt);
-  ASSERT_TRUE(mm.ok()) << mm.status();
+  ASSERT_OK(mm);
   ModelBackend& m = **mm;
   ExpertBackend& ex = *f->experts;
   auto s = m.CreateSequence();
-  ASSERT_TRUE(s.ok());
+  ASSERT_OK(s);
   const std::vector<int32_t> six = {5, 9, 11, 13, 17, 19};
-  ASSERT_TRUE(Feed(m, ex, *s, six, false, nullptr).ok());
+  ASSERT_OK(Feed(m, ex, *s, six, false, nullptr));
   // The last step was not speculative.
   EXPECT_EQ(m.Rollback(*s, 1).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(m.Rollback(*s, 0).ok());
+  EXPECT_OK(m.Rollback(*s, 0));
   EXPECT_EQ(m.Rollback(*s, -1).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(m.Rollback(*s + 1000, 1).code(), absl::StatusCode::kNotFound);
   // Longer than max_spec_tokens: refused before anything runs.
@@ -278,18 +280,18 @@ TEST(CudaRollbackErrors, RefusedWithClearErrors) {
   EXPECT_NE(big.message().find("max_spec_tokens"), std::string::npos) << big;
   EXPECT_EQ(m.Memory(*s)->position, 6);
   // Within the step only.
-  ASSERT_TRUE(Feed(m, ex, *s, std::span<const int32_t>(six.data(), 5), true, nullptr).ok());
+  ASSERT_OK(Feed(m, ex, *s, std::span<const int32_t>(six.data(), 5), true, nullptr));
   EXPECT_EQ(m.Rollback(*s, 6).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(m.Rollback(*s, 5).ok());
+  EXPECT_OK(m.Rollback(*s, 5));
   EXPECT_EQ(m.Memory(*s)->position, 6);
   EXPECT_EQ(m.Rollback(*s, 1).code(), absl::StatusCode::kFailedPrecondition);
 
   CudaOptions none;
   none.max_spec_tokens = 0;
   auto m0 = CreateCudaModel(*f->ckpt, none);
-  ASSERT_TRUE(m0.ok()) << m0.status();
+  ASSERT_OK(m0);
   auto s0 = (*m0)->CreateSequence();
-  ASSERT_TRUE(s0.ok());
+  ASSERT_OK(s0);
   Status off = Feed(**m0, ex, *s0, std::span<const int32_t>(six.data(), 1), true, nullptr);
   EXPECT_EQ(off.code(), absl::StatusCode::kResourceExhausted) << off;
   EXPECT_NE(off.message().find("max_spec_tokens"), std::string::npos) << off;
@@ -308,10 +310,10 @@ TEST(CudaRollbackErrors, RefusedWithClearErrors) {
 std::vector<GenerateRequest> Prompts(const std::string& model, int64_t count, int64_t new_tokens) {
   std::vector<int32_t> base;
   auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/" + model + "/golden.safetensors");
-  EXPECT_TRUE(g.ok());
+  EXPECT_OK(g);
   if (g.ok()) {
     auto ids = ToF32(**(*g)->Get("p0.input_ids"));
-    EXPECT_TRUE(ids.ok());
+    EXPECT_OK(ids);
     for (int rep = 0; rep < 3 && ids.ok(); ++rep) {
       for (float v : ids->data) base.push_back(static_cast<int32_t>(v));
     }
@@ -342,17 +344,17 @@ TEST_P(CudaGreedySpecTest, NgramEqualsPlainGreedyAndTheCpuBackend) {
   CudaOptions opt;
   opt.fp32 = c.fp32;
   auto gpu = CreateCudaModel(*f->ckpt, opt);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_OK(gpu);
   auto cpu = cpu::CpuModel::Create(*f->ckpt, nullptr);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_OK(cpu);
   int64_t accepted = 0, drafted = 0;
   for (int64_t batch : {1, 3, 8}) {
     const auto reqs = Prompts(c.model, batch, 24);
     auto plain = GenerateBatch(**gpu, *f->experts, reqs);
-    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_OK(plain);
     if (c.fp32 && batch != 8) {  // the CPU reference (fp32: no near-tie flips; batches 1 and 3 cover it)
       auto ref = GenerateBatch(**cpu, *f->experts, reqs);
-      ASSERT_TRUE(ref.ok()) << ref.status();
+      ASSERT_OK(ref);
       for (size_t i = 0; i < reqs.size(); ++i) {
         EXPECT_EQ((*plain)[i].tokens, (*ref)[i].tokens) << c.model << " cuda vs cpu, batch " << batch << " seq " << i;
       }
@@ -360,7 +362,7 @@ TEST_P(CudaGreedySpecTest, NgramEqualsPlainGreedyAndTheCpuBackend) {
     for (int64_t depth = 1; depth <= 7; ++depth) {
       SpecConfig spec{.method = SpecMethod::kNgram, .depth = depth};
       auto got = GenerateBatch(**gpu, *f->experts, reqs, nullptr, spec);
-      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_OK(got);
       for (size_t i = 0; i < reqs.size(); ++i) {
         EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens)
             << c.model << (c.fp32 ? " fp32" : " bf16") << " batch " << batch << " depth " << depth << " seq " << i;
@@ -385,14 +387,14 @@ TEST(CudaGreedySpec, AdaptiveDepthKeepsLogits) {
   CudaOptions opt;
   opt.fp32 = true;
   auto gpu = CreateCudaModel(*f->ckpt, opt);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_OK(gpu);
   auto reqs = Prompts("demo-v4", 2, 20);
   for (auto& r : reqs) r.keep_logits = true;
   auto plain = GenerateBatch(**gpu, *f->experts, reqs);
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   SpecConfig spec{.method = SpecMethod::kNgram, .depth = 6, .adaptive = true};
   auto got = GenerateBatch(**gpu, *f->experts, reqs, nullptr, spec);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens);
     ASSERT_EQ((*got)[i].step_logits.size(), (*plain)[i].step_logits.size());
@@ -409,11 +411,11 @@ TEST(CudaDspark, DraftsMatchTheCpuDrafter) {
   Fixture* f = Get("tiny-v4");
   ASSERT_NE(f, nullptr);
   auto cpu = cpu::CpuModel::Create(*f->ckpt, nullptr, {.drafter = true});
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_OK(cpu);
   CudaOptions opt;
   opt.fp32 = true;
   auto gpu = CreateCudaModel(*f->ckpt, opt);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_OK(gpu);
   ASSERT_EQ((*gpu)->drafter(), SpecMethod::kDspark);
   ExpertBackend& ex = *f->experts;
   const int64_t V = f->ckpt->config().vocab_size;
@@ -428,11 +430,12 @@ TEST(CudaDspark, DraftsMatchTheCpuDrafter) {
   for (const auto& p : prompts) {
     auto x = (*cpu)->CreateSequence();
     auto y = (*gpu)->CreateSequence();
-    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_OK(x);
+    ASSERT_OK(y);
     a.push_back(*x);
     b.push_back(*y);
-    ASSERT_TRUE(Feed(**cpu, ex, *x, p, false, nullptr).ok());
-    ASSERT_TRUE(Feed(**gpu, ex, *y, p, false, nullptr).ok());
+    ASSERT_OK(Feed(**cpu, ex, *x, p, false, nullptr));
+    ASSERT_OK(Feed(**gpu, ex, *y, p, false, nullptr));
   }
   auto compare = [&](const std::string& what) {
     std::vector<DraftRequest> ra, rb;
@@ -445,8 +448,8 @@ TEST(CudaDspark, DraftsMatchTheCpuDrafter) {
     std::vector<DraftResult> da, db;
     Status x = (*cpu)->Draft(ra, &ex, &da);
     Status y = (*gpu)->Draft(rb, &ex, &db);
-    ASSERT_TRUE(x.ok()) << x;
-    ASSERT_TRUE(y.ok()) << y;
+    ASSERT_OK(x);
+    ASSERT_OK(y);
     ASSERT_EQ(da.size(), db.size());
     for (size_t i = 0; i < da.size(); ++i) {
       EXPECT_EQ(da[i].tokens, db[i].tokens) << what << " seq " << i;
@@ -465,10 +468,10 @@ TEST(CudaDspark, DraftsMatchTheCpuDrafter) {
   for (size_t i = 0; i < a.size(); ++i) {
     std::vector<int32_t> k6;
     for (int t = 0; t < 6; ++t) k6.push_back(static_cast<int32_t>(rng() % V));
-    ASSERT_TRUE(Feed(**cpu, ex, a[i], k6, true, nullptr).ok());
-    ASSERT_TRUE(Feed(**gpu, ex, b[i], k6, true, nullptr).ok());
-    ASSERT_TRUE((*cpu)->Rollback(a[i], 4).ok());
-    ASSERT_TRUE((*gpu)->Rollback(b[i], 4).ok());
+    ASSERT_OK(Feed(**cpu, ex, a[i], k6, true, nullptr));
+    ASSERT_OK(Feed(**gpu, ex, b[i], k6, true, nullptr));
+    ASSERT_OK((*cpu)->Rollback(a[i], 4));
+    ASSERT_OK((*gpu)->Rollback(b[i], 4));
   }
   compare("after a rollback");
   // Decode steps of one token per sequence, all sequences together (CUDA graphs on the device).
@@ -482,8 +485,8 @@ TEST(CudaDspark, DraftsMatchTheCpuDrafter) {
       sa[i].tokens = sb[i].tokens = std::span<const int32_t>(&next[i], 1);
     }
     std::vector<SequenceLogits> la, lb;
-    ASSERT_TRUE((*cpu)->Forward(sa, &ex, &la).ok());
-    ASSERT_TRUE((*gpu)->Forward(sb, &ex, &lb).ok());
+    ASSERT_OK((*cpu)->Forward(sa, &ex, &la));
+    ASSERT_OK((*gpu)->Forward(sb, &ex, &lb));
   }
   compare("after decode steps");
   std::vector<DraftRequest> bad = {DraftRequest{b[0], 1, 0, nullptr}};
@@ -502,7 +505,7 @@ TEST(CudaDspark, GreedyEqualsPlainGreedy) {
     CudaOptions opt;
     opt.fp32 = fp32;
     auto gpu = CreateCudaModel(*f->ckpt, opt);
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    ASSERT_OK(gpu);
     int64_t drafted = 0;
     for (int64_t batch : {1, 3, 8}) {
       // Short non-repetitive prompts (the random stages accept almost nothing: rollback is what runs).
@@ -516,11 +519,11 @@ TEST(CudaDspark, GreedyEqualsPlainGreedy) {
         reqs.push_back(r);
       }
       auto plain = GenerateBatch(**gpu, *f->experts, reqs);
-      ASSERT_TRUE(plain.ok()) << plain.status();
+      ASSERT_OK(plain);
       for (int64_t depth = 1; depth <= 7; ++depth) {
         SpecConfig spec{.method = SpecMethod::kDspark, .depth = depth};
         auto got = GenerateBatch(**gpu, *f->experts, reqs, nullptr, spec);
-        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_OK(got);
         for (size_t i = 0; i < reqs.size(); ++i) {
           EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens)
               << (fp32 ? "fp32" : "bf16") << " batch " << batch << " depth " << depth << " seq " << i;
@@ -534,7 +537,7 @@ TEST(CudaDspark, GreedyEqualsPlainGreedy) {
   Fixture* demo = Get("demo-v4");
   ASSERT_NE(demo, nullptr);
   auto m = CreateCudaModel(*demo->ckpt, CudaOptions{});
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_EQ((*m)->drafter(), SpecMethod::kNone);
   std::vector<DraftResult> out;
   EXPECT_EQ((*m)->Draft({}, demo->experts.get(), &out).code(), absl::StatusCode::kUnimplemented);

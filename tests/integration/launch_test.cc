@@ -21,10 +21,13 @@
 #include <nlohmann/json.hpp>
 
 #include "deploy/emit.h"
-#include "tests/integration/router_test_util.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/support/files.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/http.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 
-namespace numoe::testing {
+namespace numoe::test {
 namespace {
 
 using nlohmann::json;
@@ -72,9 +75,10 @@ std::string Backend() {
 }
 
 TEST(LaunchFiles, TheEmittedSystemdUnitsStartAStackThatServesTheGoldens) {
-  const auto goldens = test::LoadGoldens(test::TinyDir());
+  ASSERT_OK_AND_ASSIGN(const Goldens goldens, Goldens::Load(TinyDir()));
   ASSERT_EQ(goldens.size(), 4u);
-  const std::string dir = MakeTempDir("numoe-launch-");
+  const TempDir tmp("numoe-launch-");
+  const std::string dir = tmp.str();
   {
     std::ofstream topo(dir + "/machine.json");
     topo << R"({"name": "two-node test machine", "nodes": [{"id": 0, "cpus": 1, "memory_gb": 16},)"
@@ -82,12 +86,12 @@ TEST(LaunchFiles, TheEmittedSystemdUnitsStartAStackThatServesTheGoldens) {
   }
   const int gpu_port = FreePort(), http = FreePort(), grpc_port = FreePort(), worker_base = ConsecutiveFreePorts(2);
   ASSERT_GT(worker_base, 0);
-  Child plan = Child::Start({kBin + "/numoe", "plan", "--model", test::TinyDir(), "--topology", dir + "/machine.json",
+  Child plan = Child::Start({kBin + "/numoe", "plan", "--model", TinyDir(), "--topology", dir + "/machine.json",
                              "--emit", "systemd", dir + "/units", "--bin-dir", kBin, "--no-numa-bind", "--backend",
                              Backend(), "--gpu-port", std::to_string(gpu_port), "--worker-port",
                              std::to_string(worker_base), "--port", std::to_string(http), "--grpc-port",
                              std::to_string(grpc_port)},
-                            dir + "/plan.log");
+                            {.log = dir + "/plan.log"});
   const int plan_status = plan.Wait(60s);
   ASSERT_TRUE(WIFEXITED(plan_status) && WEXITSTATUS(plan_status) == 0) << plan_status << ReadFile(dir + "/plan.log");
 
@@ -102,7 +106,7 @@ TEST(LaunchFiles, TheEmittedSystemdUnitsStartAStackThatServesTheGoldens) {
     const std::vector<std::string> argv = ExecStartOf(dir + "/units/" + name + ".service");
     ASSERT_FALSE(argv.empty()) << name;
     EXPECT_EQ(argv[0], kBin + "/" + (std::string(name).rfind("numoe-worker", 0) == 0 ? "numoe-worker" : name));
-    units.push_back({name, Child::Start(argv, dir + "/" + name + ".log", /*new_group=*/true)});
+    units.push_back({name, Child::Start(argv, {.log = dir + "/" + name + ".log", .new_group = true})});
   }
   auto logs = [&] {
     std::string all;
@@ -111,7 +115,7 @@ TEST(LaunchFiles, TheEmittedSystemdUnitsStartAStackThatServesTheGoldens) {
   };
 
   // Greedy token-id completions through the router equal the goldens (retried while the stack comes up).
-  for (const test::GoldenPrompt& g : goldens) {
+  for (const GoldenPrompt& g : goldens) {
     const json req = {{"model", "tiny-v4"}, {"prompt", g.input_ids}, {"max_tokens", g.greedy.size()},
                       {"temperature", 0},   {"ignore_eos", true},    {"return_token_ids", true}};
     HttpResponse r;
@@ -136,8 +140,7 @@ TEST(LaunchFiles, TheEmittedSystemdUnitsStartAStackThatServesTheGoldens) {
     for (int i = 0; i < 50 && !ProcessGroupMembers(pgid).empty(); ++i) std::this_thread::sleep_for(100ms);
     EXPECT_TRUE(ProcessGroupMembers(pgid).empty()) << it->name;
   }
-  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
 }  // namespace
-}  // namespace numoe::testing
+}  // namespace numoe::test

@@ -7,24 +7,26 @@
 //   - after kill -9 of one worker, new requests still succeed (and still match the goldens);
 //   - SIGTERM stops serve and leaves no process of its group behind.
 // Goldens: tests/data/tiny-v4/golden.safetensors (pK.input_ids, pK.greedy_tokens: 32 tokens, EOS ignored).
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <future>
-#include <thread>
-
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "numoe/v1/inference.grpc.pb.h"
 #include "numoe/v1/worker.grpc.pb.h"
-#include "tests/integration/router_test_util.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/support/files.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/http.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 
-namespace numoe::testing {
+namespace numoe::test {
 namespace {
 
 using nlohmann::json;
@@ -84,17 +86,19 @@ std::vector<int32_t> GrpcGolden(v1::Inference::Stub& stub, const test::GoldenPro
 }
 
 TEST(RouterEndToEnd, ServeFourWorkersGoldensErrorsFailoverSigterm) {
-  const auto goldens = test::LoadGoldens(test::TinyDir());
+  ASSERT_OK_AND_ASSIGN(const test::Goldens goldens, test::Goldens::Load(test::TinyDir()));
   ASSERT_EQ(goldens.size(), 4u);
-  const std::string dir = MakeTempDir("numoe-e2e-");
+  const TempDir dir_tmp("numoe-e2e");
+  const std::string dir = dir_tmp.str();
   const int http = FreePort(), grpc_port = FreePort();
   // NUMOE_E2E_BACKEND=cuda runs the same test with numoe-gpu on the CUDA backend (on a GPU machine).
   const char* backend_env = std::getenv("NUMOE_E2E_BACKEND");
   const std::string backend = backend_env != nullptr ? backend_env : "cpu";
-  Child serve = Child::Start({kBin + "/numoe", "serve", "--model", test::TinyDir(), "--workers", "4", "--backend",
-                              backend, "--no-numa-bind", "--threads-per-worker", "1", "--port", std::to_string(http),
-                              "--grpc-port", std::to_string(grpc_port), "--stop-timeout", "10"},
-                             dir + "/serve.log", /*new_group=*/true, dir + "/serve.out");
+  Child serve = Child::Start(
+      {kBin + "/numoe", "serve", "--model", test::TinyDir(), "--workers", "4", "--backend", backend, "--no-numa-bind",
+       "--threads-per-worker", "1", "--port", std::to_string(http), "--grpc-port", std::to_string(grpc_port),
+       "--stop-timeout", "10"},
+      {.log = dir + "/serve.log", .append_log = true, .stdout_file = dir + "/serve.out", .new_group = true});
   const pid_t pgid = serve.pid();
   std::string ready;
   for (int i = 0; i < 1800 && ready.find('\n') == std::string::npos && serve.running(); ++i) {
@@ -223,4 +227,4 @@ TEST(RouterEndToEnd, ServeFourWorkersGoldensErrorsFailoverSigterm) {
 }
 
 }  // namespace
-}  // namespace numoe::testing
+}  // namespace numoe::test

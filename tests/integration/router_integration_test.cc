@@ -21,9 +21,12 @@
 
 #include "numoe/v1/inference.grpc.pb.h"
 #include "numoe/v1/worker.grpc.pb.h"
-#include "tests/integration/router_test_util.h"
+#include "tests/support/files.h"
+#include "tests/support/http.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 
-namespace numoe::testing {
+namespace numoe::test {
 namespace {
 
 using nlohmann::json;
@@ -42,7 +45,6 @@ struct WorkerSpec {
 class Cluster {
  public:
   Cluster(std::vector<WorkerSpec> workers, std::vector<std::string> router_flags) {
-    dir_ = MakeTempDir("numoe-router-it-");
     for (size_t i = 0; i < workers.size(); ++i) {
       specs_.push_back(workers[i]);
       workers_.emplace_back();
@@ -55,7 +57,7 @@ class Cluster {
                                      "--grpc-port", "0", "--ready-file", dir_ + "/router.ready",
                                      "--health-interval", "0.2", "--health-timeout", "0.5"};
     argv.insert(argv.end(), router_flags.begin(), router_flags.end());
-    router_ = Child::Start(argv, dir_ + "/router.log");
+    router_ = Child::Start(argv, {.log = dir_ + "/router.log", .append_log = true});
     std::string ready = WaitForFile(dir_ + "/router.ready", 20s);
     if (ready.empty()) {
       ADD_FAILURE() << "router did not start; log:\n" << ReadFile(dir_ + "/router.log");
@@ -69,10 +71,7 @@ class Cluster {
   ~Cluster() {
     router_.Kill();
     for (auto& w : workers_) w.Kill();
-    // Logs stay for a failed test (or with NUMOE_KEEP_TEST_LOGS set); otherwise nothing is left in /tmp.
-    if (!::testing::Test::HasFailure() && std::getenv("NUMOE_KEEP_TEST_LOGS") == nullptr) {
-      std::filesystem::remove_all(dir_);
-    }
+    // tmp_ keeps the logs of a failed test (or with NUMOE_KEEP_TEST_LOGS set).
   }
 
   void StartWorker(size_t i) {
@@ -82,7 +81,7 @@ class Cluster {
                                      "--port", std::to_string(ports_[i] ? ports_[i] : specs_[i].port),
                                      "--ready-file", ready};
     argv.insert(argv.end(), specs_[i].flags.begin(), specs_[i].flags.end());
-    workers_[i] = Child::Start(argv, dir_ + "/worker" + std::to_string(i) + ".log");
+    workers_[i] = Child::Start(argv, {.log = dir_ + "/worker" + std::to_string(i) + ".log", .append_log = true});
     std::string port = WaitForFile(ready, 20s);
     ASSERT_FALSE(port.empty()) << "fake worker did not start: " << ReadFile(dir_ + "/worker" + std::to_string(i) + ".log");
     ports_[i] = std::stoi(port);
@@ -120,7 +119,8 @@ class Cluster {
   Child& worker(size_t i) { return workers_[i]; }
 
  private:
-  std::string dir_;
+  TempDir tmp_{"numoe-router-it"};  // first: the children stop before it goes
+  std::string dir_ = tmp_.str();
   std::vector<WorkerSpec> specs_;
   std::vector<Child> workers_;
   std::vector<int> ports_;
@@ -549,7 +549,7 @@ TEST(RouterIntegration, Grpc) {
       usage = resp.usage();
     }
   }
-  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_OK(reader->Finish());
   EXPECT_EQ(ids, (std::vector<int>{47, 477, 86, 19, 707, 8, 47, 477}));
   EXPECT_EQ(text, "Hello, world!Hell");
   EXPECT_EQ(finish, "length");
@@ -588,7 +588,7 @@ TEST(RouterIntegration, Grpc) {
     auto rd = stub->Generate(&cx, treq);
     std::string t;
     while (rd->Read(&resp)) t += resp.text();
-    EXPECT_TRUE(rd->Finish().ok());
+    EXPECT_OK(rd->Finish());
     EXPECT_EQ(t, "Hello, world!");
   }
   v1::GenerateRequest creq;
@@ -605,7 +605,7 @@ TEST(RouterIntegration, Grpc) {
       t += resp.text();
       reasoning += resp.reasoning_text();
     }
-    EXPECT_TRUE(rd->Finish().ok());
+    EXPECT_OK(rd->Finish());
     EXPECT_EQ(reasoning, "Hm.");
     EXPECT_EQ(t, "Yes.");
   }
@@ -616,13 +616,13 @@ TEST(RouterIntegration, Grpc) {
     v1::TokenizeRequest tr;
     tr.set_text("Hello, world!");
     v1::TokenizeResponse tresp;
-    ASSERT_TRUE(stub->Tokenize(&cx, tr, &tresp).ok());
+    ASSERT_OK(stub->Tokenize(&cx, tr, &tresp));
     EXPECT_EQ(std::vector<int>(tresp.token_ids().begin(), tresp.token_ids().end()), kHello);
   }
   {
     grpc::ClientContext cx;
     v1::ListModelsResponse lm;
-    ASSERT_TRUE(stub->ListModels(&cx, v1::ListModelsRequest(), &lm).ok());
+    ASSERT_OK(stub->ListModels(&cx, v1::ListModelsRequest(), &lm));
     ASSERT_EQ(lm.models_size(), 1);
     EXPECT_EQ(lm.models(0).id(), "tiny-v4");
     EXPECT_EQ(lm.models(0).vocab_size(), 1024u);
@@ -642,9 +642,9 @@ TEST(RouterIntegration, Grpc) {
     generic.UnaryCall(&cx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
                       [&](grpc::Status s) { done.set_value(s); });
     grpc::Status s = done.get_future().get();
-    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_OK(s) << s.error_message();
     std::vector<grpc::Slice> slices;
-    ASSERT_TRUE(response.Dump(&slices).ok());
+    ASSERT_OK(response.Dump(&slices));
     std::string out;
     for (auto& sl : slices) out.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
     EXPECT_EQ(out, std::string("\x08\x01", 2));
@@ -686,4 +686,4 @@ TEST(RouterIntegration, ApiKeyAndMetricsAndSigterm) {
 }
 
 }  // namespace
-}  // namespace numoe::testing
+}  // namespace numoe::test

@@ -16,8 +16,10 @@
 
 #include "numoe/v1/gpu.grpc.pb.h"
 #include "numoe/v1/worker.grpc.pb.h"
-#include "tests/integration/process_util.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/support/files.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::test {
 namespace {
@@ -59,7 +61,7 @@ v1::GpuStats GpuStats(v1::GpuService::Stub& gpu) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::GpuStats s;
-  EXPECT_TRUE(gpu.Stats(&ctx, v1::GpuStatsRequest(), &s).ok());
+  EXPECT_OK(gpu.Stats(&ctx, v1::GpuStatsRequest(), &s));
   return s;
 }
 
@@ -67,7 +69,7 @@ v1::WorkerStats WorkerStats(v1::Worker::Stub& w) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::WorkerStats s;
-  EXPECT_TRUE(w.Stats(&ctx, v1::WorkerStatsRequest(), &s).ok());
+  EXPECT_OK(w.Stats(&ctx, v1::WorkerStatsRequest(), &s));
   return s;
 }
 
@@ -85,14 +87,13 @@ bool Eventually(F pred, int ms = 20000) {
 class Runtime : public ::testing::Test {
  protected:
   void SetUp() override {
-    goldens_ = LoadGoldens(TinyDir());
+    ASSERT_OK_AND_ASSIGN(goldens_, Goldens::Load(TinyDir()));
     ASSERT_EQ(goldens_.size(), 4u);
-    gpu_ = std::make_unique<Child>("numoe-gpu",
-                                   // Heartbeats every 100 ms, but a lease of 3 s: on a loaded 2-core CI box a
-                                   // healthy worker's heartbeat can be late by more than the default 4 x 100 ms.
-                                   std::vector<std::string>{"--model", TinyDir(), "--port", "0", "--heartbeat-ms", "100",
-                                                            "--lease-ms", "3000"},
-                                   TempPath("gpu.log"));
+    // Heartbeats every 100 ms, but a lease of 3 s: on a loaded 2-core CI box a healthy worker's heartbeat can
+    // be late by more than the default 4 x 100 ms.
+    gpu_ = std::make_unique<Child>(Child::Start({BinPath("numoe-gpu"), "--model", TinyDir(), "--port", "0",
+                                                 "--heartbeat-ms", "100", "--lease-ms", "3000"},
+                                                {.log = tmp_ / "gpu.log", .notify = true}));
     gpu_addr_ = gpu_->WaitReady();
     ASSERT_FALSE(gpu_addr_.empty()) << gpu_->Log();
     gpu_stub_ = v1::GpuService::NewStub(grpc::CreateChannel(gpu_addr_, grpc::InsecureChannelCredentials()));
@@ -100,16 +101,13 @@ class Runtime : public ::testing::Test {
 
   // Starts a worker; returns its index in workers_.
   size_t StartWorker(std::vector<std::string> extra = {}, const std::string& model = "") {
-    std::vector<std::string> args = {"--model",        model.empty() ? TinyDir() : model,
-                                     "--gpu",          gpu_addr_,
-                                     "--port",         "0",
-                                     "--no-numa-bind", "--threads",
-                                     "1",              "--max-step-tokens",
-                                     "64",             "--prefill-chunk",
-                                     "32"};
+    std::vector<std::string> args = {BinPath("numoe-worker"), "--model", model.empty() ? TinyDir() : model,
+                                     "--gpu", gpu_addr_, "--port", "0", "--no-numa-bind", "--threads", "1",
+                                     "--max-step-tokens", "64", "--prefill-chunk", "32"};
     args.insert(args.end(), extra.begin(), extra.end());
     const size_t i = workers_.size();
-    workers_.push_back(std::make_unique<Child>("numoe-worker", args, TempPath("worker" + std::to_string(i) + ".log")));
+    workers_.push_back(std::make_unique<Child>(
+        Child::Start(args, {.log = tmp_ / ("worker" + std::to_string(i) + ".log"), .notify = true})));
     const std::string addr = workers_.back()->WaitReady();
     addrs_.push_back(addr);
     stubs_.push_back(addr.empty() ? nullptr
@@ -117,7 +115,8 @@ class Runtime : public ::testing::Test {
     return i;
   }
 
-  std::vector<GoldenPrompt> goldens_;
+  Goldens goldens_;
+  TempDir tmp_{"numoe-runtime-it"};  // the logs; declared first, so the children stop before it goes
   std::unique_ptr<Child> gpu_;
   std::string gpu_addr_;
   std::unique_ptr<v1::GpuService::Stub> gpu_stub_;
@@ -146,7 +145,7 @@ TEST_F(Runtime, ConcurrentGreedyStreamsOverTwoWorkersMatchGoldens) {
   for (auto& t : threads) t.join();
   for (size_t k = 0; k < results.size(); ++k) {
     const GoldenPrompt& g = goldens_[k % goldens_.size()];
-    ASSERT_TRUE(results[k].status.ok()) << g.name << ": " << results[k].status.error_message();
+    ASSERT_OK(results[k].status) << g.name << ": " << results[k].status.error_message();
     EXPECT_EQ(results[k].tokens, g.greedy) << g.name << " on worker " << k % 2;
     EXPECT_EQ(results[k].finish_reason, "length");
     EXPECT_GE(results[k].messages, 2);  // streamed, not one reply at the end
@@ -209,7 +208,7 @@ TEST_F(Runtime, CancelQueueFullAndBadInput) {
   // The waiting request now runs to completion, then nothing is left anywhere.
   std::vector<int32_t> got;
   while (waiting->Read(&rest)) got.insert(got.end(), rest.token_ids().begin(), rest.token_ids().end());
-  EXPECT_TRUE(waiting->Finish().ok());
+  EXPECT_OK(waiting->Finish());
   EXPECT_EQ(got, std::vector<int32_t>(goldens_[2].greedy.begin(), goldens_[2].greedy.begin() + 4));
   EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; }));
   EXPECT_TRUE(Eventually([&] { return WorkerStats(w).active_sequences() == 0; }));
@@ -233,7 +232,7 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpu) {
   EXPECT_EQ(before.workers(), 2u);
   EXPECT_EQ(before.sequences(), 4u);
 
-  workers_[0]->Signal(SIGKILL);
+  workers_[0]->Kill();
   // numoe-gpu notices the dead process and frees its sequences and channel; worker 1 is untouched.
   EXPECT_TRUE(Eventually([&] {
     v1::GpuStats s = GpuStats(*gpu_stub_);
@@ -261,7 +260,7 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpu) {
   const size_t k = StartWorker();
   ASSERT_FALSE(addrs_[k].empty()) << workers_[k]->Log();
   StreamResult r = Generate(*stubs_[k], GreedyRequest(goldens_[2]));
-  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_OK(r.status) << r.status.error_message();
   EXPECT_EQ(r.tokens, goldens_[2].greedy);
 }
 
@@ -284,10 +283,10 @@ TEST_F(Runtime, SilentWorkerLosesItsLease) {
     return s.workers() == 1 && s.sequences() == 0;
   })) << GpuStats(*gpu_stub_).DebugString();
   StreamResult r = Generate(*stubs_[1], GreedyRequest(goldens_[0]));
-  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_OK(r.status) << r.status.error_message();
   EXPECT_EQ(r.tokens, goldens_[0].greedy);
   kill(workers_[0]->pid(), SIGCONT);
-  const int status = workers_[0]->Reap(30000);
+  const int status = workers_[0]->Wait(std::chrono::seconds(30));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << workers_[0]->Log();
   ctx.TryCancel();
   while (reader->Read(&resp)) {
@@ -298,7 +297,7 @@ TEST_F(Runtime, SilentWorkerLosesItsLease) {
 TEST_F(Runtime, WorkerWithAnotherModelIsRefused) {
   StartWorker({}, std::string(NUMOE_TEST_DATA) + "/demo-v4");
   EXPECT_TRUE(addrs_[0].empty());
-  const int status = workers_[0]->Reap(60000);
+  const int status = workers_[0]->Wait(std::chrono::seconds(60));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
   EXPECT_NE(workers_[0]->Log().find("model_fingerprint"), std::string::npos) << workers_[0]->Log();
   EXPECT_EQ(GpuStats(*gpu_stub_).workers(), 0u);
@@ -308,8 +307,8 @@ TEST_F(Runtime, GpuGoneMakesTheWorkerExit) {
   StartWorker();
   ASSERT_FALSE(addrs_[0].empty()) << workers_[0]->Log();
   const pid_t gpu_pid = gpu_->pid();
-  gpu_->Signal(SIGKILL);
-  const int status = workers_[0]->Reap(30000);
+  gpu_->Kill();
+  const int status = workers_[0]->Wait(std::chrono::seconds(30));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << workers_[0]->Log();
   EXPECT_NE(workers_[0]->Log().find("lost numoe-gpu"), std::string::npos) << workers_[0]->Log();
   // The worker removed the channel's name once attached: a killed numoe-gpu leaves nothing in /dev/shm.

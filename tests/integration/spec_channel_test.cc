@@ -22,8 +22,9 @@
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
 #include "gpu_service/session.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/support/fixtures.h"
 #include "worker/engine/remote_executor.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::engine {
 namespace {
@@ -38,7 +39,7 @@ struct Rig {
   std::unique_ptr<gpu::WorkerSession> session;
   std::unique_ptr<shm::Channel> worker_end;
   std::unique_ptr<RemoteExecutor> remote;
-  std::vector<test::GoldenPrompt> goldens;
+  test::Goldens goldens;
   int64_t vocab = 0;
 
   ~Rig() {
@@ -90,7 +91,12 @@ std::unique_ptr<Rig> MakeRig(bool drafter, bool verify) {
                                                     std::move(*gpu_end));
   r->session->Start(nullptr);
   r->remote = std::make_unique<RemoteExecutor>(r->worker_end.get(), r->experts.get());
-  r->goldens = test::LoadGoldens(test::TinyDir());
+  auto goldens = test::Goldens::Load(test::TinyDir());
+  if (!goldens.ok()) {
+    ADD_FAILURE() << goldens.status();
+    return nullptr;
+  }
+  r->goldens = std::move(*goldens);
   return r;
 }
 
@@ -102,7 +108,7 @@ int32_t Prefill(Rig& r, ExecSeq seq, const std::vector<int32_t>& prompt) {
     const bool last = at + n == prompt.size();
     StepItem item{.seq = seq, .tokens = std::span<const int32_t>(prompt.data() + at, n), .sample = last};
     Status st = r.remote->Step(std::span<const StepItem>(&item, 1), &out);
-    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_OK(st);
     if (!st.ok()) return -1;
   }
   return out.tokens[0];
@@ -134,7 +140,7 @@ std::vector<std::vector<int32_t>> GenerateRemote(Rig& r, const std::vector<std::
   std::vector<std::vector<int32_t>> got(n);
   for (size_t i = 0; i < n; ++i) {
     auto s = r.remote->Open(sampling[i]);
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     if (!s.ok()) return {};
     seqs.push_back(*s);
     got[i].push_back(Prefill(r, *s, prompts[i]));
@@ -154,7 +160,7 @@ std::vector<std::vector<int32_t>> GenerateRemote(Rig& r, const std::vector<std::
     if (items.empty()) break;
     StepOutput out;
     Status st = r.remote->Step(items, &out);
-    EXPECT_TRUE(st.ok()) << "depth " << depth << ": " << st;
+    EXPECT_OK(st) << "depth " << depth << ": " << st;
     if (!st.ok()) return {};
     EXPECT_EQ(out.counts.size(), items.size());
     size_t at = 0;
@@ -172,8 +178,8 @@ std::vector<std::vector<int32_t>> GenerateRemote(Rig& r, const std::vector<std::
     }
     EXPECT_EQ(at, out.emitted.size());
   }
-  for (ExecSeq s : seqs) EXPECT_TRUE(r.remote->Close(s).ok());
-  EXPECT_TRUE(r.remote->Flush().ok());
+  for (ExecSeq s : seqs) EXPECT_OK(r.remote->Close(s));
+  EXPECT_OK(r.remote->Flush());
   return got;
 }
 
@@ -205,7 +211,7 @@ TEST(SpecChannel, SampledSpeculativeTokensEqualGenerateBatch) {
   auto r = MakeRig(/*drafter=*/true, /*verify=*/true);
   ASSERT_NE(r, nullptr);
   auto local = cpu::CpuModel::Create(*r->ckpt, nullptr, {.drafter = true});
-  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_OK(local);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> sampling;
   std::vector<GenerateRequest> reqs;
@@ -221,7 +227,7 @@ TEST(SpecChannel, SampledSpeculativeTokensEqualGenerateBatch) {
   const int32_t depth = 3;
   auto want = GenerateBatch(**local, *r->experts, reqs, nullptr,
                             SpecConfig{.method = SpecMethod::kDspark, .depth = depth});
-  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_OK(want);
   SpecCounts c;
   auto got = GenerateRemote(*r, prompts, sampling, depth, 24, &c);
   ASSERT_EQ(got.size(), want->size());
@@ -241,7 +247,7 @@ TEST(SpecChannel, WorkerDraftsAreAcceptedWhenRightAndRolledBackWhenWrong) {
   ASSERT_NE(r, nullptr);
   for (const test::GoldenPrompt& g : r->goldens) {
     auto seq = r->remote->Open(SamplingParams{});
-    ASSERT_TRUE(seq.ok());
+    ASSERT_OK(seq);
     std::vector<int32_t> got = {Prefill(*r, *seq, g.input_ids)};
     const size_t want = g.greedy.size();
     int64_t full = 0, none = 0;
@@ -257,7 +263,7 @@ TEST(SpecChannel, WorkerDraftsAreAcceptedWhenRightAndRolledBackWhenWrong) {
       StepItem item{.seq = *seq, .tokens = feed, .sample = true, .drafts = static_cast<int32_t>(k)};
       StepOutput out;
       Status st = r->remote->Step(std::span<const StepItem>(&item, 1), &out);
-      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_OK(st);
       EXPECT_EQ(out.drafted[0], static_cast<int32_t>(k));
       if (k > 0 && right) {
         EXPECT_EQ(out.accepted[0], static_cast<int32_t>(k)) << g.name << " step " << step;
@@ -273,7 +279,7 @@ TEST(SpecChannel, WorkerDraftsAreAcceptedWhenRightAndRolledBackWhenWrong) {
     EXPECT_EQ(got, g.greedy) << g.name;
     EXPECT_GT(full, 0);
     EXPECT_GT(none, 0);
-    ASSERT_TRUE(r->remote->Close(*seq).ok());
+    ASSERT_OK(r->remote->Close(*seq));
   }
 }
 
@@ -295,7 +301,7 @@ TEST(SpecChannel, BadSpeculativeFieldsAreRefusedByName) {
   auto r = MakeRig(/*drafter=*/true, /*verify=*/true);
   ASSERT_NE(r, nullptr);
   auto seq = r->remote->Open(SamplingParams{});
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   const int32_t first = Prefill(*r, *seq, r->goldens[2].input_ids);  // opens it on the gpu
   ASSERT_EQ(first, r->goldens[2].greedy[0]);
   shm::Channel& ch = *r->worker_end;
@@ -322,7 +328,7 @@ TEST(SpecChannel, BadSpeculativeFieldsAreRefusedByName) {
   // Rows = tokens + model drafts over the step: 60 tokens + 16 drafts > 64.
   {
     auto other = r->remote->Open(SamplingParams{});
-    ASSERT_TRUE(other.ok());
+    ASSERT_OK(other);
     ASSERT_GE(Prefill(*r, *other, r->goldens[0].input_ids), 0);
     std::vector<int32_t> tokens(60, 5);
     Status st = RawStep(ch,
@@ -338,7 +344,7 @@ TEST(SpecChannel, BadSpeculativeFieldsAreRefusedByName) {
   // Still usable: a correct speculative step on the same sequence.
   StepItem ok{.seq = *seq, .tokens = std::span<const int32_t>(&first, 1), .sample = true, .model_drafts = 3};
   Status st = r->remote->Step(std::span<const StepItem>(&ok, 1), &out);
-  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_OK(st);
   EXPECT_EQ(out.tokens[0], r->goldens[2].greedy[1]);
   EXPECT_TRUE(r->remote->healthy());
 
@@ -346,7 +352,7 @@ TEST(SpecChannel, BadSpeculativeFieldsAreRefusedByName) {
   auto plain = MakeRig(/*drafter=*/false, /*verify=*/false);
   ASSERT_NE(plain, nullptr);
   auto s2 = plain->remote->Open(SamplingParams{});
-  ASSERT_TRUE(s2.ok());
+  ASSERT_OK(s2);
   ASSERT_GE(Prefill(*plain, *s2, plain->goldens[2].input_ids), 0);
   Status a = RawStep(*plain->worker_end, {shm::StepEntry{.seq = *s2, .num_tokens = 2, .flags = sample, .drafts = 1}},
                      {5, 6});

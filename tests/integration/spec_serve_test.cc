@@ -10,6 +10,7 @@
 // And the combinations that cannot run are refused before anything loads, with what to change:
 // a drafter the checkpoint lacks (demo-v4 has no DSpark stages), MTP on the CUDA backend, a
 // bad --spec or --spec-depth, and a worker whose --spec disagrees with numoe-gpu's.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -17,19 +18,20 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
-#include "tests/integration/router_test_util.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/support/files.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/http.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 
-namespace numoe::testing {
+namespace numoe::test {
 namespace {
 
 using nlohmann::json;
@@ -104,7 +106,8 @@ void RunCell(const Cell& c, const std::vector<test::GoldenPrompt>& goldens, cons
              std::string drafter = "") {
   if (drafter.empty()) drafter = c.spec;
   SCOPED_TRACE(Describe(c) + " --backend " + Backend() + " --drafter-experts " + DrafterExperts() + " --model " + model);
-  const std::string dir = MakeTempDir("numoe-spec-serve");
+  const TempDir dir_tmp("numoe-spec-serve");
+  const std::string dir = dir_tmp.str();
   const int http = FreePort(), grpc_port = FreePort();
   std::vector<std::string> argv = {kBin + "/numoe", "serve", "--model", model, "--workers", "1",
                                    "--no-numa-bind", "--threads-per-worker", "1", "--port", std::to_string(http),
@@ -114,7 +117,8 @@ void RunCell(const Cell& c, const std::vector<test::GoldenPrompt>& goldens, cons
   if (c.budget > 0) argv.insert(argv.end(), {"--max-step-tokens", std::to_string(c.budget)});
   if (c.adaptive) argv.push_back("--spec-adaptive");
   if (DrafterExperts() != "worker") argv.insert(argv.end(), {"--drafter-experts", DrafterExperts()});
-  Child serve = Child::Start(argv, dir + "/serve.log", /*new_group=*/true, dir + "/serve.out");
+  Child serve = Child::Start(
+      argv, {.log = dir + "/serve.log", .append_log = true, .stdout_file = dir + "/serve.out", .new_group = true});
   const pid_t pgid = serve.pid();
   std::string ready;
   for (int i = 0; i < 2400 && ready.find('\n') == std::string::npos && serve.running(); ++i) {
@@ -172,7 +176,8 @@ void RunCell(const Cell& c, const std::vector<test::GoldenPrompt>& goldens, cons
 // drafts only the rows decode does not take; 64 x 5 on 64; 300 x 2 beyond numoe-gpu's default of 256
 // sequences per worker) and the smallest, for both drafters, some with adaptive depth.
 TEST(SpecServe, StartupMatrixRunsEveryCombinationWithGreedyGoldens) {
-  const auto goldens = test::LoadGoldens(test::TinyDir());
+  ASSERT_OK_AND_ASSIGN(const test::Goldens loaded, test::Goldens::Load(test::TinyDir()));
+  const std::vector<test::GoldenPrompt>& goldens = loaded.prompts();
   ASSERT_EQ(goldens.size(), 4u);
   const std::vector<Cell> cells = {
       {32, 7, 32, "dspark"},        {1, 1, 0, "dspark"},  {8, 16, 8, "dspark"}, {64, 5, 64, "dspark"},
@@ -189,24 +194,27 @@ TEST(SpecServe, StartupMatrixRunsEveryCombinationWithGreedyGoldens) {
 // goldens, so the plain run's (--spec none) greedy tokens are the reference for --spec mtp and auto.
 TEST(SpecServe, MtpDrafterServesThePlainGreedyTokens) {
   if (Backend() == "cuda") GTEST_SKIP() << "the CUDA backend has no MTP drafter";
-  const std::string dir = MakeTempDir("numoe-spec-mtp");
+  const TempDir dir_tmp("numoe-spec-mtp");
+  const std::string dir = dir_tmp.str();
   const std::string model = dir + "/tiny-mtp";
-  Child mk = Child::Start({kBin + "/numoe", "mkmodel", "--preset", "tiny", "--drafter", "mtp", "--out", model,
-                           "--quiet"},
-                          dir + "/mkmodel.log");
+  Child mk =
+      Child::Start({kBin + "/numoe", "mkmodel", "--preset", "tiny", "--drafter", "mtp", "--out", model, "--quiet"},
+                   {.log = dir + "/mkmodel.log", .append_log = true});
   const int st = mk.Wait(60s);
   ASSERT_TRUE(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(dir + "/mkmodel.log");
   // Reference: the goldens' prompts, greedy without speculation on this checkpoint (one request at a time
   // through a 1-sequence cell, so batching plays no part).
-  std::vector<test::GoldenPrompt> prompts = test::LoadGoldens(test::TinyDir());
+  ASSERT_OK_AND_ASSIGN(const test::Goldens goldens, test::Goldens::Load(test::TinyDir()));
+  std::vector<test::GoldenPrompt> prompts = goldens.prompts();  // greedy replaced below
   ASSERT_EQ(prompts.size(), 4u);
   {
-    const std::string ref_dir = MakeTempDir("numoe-spec-mtp-ref");
+    const TempDir ref_dir_tmp("numoe-spec-mtp-ref");
+    const std::string ref_dir = ref_dir_tmp.str();
     const int http = FreePort(), grpc_port = FreePort();
-    Child serve = Child::Start({kBin + "/numoe", "serve", "--model", model, "--workers", "1", "--no-numa-bind",
-                                "--threads-per-worker", "1", "--port", std::to_string(http), "--grpc-port",
-                                std::to_string(grpc_port), "--spec", "none", "--backend", Backend()},
-                               ref_dir + "/serve.log", /*new_group=*/true, ref_dir + "/serve.out");
+    Child serve = Child::Start(
+        {kBin + "/numoe", "serve", "--model", model, "--workers", "1", "--no-numa-bind", "--threads-per-worker", "1",
+         "--port", std::to_string(http), "--grpc-port", std::to_string(grpc_port), "--spec", "none", "--backend", Backend()},
+        {.log = ref_dir + "/serve.log", .append_log = true, .stdout_file = ref_dir + "/serve.out", .new_group = true});
     std::string ready;
     for (int i = 0; i < 2400 && ready.find('\n') == std::string::npos && serve.running(); ++i) {
       std::this_thread::sleep_for(50ms);
@@ -232,10 +240,12 @@ TEST(SpecServe, MtpDrafterServesThePlainGreedyTokens) {
 // A `numoe serve` that must refuse: exits 1 (2 for a bad flag value, the parser's usage error) without
 // starting a child, the log says what to change.
 void ExpectRefused(const std::vector<std::string>& args, const std::vector<std::string>& needles, int code = 1) {
-  const std::string dir = MakeTempDir("numoe-spec-refuse");
+  const TempDir dir_tmp("numoe-spec-refuse");
+  const std::string dir = dir_tmp.str();
   std::vector<std::string> argv = {kBin + "/numoe", "serve"};
   argv.insert(argv.end(), args.begin(), args.end());
-  Child serve = Child::Start(argv, dir + "/serve.log", /*new_group=*/true, dir + "/serve.out");
+  Child serve = Child::Start(
+      argv, {.log = dir + "/serve.log", .append_log = true, .stdout_file = dir + "/serve.out", .new_group = true});
   const int status = serve.Wait(30s);
   const std::string log = ReadFile(dir + "/serve.log");
   ASSERT_NE(status, -1) << "not refused within 30 s:\n" << log;
@@ -270,15 +280,16 @@ TEST(SpecServe, CombinationsThatCannotRunAreRefusedBeforeLoading) {
 // numoe-gpu and a numoe-worker started by hand with different drafters: the worker exits at start-up
 // saying which flag to change; numoe-gpu refuses a drafter the checkpoint lacks before loading.
 TEST(SpecServe, WorkerAndGpuDisagreeingOnTheDrafterIsAClearStartupError) {
-  const std::string dir = MakeTempDir("numoe-spec-mismatch");
+  const TempDir dir_tmp("numoe-spec-mismatch");
+  const std::string dir = dir_tmp.str();
   const int gpu_port = FreePort();
   Child gpu = Child::Start({kBin + "/numoe-gpu", "--model", test::TinyDir(), "--port", std::to_string(gpu_port),
                             "--threads", "1", "--spec", "none"},
-                           dir + "/gpu.log", /*new_group=*/true);
-  Child worker = Child::Start({kBin + "/numoe-worker", "--model", test::TinyDir(), "--gpu",
-                               "127.0.0.1:" + std::to_string(gpu_port), "--port", "0", "--no-numa-bind", "--threads",
-                               "1", "--experts", "reference", "--spec", "dspark"},
-                              dir + "/worker.log", /*new_group=*/true);
+                           {.log = dir + "/gpu.log", .append_log = true, .new_group = true});
+  Child worker = Child::Start(
+      {kBin + "/numoe-worker", "--model", test::TinyDir(), "--gpu", "127.0.0.1:" + std::to_string(gpu_port), "--port",
+       "0", "--no-numa-bind", "--threads", "1", "--experts", "reference", "--spec", "dspark"},
+      {.log = dir + "/worker.log", .append_log = true, .new_group = true});
   const int status = worker.Wait(60s);
   const std::string log = ReadFile(dir + "/worker.log");
   ASSERT_NE(status, -1) << log;
@@ -294,12 +305,11 @@ TEST(SpecServe, WorkerAndGpuDisagreeingOnTheDrafterIsAClearStartupError) {
   const int gpu2_port = FreePort();
   Child gpu2 = Child::Start({kBin + "/numoe-gpu", "--model", test::TinyDir(), "--port", std::to_string(gpu2_port),
                              "--threads", "1", "--spec", "dspark"},
-                            dir + "/gpu2.log", /*new_group=*/true);
+                            {.log = dir + "/gpu2.log", .append_log = true, .new_group = true});
   Child worker2 = Child::Start({kBin + "/numoe-worker", "--model", test::TinyDir(), "--gpu",
-                                "127.0.0.1:" + std::to_string(gpu2_port), "--port", "0", "--no-numa-bind",
-                                "--threads", "1", "--experts", "reference", "--spec", "dspark", "--drafter-experts",
-                                "gpu"},
-                               dir + "/worker2.log", /*new_group=*/true);
+                                "127.0.0.1:" + std::to_string(gpu2_port), "--port", "0", "--no-numa-bind", "--threads",
+                                "1", "--experts", "reference", "--spec", "dspark", "--drafter-experts", "gpu"},
+                               {.log = dir + "/worker2.log", .append_log = true, .new_group = true});
   const int status2 = worker2.Wait(60s);
   const std::string log2 = ReadFile(dir + "/worker2.log");
   ASSERT_NE(status2, -1) << log2;
@@ -311,7 +321,7 @@ TEST(SpecServe, WorkerAndGpuDisagreeingOnTheDrafterIsAClearStartupError) {
   EXPECT_NE(gpu2.Wait(30s), -1);
 
   Child bad_gpu = Child::Start({kBin + "/numoe-gpu", "--model", DemoDir(), "--port", "0", "--spec", "dspark"},
-                               dir + "/bad_gpu.log", /*new_group=*/true);
+                               {.log = dir + "/bad_gpu.log", .append_log = true, .new_group = true});
   const int bad = bad_gpu.Wait(30s);
   const std::string bad_log = ReadFile(dir + "/bad_gpu.log");
   EXPECT_TRUE(bad != -1 && WIFEXITED(bad) && WEXITSTATUS(bad) == 1) << bad << "\n" << bad_log;
@@ -321,4 +331,4 @@ TEST(SpecServe, WorkerAndGpuDisagreeingOnTheDrafterIsAClearStartupError) {
 }
 
 }  // namespace
-}  // namespace numoe::testing
+}  // namespace numoe::test

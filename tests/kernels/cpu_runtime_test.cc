@@ -13,6 +13,7 @@
 #include "common/thread_pool.h"
 #include "common/topology.h"
 #include "worker/experts/isa.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -47,7 +48,7 @@ TEST(SelectIsa, BestAvailableAndOverride) {
   {
     ScopedEnv env("NUMOE_ISA", "");
     auto best = SelectIsa();
-    ASSERT_TRUE(best.ok()) << best.status();
+    ASSERT_OK(best);
     EXPECT_TRUE(IsaAvailable(*best));
     for (Isa better : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2}) {
       if (better == *best) break;
@@ -57,7 +58,7 @@ TEST(SelectIsa, BestAvailableAndOverride) {
   {
     ScopedEnv env("NUMOE_ISA", "generic");
     auto isa = SelectIsa();
-    ASSERT_TRUE(isa.ok());
+    ASSERT_OK(isa);
     EXPECT_EQ(*isa, Isa::kGeneric);
   }
   {
@@ -68,7 +69,7 @@ TEST(SelectIsa, BestAvailableAndOverride) {
     ScopedEnv env("NUMOE_ISA", IsaName(isa));
     auto got = SelectIsa();
     if (IsaAvailable(isa)) {
-      ASSERT_TRUE(got.ok());
+      ASSERT_OK(got);
       EXPECT_EQ(*got, isa);
     } else {
       EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << IsaName(isa);
@@ -185,7 +186,7 @@ TEST(ThreadPool, PinnedRunOnAvailableUsesWorkersOnly) {
   for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
     if (CPU_ISSET(c, &allowed)) first = c;
   auto pool = ThreadPool::Create({.num_threads = 2, .cpus = {first}});
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_OK(pool);
   EXPECT_FALSE((*pool)->caller_participates());
   const std::thread::id caller = std::this_thread::get_id();
   for (int rep = 0; rep < 200; ++rep) {
@@ -210,7 +211,7 @@ TEST(ThreadPool, PinningValidatesCpus) {
     if (CPU_ISSET(c, &allowed)) first = c;
   ASSERT_GE(first, 0);
   auto pool = ThreadPool::Create({.num_threads = 2, .cpus = {first}});
-  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_OK(pool);
   std::vector<int> seen(2, -1);
   (*pool)->RunOnAll([&](int t) { seen[t] = sched_getcpu(); });
   EXPECT_EQ(seen[0], first);
@@ -222,13 +223,13 @@ TEST(ThreadPool, PinningValidatesCpus) {
 
 TEST(Numa, TopologyAndNodeLocalAllocation) {
   auto topo = ProbeTopology();
-  ASSERT_TRUE(topo.ok()) << topo.status();
+  ASSERT_OK(topo);
   ASSERT_GE(topo->nodes.size(), 1u);
   std::set<int> all;
   for (const NumaNode& node : topo->nodes) all.insert(node.cpu_ids.begin(), node.cpu_ids.end());
   EXPECT_FALSE(all.empty());
   auto buf = AllocateOnNode(5 << 20, NodeAllocOptions{.node = 0, .huge_pages = true});
-  ASSERT_TRUE(buf.ok()) << buf.status();
+  ASSERT_OK(buf);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % (2 << 20), 0u);
   EXPECT_GE(buf->size(), size_t{5} << 20);
   buf->data()[0] = 1;

@@ -18,23 +18,11 @@
 #include "model/generation.h"
 #include "worker/experts/inprocess.h"
 #include "worker/experts/isa.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
-
-struct Golden {
-  std::vector<int32_t> input_ids, greedy_tokens;
-  std::vector<float> prefill_logits, step_logits;
-};
-
-std::vector<float> F32(const TensorStore& s, const std::string& name) {
-  auto v = s.Get(name);
-  EXPECT_TRUE(v.ok()) << v.status();
-  if (!v.ok()) return {};
-  auto t = ToF32(**v);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? t->data : std::vector<float>{};
-}
 
 float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
   float worst = 0;
@@ -54,40 +42,35 @@ TEST_P(ExpertGoldenTest, GreedyTokensMatchTheGoldens) {
   if (!IsaAvailable(c.isa)) GTEST_SKIP() << IsaName(c.isa) << " not available on this CPU/OS";
   const std::string dir = std::string(NUMOE_TEST_DATA) + "/" + c.model;
   auto ckpt = Checkpoint::Open(dir);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_OK(ckpt);
   ThreadPool pool(2);
   auto model = cpu::CpuModel::Create(**ckpt, &pool);
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   InProcessExpertsOptions options;
   options.isa = c.isa;
   auto experts = InProcessExperts::Load(**ckpt, &pool, options);
-  ASSERT_TRUE(experts.ok()) << experts.status();
+  ASSERT_OK(experts);
   ASSERT_EQ((*experts)->isa(), c.isa);
-  auto golden = TensorStore::Open(dir + "/golden.safetensors");
-  ASSERT_TRUE(golden.ok()) << golden.status();
+  ASSERT_OK_AND_ASSIGN(const test::Goldens goldens, test::Goldens::Load(dir));
+  ASSERT_EQ(goldens.size(), 4u);  // p0..p3
   // Two-level activations (the default) land near 1e-4..1e-3 here; 5e-3 catches a precision regression
   // long before the README's 5e-2 reduced-precision bound would.
   const float tol = c.isa == Isa::kGeneric ? 1e-3f : 5e-3f;
-  for (const std::string p : {"p0", "p1", "p2", "p3"}) {
-    SCOPED_TRACE(p);
-    Golden g;
-    for (float f : F32(**golden, p + ".input_ids")) g.input_ids.push_back(static_cast<int32_t>(f));
-    for (float f : F32(**golden, p + ".greedy_tokens")) g.greedy_tokens.push_back(static_cast<int32_t>(f));
-    g.prefill_logits = F32(**golden, p + ".prefill_logits");
-    g.step_logits = F32(**golden, p + ".greedy_step_logits");
+  for (const test::GoldenPrompt& g : goldens) {
+    SCOPED_TRACE(g.name);
     GenerateRequest req;
     req.prompt = g.input_ids;
-    req.max_new_tokens = static_cast<int64_t>(g.greedy_tokens.size());
+    req.max_new_tokens = static_cast<int64_t>(g.greedy.size());
     req.ignore_eos = true;
     req.keep_logits = true;
     auto res = GenerateBatch(**model, **experts, {req});
-    ASSERT_TRUE(res.ok()) << res.status();
+    ASSERT_OK(res);
     const GenerateResult& r = (*res)[0];
-    EXPECT_EQ(r.tokens, g.greedy_tokens);
+    EXPECT_EQ(r.tokens, g.greedy);
     const float prefill = MaxDiff(r.prefill_logits, g.prefill_logits), step = MaxDiff(r.step_logits, g.step_logits);
     EXPECT_LE(prefill, tol);
     EXPECT_LE(step, tol);
-    RecordProperty(p + "_max_logit_diff", std::to_string(std::max(prefill, step)));
+    RecordProperty(g.name + "_max_logit_diff", std::to_string(std::max(prefill, step)));
   }
 }
 

@@ -18,6 +18,7 @@
 #include "worker/experts/isa.h"
 #include "worker/experts/kernel_ops.h"
 #include "worker/experts/moe_compute.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -32,7 +33,7 @@ using testing::Refs;
 // Pack's StatusOr unwrapped inside a void test helper.
 #define ASSERT_OK_AND_ASSIGN_LAYER(name, expr)            \
   auto name##_or = (expr);                                \
-  ASSERT_TRUE(name##_or.ok()) << name##_or.status();      \
+  ASSERT_OK(name##_or);      \
   auto name = std::move(name##_or).value()
 
 struct IsaCase {
@@ -151,11 +152,11 @@ class ExpertKernelTest : public ::testing::TestWithParam<IsaCase> {
     MoeCompute moe(pool_.get(), GetParam().isa, pooled), moe_alone(pool_.get(), GetParam().isa, alone);
     Guarded out(s.rows * s.hidden, std::nanf("")), out_alone(s.rows * s.hidden, std::nanf(""));
     MoeBatch batch{s.rows, s.top_k, x.data(), ids.data(), weights.data(), out.data()};
-    ASSERT_TRUE(moe.Run(*layer, s.limit, batch).ok());
+    ASSERT_OK(moe.Run(*layer, s.limit, batch));
     EXPECT_TRUE(out.guards_intact()) << "write outside out[rows, hidden]";
     EXPECT_EQ(moe.pooled_runs(), 1);
     batch.out = out_alone.data();
-    ASSERT_TRUE(moe_alone.Run(*layer, s.limit, batch).ok());
+    ASSERT_OK(moe_alone.Run(*layer, s.limit, batch));
     EXPECT_TRUE(out_alone.guards_intact()) << "write outside out[rows, hidden] (inline)";
     EXPECT_EQ(moe_alone.inline_runs(), 1);
     EXPECT_EQ(std::memcmp(out.data(), out_alone.data(), sizeof(float) * s.rows * s.hidden), 0)
@@ -255,7 +256,7 @@ TEST_P(ExpertKernelTest, RejectsBadIdsBeforeComputing) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(moe.Run(*layer, 10.0f, MoeBatch{2, 2, nullptr, ids.data(), w.data(), out.data()}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(moe.Run(*layer, 10.0f, MoeBatch{0, 2, nullptr, nullptr, nullptr, nullptr}).ok());
+  EXPECT_OK(moe.Run(*layer, 10.0f, MoeBatch{0, 2, nullptr, nullptr, nullptr, nullptr}));
 }
 
 TEST_P(ExpertKernelTest, ZeroTopKWritesZeros) {
@@ -265,7 +266,7 @@ TEST_P(ExpertKernelTest, ZeroTopKWritesZeros) {
   MoeCompute moe(pool_.get(), GetParam().isa, Options());
   std::vector<float> x(3 * 64, 1.0f);
   Guarded out(3 * 64, 7.0f);
-  ASSERT_TRUE(moe.Run(*layer, 10.0f, MoeBatch{3, 0, x.data(), nullptr, nullptr, out.data()}).ok());
+  ASSERT_OK(moe.Run(*layer, 10.0f, MoeBatch{3, 0, x.data(), nullptr, nullptr, out.data()}));
   for (int64_t i = 0; i < 3 * 64; ++i) EXPECT_EQ(out.data()[i], 0.0f);
   EXPECT_TRUE(out.guards_intact());
 }
@@ -363,7 +364,7 @@ TEST(ExpertLayerPack, GeometryAndBf16Range) {
   std::mt19937 rng(13);
   auto experts = RandomExperts(3, 4096 / 16, 2048 / 16, rng);
   auto layer = ExpertLayer::Pack(256, 128, Refs(experts), Isa::kGeneric);
-  ASSERT_TRUE(layer.ok()) << layer.status();
+  ASSERT_OK(layer);
   EXPECT_EQ((*layer)->num_experts(), 3);
   // Aligned shapes stream exactly the checkpoint's bytes: 3 matrices x (N K / 2 + N K / 32).
   EXPECT_EQ((*layer)->expert_stream_bytes(), 3 * (256 * 128 / 2 + 256 * 128 / 32));
@@ -372,7 +373,7 @@ TEST(ExpertLayerPack, GeometryAndBf16Range) {
   EXPECT_TRUE((*layer)->bf16_exact());
   experts[2].w1.scales[0] = 1;
   layer = ExpertLayer::Pack(256, 128, Refs(experts), Isa::kGeneric);
-  ASSERT_TRUE(layer.ok());
+  ASSERT_OK(layer);
   EXPECT_FALSE((*layer)->bf16_exact());
 }
 

@@ -1,30 +1,22 @@
 // numoe-bench experts end to end on a small preset: the last line is the documented JSON object.
 #include <gtest/gtest.h>
-#include <stdio.h>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
+#include "tests/support/process.h"
+
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-};
+using numoe::test::BinPath;
+using numoe::test::CommandLine;
+using numoe::test::RunCommand;
+using numoe::test::RunResult;
 
-Result RunBench(const std::string& args) {
-  Result r;
-  const std::string cmd = std::string(NUMOE_BIN_DIR) + "/numoe-bench experts " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// numoe-bench experts ARGS; stderr (the log) is not part of the output the test reads.
+RunResult RunBench(const std::string& args) {
+  return RunCommand(CommandLine(BinPath("numoe-bench"), "experts " + args));
 }
 
 std::string LastLine(const std::string& s) {
@@ -40,8 +32,8 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
     SCOPED_TRACE(isa);
     std::string args = "--preset small --tokens 3 --threads 1 --runs 2 --seconds 0.02";
     if (*isa != '\0') args += std::string(" --isa ") + isa;
-    const Result r = RunBench(args);
-    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const RunResult r = RunBench(args);
+    ASSERT_EQ(r.rc, 0) << r.out;
     const auto j = nlohmann::json::parse(LastLine(r.out));
     ASSERT_EQ(j.size(), 7u) << j.dump();
     EXPECT_TRUE(j["isa"].is_string());
@@ -59,9 +51,9 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
 }
 
 TEST(ExpertsBench, BadFlagsFail) {
-  EXPECT_NE(RunBench("--preset nope").exit_code, 0);
-  EXPECT_NE(RunBench("--preset small --isa sse9").exit_code, 0);
-  EXPECT_NE(RunBench("--preset small --threads 100000").exit_code, 0);
+  EXPECT_NE(RunBench("--preset nope").rc, 0);
+  EXPECT_NE(RunBench("--preset small --isa sse9").rc, 0);
+  EXPECT_NE(RunBench("--preset small --threads 100000").rc, 0);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "worker/experts/expert_layer.h"
 #include "worker/experts/isa.h"
 #include "worker/experts/moe_compute.h"
+#include "tests/support/status_matchers.h"
 
 // GCC pairs the inlined malloc in operator new with the free in operator delete and warns; the pair is
 // exactly the replacement the standard allows.
@@ -50,12 +51,12 @@ class MoeLatencyTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto isa = SelectIsa();
-    ASSERT_TRUE(isa.ok()) << isa.status();
+    ASSERT_OK(isa);
     isa_ = *isa;
     std::mt19937 rng(7);
     experts_ = testing::RandomExperts(kExperts, kHidden, kInter, rng);
     auto layer = ExpertLayer::Pack(kHidden, kInter, testing::Refs(experts_), isa_);
-    ASSERT_TRUE(layer.ok()) << layer.status();
+    ASSERT_OK(layer);
     layer_ = std::move(*layer);
   }
 
@@ -89,10 +90,10 @@ TEST_F(MoeLatencyTest, TinyStepsRunInlineWithoutWakingThePool) {
   MoeCompute moe(&pool, isa_);
   std::vector<Step> steps(16);
   for (size_t i = 0; i < steps.size(); ++i) MakeStep(1, 100 + static_cast<uint32_t>(i), &steps[i]);
-  ASSERT_TRUE(moe.Run(*layer_, 1.0f, steps[0].batch).ok());  // warm-up: scratch grows here
+  ASSERT_OK(moe.Run(*layer_, 1.0f, steps[0].batch));  // warm-up: scratch grows here
   const uint64_t jobs = pool.jobs_dispatched();
   const int64_t allocs = g_allocations.load();
-  for (int i = 0; i < 500; ++i) ASSERT_TRUE(moe.Run(*layer_, 1.0f, steps[i % steps.size()].batch).ok());
+  for (int i = 0; i < 500; ++i) ASSERT_OK(moe.Run(*layer_, 1.0f, steps[i % steps.size()].batch));
   EXPECT_EQ(g_allocations.load() - allocs, 0) << "heap allocations in 500 decode steps";
   EXPECT_EQ(pool.jobs_dispatched(), jobs) << "a 1-row step of 2 tiny experts was handed to the pool";
   EXPECT_EQ(moe.inline_runs(), 501);
@@ -107,10 +108,10 @@ TEST_F(MoeLatencyTest, PooledStepsDoNotAllocateOnceWarm) {
   Step big, small;
   MakeStep(64, 1, &big);
   MakeStep(3, 2, &small);
-  ASSERT_TRUE(moe.Run(*layer_, 1.0f, big.batch).ok());  // the largest step first: scratch is then big enough
+  ASSERT_OK(moe.Run(*layer_, 1.0f, big.batch));  // the largest step first: scratch is then big enough
   const uint64_t jobs = pool.jobs_dispatched();
   const int64_t allocs = g_allocations.load();
-  for (int i = 0; i < 200; ++i) ASSERT_TRUE(moe.Run(*layer_, 1.0f, (i % 2 ? big : small).batch).ok());
+  for (int i = 0; i < 200; ++i) ASSERT_OK(moe.Run(*layer_, 1.0f, (i % 2 ? big : small).batch));
   EXPECT_EQ(g_allocations.load() - allocs, 0) << "heap allocations in 200 pooled steps";
   EXPECT_EQ(pool.jobs_dispatched() - jobs, 200u);
   EXPECT_EQ(moe.pooled_runs(), 201);
@@ -127,10 +128,10 @@ TEST_F(MoeLatencyTest, OversubscribedPoolMatchesInlineBitwise) {
   for (int i = 0; i < 300; ++i) {
     Step s;
     MakeStep(1 + i % 23, 1000 + static_cast<uint32_t>(i), &s);
-    ASSERT_TRUE(pooled.Run(*layer_, 1.0f, s.batch).ok());
+    ASSERT_OK(pooled.Run(*layer_, 1.0f, s.batch));
     const std::vector<float> got = s.out;
     std::fill(s.out.begin(), s.out.end(), -1.0f);
-    ASSERT_TRUE(alone.Run(*layer_, 1.0f, s.batch).ok());
+    ASSERT_OK(alone.Run(*layer_, 1.0f, s.batch));
     ASSERT_EQ(std::memcmp(got.data(), s.out.data(), sizeof(float) * s.out.size()), 0) << "step " << i;
   }
   EXPECT_EQ(pooled.pooled_runs(), 300);
@@ -149,7 +150,7 @@ TEST_F(MoeLatencyTest, ReportsStepLatency) {
     std::vector<double> t;
     for (int i = 0; i < 2000; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      EXPECT_TRUE(moe.Run(*layer_, 1.0f, s.batch).ok());
+      EXPECT_OK(moe.Run(*layer_, 1.0f, s.batch));
       t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());

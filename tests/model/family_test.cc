@@ -1,5 +1,5 @@
 // Other members of the DeepSeek-V4 family (synthetic random-weight checkpoints written by
-// numoe_testing): the same code must load and run them with no change. With no oracle for these shapes,
+// numoe_synthetic): the same code must load and run them with no change. With no oracle for these shapes,
 // the tests assert the invariants the goldens also pin down: prefill in one step, in chunks and token by
 // token give the same logits; a batch of sequences at different positions gives each one's logits; the
 // state grows exactly as accounted.
@@ -11,10 +11,11 @@
 #include <vector>
 
 #include "common/checkpoint.h"
-#include "common/testing/synthetic.h"
+#include "common/synthetic/synthetic.h"
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/state_size.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -46,8 +47,8 @@ class FamilyTest : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
     const Variant& v = GetParam();
-    ModelConfig cfg = testing::TinyConfig();
-    testing::SetSchedule(&cfg, v.schedule, v.hash_layers);
+    ModelConfig cfg = synthetic::TinyConfig();
+    synthetic::SetSchedule(&cfg, v.schedule, v.hash_layers);
     cfg.n_routed_experts = v.experts;
     cfg.num_experts_per_tok = v.top_k;
     cfg.sliding_window = v.window;
@@ -56,21 +57,21 @@ class FamilyTest : public ::testing::TestWithParam<Variant> {
     cfg.index_n_heads = v.index_heads;
     cfg.index_topk = v.index_topk;
     dir_ = std::filesystem::temp_directory_path() / ("numoe_family_" + v.name + "_" + std::to_string(getpid()));
-    testing::SyntheticOptions opt;
+    synthetic::SyntheticOptions opt;
     opt.seed = 11;
     opt.num_shards = v.num_shards;
     opt.tid2eid_dtype = v.tid2eid;
     opt.write_index = v.num_shards > 1;
-    Status st = testing::MakeSyntheticCheckpoint(cfg, dir_.string(), opt);
-    ASSERT_TRUE(st.ok()) << st;
+    Status st = synthetic::MakeSyntheticCheckpoint(cfg, dir_.string(), opt);
+    ASSERT_OK(st);
     auto ck = Checkpoint::Open(dir_.string());
-    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_OK(ck);
     ckpt_ = std::move(*ck);
     auto model = cpu::CpuModel::Create(*ckpt_, nullptr);
-    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_OK(model);
     model_ = std::move(*model);
     auto ex = cpu::ReferenceExperts::Load(*ckpt_);
-    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_OK(ex);
     experts_ = std::move(*ex);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -78,23 +79,23 @@ class FamilyTest : public ::testing::TestWithParam<Variant> {
   // Logits for every token of `ids`, fed in chunks of `chunk` (0 = all at once).
   std::vector<float> RunChunked(const std::vector<int32_t>& ids, size_t chunk) {
     auto seq = model_->CreateSequence();
-    EXPECT_TRUE(seq.ok());
+    EXPECT_OK(seq);
     std::vector<float> all;
     std::vector<SequenceLogits> out;
     for (size_t at = 0; at < ids.size();) {
       const size_t n = chunk == 0 ? ids.size() : std::min(chunk, ids.size() - at);
       SequenceStep st{*seq, std::span<const int32_t>(ids.data() + at, n), true};
       Status s = model_->Forward({&st, 1}, experts_.get(), &out);
-      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_OK(s);
       if (!s.ok()) break;
       all.insert(all.end(), out[0].logits.begin(), out[0].logits.end());
       at += n;
     }
     const ModelConfig& cfg = ckpt_->config();
     auto mem = model_->Memory(*seq);
-    EXPECT_TRUE(mem.ok());
+    EXPECT_OK(mem);
     EXPECT_EQ(mem->growing_bytes, ComputeStateSize(cfg).GrowingValuesAt(cfg, static_cast<int64_t>(ids.size())) * 4);
-    EXPECT_TRUE(model_->ReleaseSequence(*seq).ok());
+    EXPECT_OK(model_->ReleaseSequence(*seq));
     return all;
   }
 
@@ -132,13 +133,14 @@ TEST_P(FamilyTest, BatchOfSequencesAtDifferentPositions) {
   const auto a_alone = RunChunked(a, 0), b_alone = RunChunked(b, 0);
   // a gets 20 tokens first, then a's last 10 and all of b in one batched step.
   auto sa = model_->CreateSequence(), sb = model_->CreateSequence();
-  ASSERT_TRUE(sa.ok() && sb.ok());
+  ASSERT_OK(sa);
+  ASSERT_OK(sb);
   std::vector<SequenceLogits> out;
   SequenceStep first{*sa, std::span<const int32_t>(a.data(), 20), true};
-  ASSERT_TRUE(model_->Forward({&first, 1}, experts_.get(), &out).ok());
+  ASSERT_OK(model_->Forward({&first, 1}, experts_.get(), &out));
   std::vector<float> a_batched = out[0].logits;
   SequenceStep both[2] = {{*sa, std::span<const int32_t>(a.data() + 20, 10), true}, {*sb, b, true}};
-  ASSERT_TRUE(model_->Forward({both, 2}, experts_.get(), &out).ok());
+  ASSERT_OK(model_->Forward({both, 2}, experts_.get(), &out));
   a_batched.insert(a_batched.end(), out[0].logits.begin(), out[0].logits.end());
   EXPECT_LE(MaxAbsDiff(a_alone, a_batched), 1e-4f);
   EXPECT_LE(MaxAbsDiff(b_alone, out[1].logits), 1e-4f);
@@ -151,7 +153,7 @@ TEST_P(FamilyTest, RollbackLeavesNoTrace) {
   const auto ids = Tokens(40, V, 5);
   const auto reference = RunChunked(ids, 0);
   auto seq = model_->CreateSequence();
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   std::vector<SequenceLogits> out;
   std::vector<float> got;
   // Feed 1..7 true tokens per step as a speculative step with up to 6 wrong drafts appended, keep only
@@ -164,11 +166,11 @@ TEST_P(FamilyTest, RollbackLeavesNoTrace) {
     std::vector<int32_t> step(ids.begin() + at, ids.begin() + at + take);
     for (size_t j = 0; j < junk; ++j) step.push_back(static_cast<int32_t>((j * 97 + round * 13 + 3) % V));
     SequenceStep st{*seq, step, true, /*speculative=*/true};
-    ASSERT_TRUE(model_->Forward({&st, 1}, experts_.get(), &out).ok());
+    ASSERT_OK(model_->Forward({&st, 1}, experts_.get(), &out));
     got.insert(got.end(), out[0].logits.begin(), out[0].logits.begin() + take * V);
-    ASSERT_TRUE(model_->Rollback(*seq, static_cast<int64_t>(junk)).ok());
+    ASSERT_OK(model_->Rollback(*seq, static_cast<int64_t>(junk)));
     auto mem = model_->Memory(*seq);
-    ASSERT_TRUE(mem.ok());
+    ASSERT_OK(mem);
     EXPECT_EQ(mem->position, static_cast<int64_t>(at + take));
     at += take;
     ++round;
@@ -177,9 +179,9 @@ TEST_P(FamilyTest, RollbackLeavesNoTrace) {
   // A non-speculative step cannot be rolled back.
   std::vector<int32_t> one = {1};
   SequenceStep plain{*seq, one, false, false};
-  ASSERT_TRUE(model_->Forward({&plain, 1}, experts_.get(), &out).ok());
+  ASSERT_OK(model_->Forward({&plain, 1}, experts_.get(), &out));
   EXPECT_EQ(model_->Rollback(*seq, 1).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(model_->ReleaseSequence(*seq).ok());
+  EXPECT_OK(model_->ReleaseSequence(*seq));
 }
 
 INSTANTIATE_TEST_SUITE_P(Synthetic, FamilyTest, ::testing::ValuesIn(Variants()),

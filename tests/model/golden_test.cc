@@ -16,82 +16,26 @@
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
 constexpr float kTol = 1e-3f;
 
-struct Golden {
-  std::vector<int32_t> input_ids;
-  std::vector<float> prefill_logits;
-  std::vector<int32_t> greedy_tokens;
-  std::vector<float> step_logits;
-};
+using Golden = test::GoldenPrompt;
 
-struct ModelUnderTest {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-  std::unique_ptr<TensorStore> golden;
-  std::map<std::string, Golden> prompts;
-};
-
-std::vector<float> F32(const TensorStore& s, const std::string& name) {
-  auto v = s.Get(name);
-  EXPECT_TRUE(v.ok()) << v.status();
-  auto t = ToF32(**v);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t->data;
-}
-
-std::vector<int32_t> Ids(const TensorStore& s, const std::string& name) {
-  std::vector<int32_t> out;
-  for (float f : F32(s, name)) out.push_back(static_cast<int32_t>(f));
-  return out;
-}
-
+// A fixture model with its goldens (the shared tests/support TinyModel), by name.
+using ModelUnderTest = test::TinyModel;
 ModelUnderTest* Load(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<ModelUnderTest>> cache;
-  auto& slot = cache[name];
-  if (slot) return slot.get();
-  auto m = std::make_unique<ModelUnderTest>();
-  const std::string dir = std::string(NUMOE_TEST_DATA) + "/" + name;
-  auto ck = Checkpoint::Open(dir);
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  m->ckpt = std::move(*ck);
-  auto model = cpu::CpuModel::Create(*m->ckpt, nullptr);
-  if (!model.ok()) {
-    ADD_FAILURE() << model.status();
-    return nullptr;
-  }
-  m->model = std::move(*model);
-  auto ex = cpu::ReferenceExperts::Load(*m->ckpt);
-  if (!ex.ok()) {
-    ADD_FAILURE() << ex.status();
-    return nullptr;
-  }
-  m->experts = std::move(*ex);
-  auto g = TensorStore::Open(dir + "/golden.safetensors");
-  if (!g.ok()) {
-    ADD_FAILURE() << g.status();
-    return nullptr;
-  }
-  m->golden = std::move(*g);
-  for (const char* p : {"p0", "p1", "p2", "p3"}) {
-    Golden gd;
-    gd.input_ids = Ids(*m->golden, std::string(p) + ".input_ids");
-    gd.prefill_logits = F32(*m->golden, std::string(p) + ".prefill_logits");
-    gd.greedy_tokens = Ids(*m->golden, std::string(p) + ".greedy_tokens");
-    gd.step_logits = F32(*m->golden, std::string(p) + ".greedy_step_logits");
-    m->prompts[p] = std::move(gd);
-  }
-  slot = std::move(m);
-  return slot.get();
+  auto m = test::TinyModel::Get({.model = name});
+  if (!m.ok()) ADD_FAILURE() << m.status();
+  return m.ok() ? *m : nullptr;
 }
+
+// The golden prompt `name` ("p2") of m; the test fails (throws) when there is none.
+const Golden& Prompt(const ModelUnderTest* m, const std::string& name) { return *m->goldens.Find(name).value(); }
 
 // Max |a - b| and where.
 std::pair<float, size_t> MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -111,7 +55,7 @@ void ExpectMatches(const Golden& g, const GenerateResult& r, const std::string& 
   ASSERT_EQ(r.prefill_logits.size(), g.prefill_logits.size()) << what;
   auto [pd, pat] = MaxDiff(r.prefill_logits, g.prefill_logits);
   EXPECT_LE(pd, kTol) << what << ": prefill logit " << pat << " differs by " << pd;
-  EXPECT_EQ(r.tokens, g.greedy_tokens) << what;
+  EXPECT_EQ(r.tokens, g.greedy) << what;
   ASSERT_EQ(r.step_logits.size(), g.step_logits.size()) << what;
   auto [sd, sat] = MaxDiff(r.step_logits, g.step_logits);
   EXPECT_LE(sd, kTol) << what << ": step logit " << sat << " differs by " << sd;
@@ -120,7 +64,7 @@ void ExpectMatches(const Golden& g, const GenerateResult& r, const std::string& 
 GenerateRequest Request(const Golden& g, int64_t chunk) {
   GenerateRequest r;
   r.prompt = g.input_ids;
-  r.max_new_tokens = static_cast<int64_t>(g.greedy_tokens.size());
+  r.max_new_tokens = static_cast<int64_t>(g.greedy.size());
   r.ignore_eos = true;
   r.prefill_chunk = chunk;
   r.keep_logits = true;
@@ -139,9 +83,9 @@ TEST_P(GoldenTest, LogitsAndGreedyTokensMatch) {
   const Case& c = GetParam();
   ModelUnderTest* m = Load(c.model);
   ASSERT_NE(m, nullptr);
-  const Golden& g = m->prompts.at(c.prompt);
+  const Golden& g = Prompt(m, c.prompt);
   auto res = GenerateBatch(*m->model, *m->experts, {Request(g, c.chunk)});
-  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_OK(res);
   ExpectMatches(g, (*res)[0], c.model + "/" + c.prompt + " chunk " + std::to_string(c.chunk));
 }
 
@@ -170,11 +114,11 @@ TEST_P(BatchTest, AllPromptsInOneBatchMatch) {
   ASSERT_NE(m, nullptr);
   std::vector<GenerateRequest> reqs;
   std::vector<std::string> names = {"p0", "p1", "p2", "p3"};
-  for (const auto& p : names) reqs.push_back(Request(m->prompts.at(p), GetParam().second));
+  for (const auto& p : names) reqs.push_back(Request(Prompt(m, p), GetParam().second));
   auto res = GenerateBatch(*m->model, *m->experts, reqs);
-  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_OK(res);
   for (size_t i = 0; i < names.size(); ++i) {
-    ExpectMatches(m->prompts.at(names[i]), (*res)[i], GetParam().first + " batch/" + names[i]);
+    ExpectMatches(Prompt(m, names[i]), (*res)[i], GetParam().first + " batch/" + names[i]);
   }
 }
 
@@ -190,21 +134,23 @@ TEST(HiddenStates, P0LayerByLayer) {
   std::map<int64_t, std::vector<float>> seen;
   m->model->set_hidden_hook([&](int64_t layer, const std::vector<float>& x) { seen[layer] = x; });
   auto seq = m->model->CreateSequence();
-  ASSERT_TRUE(seq.ok());
-  const auto& ids = m->prompts.at("p0").input_ids;
+  ASSERT_OK(seq);
+  const auto& ids = Prompt(m, "p0").input_ids;
   SequenceStep step{*seq, ids, true};
   std::vector<SequenceLogits> out;
   Status st = m->model->Forward({&step, 1}, m->experts.get(), &out);
   m->model->set_hidden_hook(nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_TRUE(m->model->ReleaseSequence(*seq).ok());
+  ASSERT_OK(st);
+  ASSERT_OK(m->model->ReleaseSequence(*seq));
   // hidden.0 = embedding streams, hidden.i = streams after layer i-1, hidden.L = final normed hidden.
   for (int64_t i = 0; i <= L; ++i) {
     const std::string name = "p0.hidden." + std::to_string(i);
-    if (m->golden->Find(name) == nullptr) continue;
+    auto golden = m->goldens.Floats(name);
+    if (absl::IsNotFound(golden.status())) continue;
+    ASSERT_OK(golden);
+    const std::vector<float>& want = *golden;
     const int64_t layer = i == L ? L : i - 1;
     ASSERT_TRUE(seen.count(layer)) << name;
-    std::vector<float> want = F32(*m->golden, name);
     ASSERT_EQ(seen[layer].size(), want.size()) << name;
     auto [d, at] = MaxDiff(seen[layer], want);
     // Hidden streams grow through the layers; compare relative to their scale.

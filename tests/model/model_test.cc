@@ -12,13 +12,14 @@
 #include "model/generation.h"
 #include "model/sampling.h"
 #include "model/state_size.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
 TEST(StateSize, V4FlashGrowsBy3440ValuesPerToken) {
   auto cfg = LoadModelConfig(std::string(NUMOE_TEST_DATA) + "/v4-flash-0731.config.json");
-  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_OK(cfg);
   StateSize s = ComputeStateSize(*cfg);
   EXPECT_DOUBLE_EQ(s.growing_values_per_token, 3440.0);
   // Fixed: 43 windows of 128 x 512; 20 HCA pending windows of 128 tokens x (kv + gate) 512;
@@ -31,25 +32,25 @@ TEST(StateSize, V4FlashGrowsBy3440ValuesPerToken) {
 
 TEST(StateSize, CpuModelHoldsExactlyTheAccountedState) {
   auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   auto model = cpu::CpuModel::Create(**ck, nullptr);
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   auto experts = cpu::ReferenceExperts::Load(**ck);
-  ASSERT_TRUE(experts.ok()) << experts.status();
+  ASSERT_OK(experts);
   const ModelConfig& cfg = (*ck)->config();
   StateSize want = ComputeStateSize(cfg);
   auto seq = (*model)->CreateSequence();
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   std::vector<int32_t> toks(300);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 37) % cfg.vocab_size);
   std::vector<SequenceLogits> out;
   int64_t fed = 0;
   for (int64_t chunk : {37, 100, 1, 162}) {
     SequenceStep st{*seq, std::span<const int32_t>(toks.data() + fed, static_cast<size_t>(chunk)), false};
-    ASSERT_TRUE((*model)->Forward({&st, 1}, experts->get(), &out).ok());
+    ASSERT_OK((*model)->Forward({&st, 1}, experts->get(), &out));
     fed += chunk;
     auto mem = (*model)->Memory(*seq);
-    ASSERT_TRUE(mem.ok());
+    ASSERT_OK(mem);
     EXPECT_EQ(mem->position, fed);
     EXPECT_EQ(mem->growing_bytes, want.GrowingValuesAt(cfg, fed) * 4) << "after " << fed << " tokens";
     EXPECT_GE(mem->fixed_bytes, want.fixed_values * 4);
@@ -59,25 +60,25 @@ TEST(StateSize, CpuModelHoldsExactlyTheAccountedState) {
 
 TEST(Forward, RejectsBadSteps) {
   auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   auto model = cpu::CpuModel::Create(**ck, nullptr);
-  ASSERT_TRUE(model.ok());
+  ASSERT_OK(model);
   auto experts = cpu::ReferenceExperts::Load(**ck);
-  ASSERT_TRUE(experts.ok());
+  ASSERT_OK(experts);
   std::vector<SequenceLogits> out;
   std::vector<int32_t> ok_tokens = {1, 2, 3}, bad_tokens = {1, 5000};
   SequenceStep missing{999, ok_tokens, false};
   Status st = (*model)->Forward({&missing, 1}, experts->get(), &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
   auto seq = (*model)->CreateSequence();
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   SequenceStep bad{*seq, bad_tokens, false};
   st = (*model)->Forward({&bad, 1}, experts->get(), &out);
   EXPECT_NE(st.message().find("token id 5000"), std::string::npos) << st;
   SequenceStep twice[2] = {{*seq, ok_tokens, false}, {*seq, ok_tokens, false}};
   st = (*model)->Forward({twice, 2}, experts->get(), &out);
   EXPECT_NE(st.message().find("twice"), std::string::npos) << st;
-  EXPECT_TRUE((*model)->ReleaseSequence(*seq).ok());
+  EXPECT_OK((*model)->ReleaseSequence(*seq));
   EXPECT_FALSE((*model)->ReleaseSequence(*seq).ok());
 }
 

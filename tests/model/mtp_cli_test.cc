@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/unit/mkmodel/run_util.h"
+#include "tests/support/files.h"
+#include "tests/support/process.h"
 
 namespace numoe::test {
 namespace {
@@ -33,22 +34,22 @@ std::string Text(const std::string& out) {
 }
 
 RunResult Numoe(std::vector<std::string> args) {
-  args.insert(args.begin(), NumoeBin());
-  return RunProcess(args);
+  args.insert(args.begin(), BinPath("numoe"));
+  return RunCommand(args, {.merge_stderr = true});
 }
 
 TEST(MtpCliTest, MkmodelInspectGenerate) {
   TempDir d("mtp-cli");
   const std::string out = d.str() + "/m";
   RunResult mk = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "mtp", "--out", out, "--threads", "1"});
-  ASSERT_EQ(mk.exit_code, 0) << mk.output;
-  EXPECT_THAT(mk.output, HasSubstr("drafter mtp (1 block)"));
-  EXPECT_THAT(mk.output, HasSubstr("it loads as a checkpoint"));
+  ASSERT_EQ(mk.rc, 0) << mk.out;
+  EXPECT_THAT(mk.out, HasSubstr("drafter mtp (1 block)"));
+  EXPECT_THAT(mk.out, HasSubstr("it loads as a checkpoint"));
 
   RunResult in = Numoe({"inspect", "--model", out});
-  ASSERT_EQ(in.exit_code, 0) << in.output;
-  EXPECT_THAT(in.output, HasSubstr("MTP stages: 1"));
-  EXPECT_THAT(in.output, Not(HasSubstr("DSpark")));
+  ASSERT_EQ(in.rc, 0) << in.out;
+  EXPECT_THAT(in.out, HasSubstr("MTP stages: 1"));
+  EXPECT_THAT(in.out, Not(HasSubstr("DSpark")));
 
   const std::vector<std::string> gen = {"generate", "--model", out, "--prompt-ids", "5,17,99,5,17,99,3",
                                         "--max-new-tokens", "16", "--ignore-eos", "--threads", "1"};
@@ -58,45 +59,45 @@ TEST(MtpCliTest, MkmodelInspectGenerate) {
     return Numoe(a);
   };
   RunResult plain = with({"--spec", "none", "--quiet"});
-  ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  ASSERT_GT(Text(plain.output).size(), 1u) << plain.output;
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  ASSERT_GT(Text(plain.out).size(), 1u) << plain.out;
   for (const char* depth : {"1", "3", "7"}) {
     RunResult spec = with({"--spec", "mtp", "--spec-depth", depth, "--quiet"});
-    ASSERT_EQ(spec.exit_code, 0) << spec.output;
-    EXPECT_EQ(Text(spec.output), Text(plain.output)) << "depth " << depth;
+    ASSERT_EQ(spec.rc, 0) << spec.out;
+    EXPECT_EQ(Text(spec.out), Text(plain.out)) << "depth " << depth;
   }
   // Default: the checkpoint's drafter (mtp, depth 5 as numoe serve's), on both expert backends.
   for (const char* experts : {"kernels", "reference"}) {
     RunResult def = with({"--experts", experts});
-    ASSERT_EQ(def.exit_code, 0) << def.output;
-    EXPECT_THAT(def.output, HasSubstr("spec mtp depth 5:")) << experts;
+    ASSERT_EQ(def.rc, 0) << def.out;
+    EXPECT_THAT(def.out, HasSubstr("spec mtp depth 5:")) << experts;
   }
   RunResult dspark = with({"--spec", "dspark"});
-  EXPECT_EQ(dspark.exit_code, 1);
-  EXPECT_THAT(dspark.output, HasSubstr("--spec dspark: this checkpoint has no DSpark stages"));
+  EXPECT_EQ(dspark.rc, 1);
+  EXPECT_THAT(dspark.out, HasSubstr("--spec dspark: this checkpoint has no DSpark stages"));
 
   // The DSpark fixture has no MTP block.
   RunResult fixture = Numoe({"generate", "--model", std::string(NUMOE_TEST_DATA) + "/tiny-v4", "--prompt-ids", "5,6",
                              "--spec", "mtp"});
-  EXPECT_EQ(fixture.exit_code, 1);
-  EXPECT_THAT(fixture.output, HasSubstr("--spec mtp: this checkpoint has no MTP block"));
+  EXPECT_EQ(fixture.rc, 1);
+  EXPECT_THAT(fixture.out, HasSubstr("--spec mtp: this checkpoint has no MTP block"));
 }
 
 TEST(MtpCliTest, MkmodelDrafterFlagErrors) {
   TempDir d("mtp-cli-flags");
   const std::string out = d.str() + "/m";
   RunResult bad = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "eagle", "--out", out});
-  EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_THAT(bad.output, HasSubstr("--drafter must be none, mtp or dspark"));
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_THAT(bad.out, HasSubstr("--drafter must be none, mtp or dspark"));
   RunResult both = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "mtp", "--dspark-stages", "2", "--out", out});
-  EXPECT_EQ(both.exit_code, 1);
-  EXPECT_THAT(both.output, HasSubstr("--dspark-stages 2 needs --drafter dspark"));
+  EXPECT_EQ(both.rc, 1);
+  EXPECT_THAT(both.out, HasSubstr("--dspark-stages 2 needs --drafter dspark"));
   RunResult none = Numoe({"mkmodel", "--preset", "tiny", "--drafter", "none", "--out", out, "--dry-run"});
-  EXPECT_EQ(none.exit_code, 0) << none.output;
-  EXPECT_THAT(none.output, HasSubstr("drafter none"));
+  EXPECT_EQ(none.rc, 0) << none.out;
+  EXPECT_THAT(none.out, HasSubstr("drafter none"));
   RunResult flash = Numoe({"mkmodel", "--preset", "v4-flash", "--drafter", "dspark", "--out", out, "--dry-run"});
-  EXPECT_EQ(flash.exit_code, 0) << flash.output;
-  EXPECT_THAT(flash.output, HasSubstr("drafter dspark (3 stages)"));
+  EXPECT_EQ(flash.rc, 0) << flash.out;
+  EXPECT_THAT(flash.out, HasSubstr("drafter dspark (3 stages)"));
 }
 
 }  // namespace

@@ -18,12 +18,13 @@
 #include <vector>
 
 #include "common/checkpoint.h"
-#include "common/testing/presets.h"
-#include "common/testing/synthetic.h"
+#include "common/synthetic/presets.h"
+#include "common/synthetic/synthetic.h"
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
 #include "tests/model/chi_square.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -41,7 +42,7 @@ struct Loaded {
 Loaded* GetMtp() {
   static std::unique_ptr<Loaded> cached;
   if (cached) return cached.get();
-  auto preset = testing::MakePreset({.preset = "tiny", .drafter = "mtp"});
+  auto preset = synthetic::MakePreset({.preset = "tiny", .drafter = "mtp"});
   if (!preset.ok()) {
     ADD_FAILURE() << preset.status();
     return nullptr;
@@ -49,10 +50,10 @@ Loaded* GetMtp() {
   EXPECT_EQ(preset->mtp_stages, 1);
   EXPECT_EQ(preset->config.dspark_block_size, 0);
   const fs::path dir = fs::temp_directory_path() / ("numoe-mtp-test-" + std::to_string(::getpid()));
-  testing::SyntheticOptions opt;
+  synthetic::SyntheticOptions opt;
   opt.seed = 11;
   opt.mtp_stages = preset->mtp_stages;
-  if (Status s = testing::MakeSyntheticCheckpoint(preset->config, dir.string(), opt); !s.ok()) {
+  if (Status s = synthetic::MakeSyntheticCheckpoint(preset->config, dir.string(), opt); !s.ok()) {
     ADD_FAILURE() << s;
     return nullptr;
   }
@@ -101,7 +102,7 @@ TEST(Mtp, LoadsTheBlockAsTheModelsDrafter) {
   EXPECT_EQ(l->model->drafter(), SpecMethod::kMtp);
   // Without the drafter option nothing drafts, and asking for MTP is refused with the flag's name.
   auto plain = cpu::CpuModel::Create(*l->ckpt, nullptr);
-  ASSERT_TRUE(plain.ok());
+  ASSERT_OK(plain);
   EXPECT_EQ((*plain)->drafter(), SpecMethod::kNone);
   auto got = GenerateBatch(**plain, *l->experts, Prompts(1, 64, 4), nullptr, SpecConfig{.method = SpecMethod::kMtp});
   ASSERT_FALSE(got.ok());
@@ -117,13 +118,13 @@ TEST(Mtp, DraftRejectsBadRequests) {
   ASSERT_NE(l, nullptr);
   cpu::CpuModel& m = *l->model;
   auto seq = m.CreateSequence();
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   std::vector<DraftResult> out;
   std::vector<DraftRequest> q = {{*seq, 3, 2, nullptr}};
   EXPECT_EQ(m.Draft(q, l->experts.get(), &out).code(), absl::StatusCode::kFailedPrecondition);  // nothing consumed
   const std::vector<int32_t> prompt = {4, 5, 6};
   std::vector<SequenceLogits> logits;
-  ASSERT_TRUE(m.Forward(std::vector<SequenceStep>{{*seq, prompt}}, l->experts.get(), &logits).ok());
+  ASSERT_OK(m.Forward(std::vector<SequenceStep>{{*seq, prompt}}, l->experts.get(), &logits));
   q[0].depth = 0;
   EXPECT_EQ(m.Draft(q, l->experts.get(), &out).code(), absl::StatusCode::kInvalidArgument);
   q[0].depth = 2;
@@ -133,11 +134,11 @@ TEST(Mtp, DraftRejectsBadRequests) {
   EXPECT_EQ(m.Draft(q, l->experts.get(), &out).code(), absl::StatusCode::kNotFound);
   q[0] = {*seq, 3, 2, nullptr};
   EXPECT_TRUE(m.Draft(q, nullptr, &out).code() == absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(m.Draft(q, l->experts.get(), &out).ok());
+  ASSERT_OK(m.Draft(q, l->experts.get(), &out));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].tokens.size(), 2u);
   EXPECT_EQ(out[0].logits.size(), static_cast<size_t>(2 * m.vocab_size()));
-  ASSERT_TRUE(m.ReleaseSequence(*seq).ok());
+  ASSERT_OK(m.ReleaseSequence(*seq));
 }
 
 TEST(Mtp, GreedySpeculationEmitsExactlyThePlainGreedyTokens) {
@@ -148,11 +149,11 @@ TEST(Mtp, GreedySpeculationEmitsExactlyThePlainGreedyTokens) {
   for (int64_t batch : {1, 3, 8}) {
     const auto reqs = Prompts(batch, V, 24);
     auto plain = GenerateBatch(*l->model, *l->experts, reqs);
-    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_OK(plain);
     for (int64_t depth = 1; depth <= 7; ++depth) {
       SpecConfig spec{.method = SpecMethod::kMtp, .depth = depth};
       auto got = GenerateBatch(*l->model, *l->experts, reqs, nullptr, spec);
-      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_OK(got);
       for (size_t i = 0; i < reqs.size(); ++i) {
         EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens) << "batch " << batch << " depth " << depth << " seq " << i;
         drafted += (*got)[i].spec.drafted;
@@ -175,10 +176,10 @@ TEST(Mtp, AdaptiveDepthAndLogitsKeepTheirMeaning) {
   auto reqs = Prompts(2, l->ckpt->config().vocab_size, 16);
   for (auto& r : reqs) r.keep_logits = true;
   auto plain = GenerateBatch(*l->model, *l->experts, reqs);
-  ASSERT_TRUE(plain.ok());
+  ASSERT_OK(plain);
   auto got = GenerateBatch(*l->model, *l->experts, reqs, nullptr,
                            SpecConfig{.method = SpecMethod::kMtp, .depth = 4, .adaptive = true});
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens);
     ASSERT_EQ((*got)[i].step_logits.size(), (*plain)[i].step_logits.size());
@@ -204,13 +205,13 @@ TEST(Mtp, RollbackRestoresTheMtpStateBitForBit) {
   auto draft = [&](SequenceId s, int32_t next, int64_t depth) {
     std::vector<DraftResult> out;
     const std::vector<DraftRequest> q = {{s, next, depth, nullptr}};
-    EXPECT_TRUE(m.Draft(q, ex, &out).ok());
+    EXPECT_OK(m.Draft(q, ex, &out));
     return out.empty() ? DraftResult{} : out[0];
   };
   auto forward = [&](SequenceId s, const std::vector<int32_t>& tokens, bool speculative) {
     std::vector<SequenceLogits> out;
     SequenceStep st{s, tokens, /*all_logits=*/true, speculative};
-    EXPECT_TRUE(m.Forward(std::span<const SequenceStep>(&st, 1), ex, &out).ok());
+    EXPECT_OK(m.Forward(std::span<const SequenceStep>(&st, 1), ex, &out));
     return out.empty() ? std::vector<float>{} : out[0].logits;
   };
   auto same = [](const DraftResult& a, const DraftResult& b) {
@@ -221,7 +222,7 @@ TEST(Mtp, RollbackRestoresTheMtpStateBitForBit) {
   for (int64_t kept : {0, 2, 4}) {
     // A: prompt, drafts, speculative step [t, d0..d3], keep `kept` drafts (roll back the rest), draft again.
     auto a = m.CreateSequence();
-    ASSERT_TRUE(a.ok());
+    ASSERT_OK(a);
     forward(*a, prompt, false);
     const DraftResult a1 = draft(*a, t, 4);
     const DraftResult a1again = draft(*a, t, 4);
@@ -229,14 +230,14 @@ TEST(Mtp, RollbackRestoresTheMtpStateBitForBit) {
     std::vector<int32_t> verify = {t};
     verify.insert(verify.end(), a1.tokens.begin(), a1.tokens.end());
     forward(*a, verify, true);
-    ASSERT_TRUE(m.Rollback(*a, 4 - kept).ok());
+    ASSERT_OK(m.Rollback(*a, 4 - kept));
     const DraftResult a2 = draft(*a, x, 5);
     const std::vector<float> a3 = forward(*a, {x}, false);
     const DraftResult a4 = draft(*a, 5, 3);
 
     // B: the same tokens consumed without ever drafting.
     auto b = m.CreateSequence();
-    ASSERT_TRUE(b.ok());
+    ASSERT_OK(b);
     forward(*b, prompt, false);
     std::vector<int32_t> consumed(verify.begin(), verify.begin() + 1 + kept);
     forward(*b, consumed, false);
@@ -249,8 +250,8 @@ TEST(Mtp, RollbackRestoresTheMtpStateBitForBit) {
     EXPECT_EQ(std::memcmp(a3.data(), b3.data(), a3.size() * sizeof(float)), 0) << "kept " << kept;
     EXPECT_TRUE(same(a4, b4)) << "kept " << kept << ": drafts one step later differ";
     EXPECT_EQ(a4.tokens.size(), 3u);
-    ASSERT_TRUE(m.ReleaseSequence(*a).ok());
-    ASSERT_TRUE(m.ReleaseSequence(*b).ok());
+    ASSERT_OK(m.ReleaseSequence(*a));
+    ASSERT_OK(m.ReleaseSequence(*b));
   }
 }
 
@@ -267,18 +268,18 @@ TEST(Mtp, PrefillChunkingDoesNotChangeTheDrafts) {
   std::vector<DraftResult> results;
   for (size_t chunk : {prompt.size(), size_t{7}, size_t{1}}) {
     auto s = m.CreateSequence();
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     std::vector<SequenceLogits> out;
     for (size_t at = 0; at < prompt.size(); at += chunk) {
       const size_t n = std::min(chunk, prompt.size() - at);
       SequenceStep st{*s, std::span<const int32_t>(prompt.data() + at, n)};
-      ASSERT_TRUE(m.Forward(std::span<const SequenceStep>(&st, 1), ex, &out).ok());
+      ASSERT_OK(m.Forward(std::span<const SequenceStep>(&st, 1), ex, &out));
     }
     std::vector<DraftResult> d;
     const std::vector<DraftRequest> q = {{*s, 42, 4, nullptr}};
-    ASSERT_TRUE(m.Draft(q, ex, &d).ok());
+    ASSERT_OK(m.Draft(q, ex, &d));
     results.push_back(d[0]);
-    ASSERT_TRUE(m.ReleaseSequence(*s).ok());
+    ASSERT_OK(m.ReleaseSequence(*s));
   }
   for (size_t i = 1; i < results.size(); ++i) {
     EXPECT_EQ(results[i].tokens, results[0].tokens) << "case " << i;
@@ -302,23 +303,23 @@ TEST(Mtp, BatchedDraftsEqualSingleDrafts) {
   std::vector<std::vector<int32_t>> prompts = {{3, 9, 27}, {100, 200, 300, 400, 500, 600, 700}};
   for (const auto& p : prompts) {
     auto s = m.CreateSequence();
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     std::vector<SequenceLogits> out;
-    ASSERT_TRUE(m.Forward(std::vector<SequenceStep>{{*s, p}}, ex, &out).ok());
+    ASSERT_OK(m.Forward(std::vector<SequenceStep>{{*s, p}}, ex, &out));
     seqs.push_back(*s);
   }
   const std::vector<DraftRequest> both = {{seqs[0], 11, 3, nullptr}, {seqs[1], 12, 6, nullptr}};
   std::vector<DraftResult> together, alone;
-  ASSERT_TRUE(m.Draft(both, ex, &together).ok());
+  ASSERT_OK(m.Draft(both, ex, &together));
   ASSERT_EQ(together.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    ASSERT_TRUE(m.Draft(std::span<const DraftRequest>(&both[i], 1), ex, &alone).ok());
+    ASSERT_OK(m.Draft(std::span<const DraftRequest>(&both[i], 1), ex, &alone));
     EXPECT_EQ(together[i].seq, seqs[i]);
     EXPECT_EQ(together[i].tokens, alone[0].tokens);
     EXPECT_EQ(together[i].logits, alone[0].logits);
     EXPECT_EQ(together[i].tokens.size(), static_cast<size_t>(both[i].depth));
   }
-  for (SequenceId s : seqs) ASSERT_TRUE(m.ReleaseSequence(s).ok());
+  for (SequenceId s : seqs) ASSERT_OK(m.ReleaseSequence(s));
 }
 
 // Two-sample chi-square homogeneity test on the 2nd and 3rd generated tokens with and without MTP
@@ -368,10 +369,10 @@ void CheckSampled(Loaded* l, const SampledCase& c) {
       reqs.push_back(r);
     }
     auto a = GenerateBatch(*l->model, *l->experts, reqs);
-    ASSERT_TRUE(a.ok());
+    ASSERT_OK(a);
     for (auto& r : reqs) r.sampling.seed += 1000003;
     auto b = GenerateBatch(*l->model, *l->experts, reqs, nullptr, SpecConfig{.method = SpecMethod::kMtp, .depth = 2});
-    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_OK(b);
     for (int i = 0; i < kBatch; ++i) {
       plain2[CategoryOf((*a)[i], 1, c.category, V)]++;
       plain3[CategoryOf((*a)[i], 2, c.category, V)]++;

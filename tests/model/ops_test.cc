@@ -14,6 +14,7 @@
 #include "common/thread_pool.h"
 #include "backends/cpu/cpu_model.h"
 #include "backends/cpu/ops.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::cpu {
 namespace {
@@ -128,9 +129,9 @@ TEST(Bf16, LinearRowsAndGroupsMatchFp32) {
 // matrices as FP8: the former stay BF16 (same values as the fp32 dequantization), the latter are fp32.
 TEST(Bf16, LoaderKeepsBf16TensorsAsBf16) {
   auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   auto w = LoadDenseWeights(**ck);
-  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_OK(w);
   const ModelW& m = **w;
   EXPECT_TRUE(m.embed.is_bf16());
   EXPECT_TRUE(m.Head().is_bf16());
@@ -138,7 +139,7 @@ TEST(Bf16, LoaderKeepsBf16TensorsAsBf16) {
   EXPECT_FALSE(m.layers[0].attn.wq_a.is_bf16());  // F8_E4M3 + block scales
   EXPECT_FALSE(m.layers[0].ffn.shared_w1.is_bf16());
   auto embed = (*ck)->LoadF32("embed.weight");
-  ASSERT_TRUE(embed.ok()) << embed.status();
+  ASSERT_OK(embed);
   const int64_t D = (*ck)->config().hidden_size;
   std::vector<float> row(static_cast<size_t>(D));
   for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{517}, (*ck)->config().vocab_size - 1}) {
@@ -146,7 +147,7 @@ TEST(Bf16, LoaderKeepsBf16TensorsAsBf16) {
     for (int64_t d = 0; d < D; ++d) ASSERT_EQ(row[d], embed->data[static_cast<size_t>(t * D + d)]) << t << " " << d;
   }
   auto ds = LoadDsparkWeights(**ck);
-  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_OK(ds);
   EXPECT_TRUE((*ds)->markov_w1.is_bf16());
   EXPECT_TRUE((*ds)->markov_w2.is_bf16());
   EXPECT_TRUE((*ds)->confidence.is_bf16());
@@ -154,7 +155,7 @@ TEST(Bf16, LoaderKeepsBf16TensorsAsBf16) {
   EXPECT_EQ((*ds)->confidence.in, D + (*ck)->config().dspark_markov_rank);
 
   auto model = CpuModel::Create(**ck, nullptr, CpuModelOptions{.drafter = true});
-  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_OK(model);
   const CpuModel::WeightBytes b = (*model)->weight_bytes();
   const int64_t V = (*ck)->config().vocab_size;
   EXPECT_GE(b.bf16, 2 * V * D * 2);  // embed + head at 2 bytes a value

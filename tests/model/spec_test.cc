@@ -18,6 +18,7 @@
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
 #include "tests/model/chi_square.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -63,9 +64,9 @@ std::vector<GenerateRequest> Prompts(const std::string& model, int64_t count, in
   std::vector<int32_t> base;
   if (repetitive) {
     auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/" + model + "/golden.safetensors");
-    EXPECT_TRUE(g.ok());
+    EXPECT_OK(g);
     auto ids = ToF32(**(*g)->Get("p0.input_ids"));
-    EXPECT_TRUE(ids.ok());
+    EXPECT_OK(ids);
     for (int rep = 0; rep < 3; ++rep) {
       for (float f : ids->data) base.push_back(static_cast<int32_t>(f));
     }
@@ -103,11 +104,11 @@ TEST_P(GreedySpecTest, EmitsExactlyThePlainGreedyTokens) {
   for (int64_t batch : {1, 3, 8}) {
     const auto reqs = Prompts(c.model, batch, V, 24, c.repetitive);
     auto plain = GenerateBatch(*l->model, *l->experts, reqs);
-    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_OK(plain);
     for (int64_t depth = 1; depth <= 7; ++depth) {
       SpecConfig spec{.method = c.method, .depth = depth};
       auto got = GenerateBatch(*l->model, *l->experts, reqs, nullptr, spec);
-      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_OK(got);
       for (size_t i = 0; i < reqs.size(); ++i) {
         EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens)
             << c.model << " " << SpecMethodName(c.method) << " batch " << batch << " depth " << depth << " seq " << i;
@@ -140,10 +141,10 @@ TEST(GreedySpec, AdaptiveDepthAndLogitsKeepTheirMeaning) {
   auto reqs = Prompts("tiny-v4", 2, l->ckpt->config().vocab_size, 20, true);
   for (auto& r : reqs) r.keep_logits = true;
   auto plain = GenerateBatch(*l->model, *l->experts, reqs);
-  ASSERT_TRUE(plain.ok());
+  ASSERT_OK(plain);
   SpecConfig spec{.method = SpecMethod::kNgram, .depth = 6, .adaptive = true};
   auto got = GenerateBatch(*l->model, *l->experts, reqs, nullptr, spec);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ((*got)[i].tokens, (*plain)[i].tokens);
     ASSERT_EQ((*got)[i].step_logits.size(), (*plain)[i].step_logits.size());
@@ -180,10 +181,10 @@ TEST(SampledSpec, SameDistributionWithAndWithoutSpeculation) {
         reqs.push_back(r);
       }
       auto a = GenerateBatch(*l->model, *l->experts, reqs);
-      ASSERT_TRUE(a.ok());
+      ASSERT_OK(a);
       for (auto& r : reqs) r.sampling.seed += 1000003;
       auto b = GenerateBatch(*l->model, *l->experts, reqs, nullptr, SpecConfig{.method = method, .depth = 2});
-      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_OK(b);
       for (int i = 0; i < kBatch; ++i) {
         plain2[(*a)[i].tokens[1]]++;
         plain3[(*a)[i].tokens[2]]++;

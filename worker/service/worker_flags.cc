@@ -1,5 +1,7 @@
 #include "worker/service/worker_flags.h"
 
+#include "common/topology.h"
+
 namespace numoe::worker {
 
 // The placement flags come right after --model, so a launch file's command reads model, binding, wiring.
@@ -8,8 +10,17 @@ void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c) {
   p.AddIntList("numa-node", "N[,N...]", "bind threads and memory to these NUMA node(s) (several: interleaved)",
                &c->numa_nodes);
   p.AddFlag("no-numa-bind", "do not bind (machines or containers without NUMA rights)", &c->no_numa_bind);
-  p.AddInt("threads", "N", "expert kernel threads (0 = every CPU of the bound nodes)", &c->threads, 0, 4096);
-  p.AddIntList("cpus", "C[,C...]", "pin the kernel threads to these CPUs (workers sharing a node)", &c->cpus);
+  p.AddInt("threads", "N", "expert kernel threads (0 = one per --cpus CPU, else one per CPU of the bound nodes)",
+           &c->threads, 0, 4096);
+  p.AddValue(
+      "cpus", "LIST",
+      "pin kernel thread i to the i-th of these CPUs, e.g. 0-11,96-107 (one per thread; without it the threads run "
+      "unpinned on the nodes' CPUs)",
+      [c](const std::string& v) -> Status {
+        ASSIGN_OR_RETURN(c->cpus, ParseCpuList(v, "--cpus"));
+        return absl::OkStatus();
+      },
+      [c] { return c->cpus.empty() ? std::string() : FormatCpuList(c->cpus); });
   p.AddString("gpu", "HOST:PORT", "numoe-gpu's gRPC address", &c->gpu_address);
   p.AddString("host", "ADDR", "address to listen on", &c->host);
   p.AddInt("port", "N", "gRPC port of the Worker service (0 = any free port)", &c->port, 0, 65535);

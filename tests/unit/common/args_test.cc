@@ -1,4 +1,5 @@
 #include "common/args.h"
+#include "tests/support/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -21,7 +22,7 @@ TEST(ArgParser, ParsesAllKinds) {
   p.AddString("model", "DIR", "model", &s, true);
   p.AddInt("n", "N", "n", &i, 0, 10);
   p.AddDouble("t", "T", "t", &d, 0.0, 2.0);
-  ASSERT_TRUE(ParseVec(p, {"--json", "--model", "x", "--n=7", "--t", "1.5"}).ok());
+  ASSERT_OK(ParseVec(p, {"--json", "--model", "x", "--n=7", "--t", "1.5"}));
   EXPECT_TRUE(flag);
   EXPECT_EQ(s, "x");
   EXPECT_EQ(i, 7);
@@ -51,7 +52,7 @@ TEST(ArgParser, ErrorsNameTheFlag) {
 
 TEST(ArgParser, IntList) {
   auto v = ParseIntList("1,2,30", "--prompt-ids");
-  ASSERT_TRUE(v.ok());
+  ASSERT_OK(v);
   EXPECT_EQ(*v, (std::vector<int64_t>{1, 2, 30}));
   EXPECT_FALSE(ParseIntList("1,,2", "--prompt-ids").ok());
   EXPECT_FALSE(ParseIntList("", "--prompt-ids").ok());

@@ -10,58 +10,59 @@
 #include <functional>
 #include <string>
 
-#include "common/testing/synthetic.h"
-#include "tests/unit/common/test_util.h"
+#include "common/synthetic/synthetic.h"
+#include "tests/support/files.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
+using test::TempDir;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using test::ScratchDir;
 
 const std::string kData = NUMOE_TEST_DATA;
 
 TEST(CheckpointFixture, TinyOpensAndLoads) {
   auto ck = Checkpoint::Open(kData + "/tiny-v4");
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   const Checkpoint& c = **ck;
   EXPECT_EQ(c.mtp_stages(), 3);
   EXPECT_EQ(c.config().num_hidden_layers, 5);
   EXPECT_EQ(c.store().num_tensors(), 662u);
 
   auto wq = c.LoadF32("layers.0.attn.wq_a.weight");
-  ASSERT_TRUE(wq.ok()) << wq.status();
+  ASSERT_OK(wq);
   EXPECT_EQ(wq->shape, (std::vector<int64_t>{64, 128}));
   ASSERT_EQ(wq->data.size(), 64u * 128u);
 
   // MXFP4 expert: stored I8 [64, 64], logical [64, 128].
   auto raw = c.Raw("layers.0.ffn.experts.0.w1.weight");
-  ASSERT_TRUE(raw.ok());
+  ASSERT_OK(raw);
   EXPECT_EQ((*raw)->dtype, DType::kI8);
   EXPECT_EQ((*raw)->shape, (std::vector<int64_t>{64, 64}));
   auto w1 = c.LoadF32("layers.0.ffn.experts.0.w1.weight");
-  ASSERT_TRUE(w1.ok()) << w1.status();
+  ASSERT_OK(w1);
   EXPECT_EQ(w1->shape, (std::vector<int64_t>{64, 128}));
   // Value check against the format definition: element (0,0) is the low nibble of byte 0 times its scale.
   auto scale = c.Raw("layers.0.ffn.experts.0.w1.scale");
-  ASSERT_TRUE(scale.ok());
+  ASSERT_OK(scale);
   const uint8_t b0 = (*raw)->data[0];
   EXPECT_EQ(w1->data[0], Fp4E2M1ToFloat(b0 & 0xF) * E8M0ToFloat((*scale)->data[0]));
   EXPECT_EQ(w1->data[1], Fp4E2M1ToFloat(b0 >> 4) * E8M0ToFloat((*scale)->data[0]));
 
   auto w2 = c.LoadF32("layers.0.ffn.experts.7.w2.weight");
-  ASSERT_TRUE(w2.ok()) << w2.status();
+  ASSERT_OK(w2);
   EXPECT_EQ(w2->shape, (std::vector<int64_t>{128, 64}));
 
   auto embed = c.LoadF32("embed.weight");
-  ASSERT_TRUE(embed.ok());
+  ASSERT_OK(embed);
   EXPECT_EQ(embed->shape, (std::vector<int64_t>{1024, 128}));
   for (float v : embed->data) ASSERT_TRUE(std::isfinite(v));
 
   auto main_proj = c.LoadF32("mtp.0.main_proj.weight");
-  ASSERT_TRUE(main_proj.ok());
+  ASSERT_OK(main_proj);
   EXPECT_EQ(main_proj->shape, (std::vector<int64_t>{128, 384}));
 
   auto missing = c.LoadF32("layers.9.attn.wq_a.weight");
@@ -71,17 +72,17 @@ TEST(CheckpointFixture, TinyOpensAndLoads) {
 
 TEST(CheckpointFixture, DemoOpens) {
   auto ck = Checkpoint::Open(kData + "/demo-v4");
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_OK(ck);
   EXPECT_EQ((*ck)->mtp_stages(), 0);
   auto w = (*ck)->LoadF32("layers.3.ffn.experts.15.w3.weight");
-  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_OK(w);
   EXPECT_EQ(w->shape, (std::vector<int64_t>{256, 256}));
   auto tid = (*ck)->LoadF32("layers.0.ffn.gate.tid2eid");
-  ASSERT_TRUE(tid.ok());
+  ASSERT_OK(tid);
   EXPECT_EQ(tid->shape, (std::vector<int64_t>{1024, 2}));
   std::vector<int64_t> shape;
   auto ids = (*ck)->LoadIndex("layers.0.ffn.gate.tid2eid", &shape);
-  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_OK(ids);
   EXPECT_EQ(shape, (std::vector<int64_t>{1024, 2}));
   ASSERT_EQ(ids->size(), 2048u);
   for (size_t i = 0; i < ids->size(); ++i) EXPECT_EQ(static_cast<float>((*ids)[i]), tid->data[i]);
@@ -90,7 +91,7 @@ TEST(CheckpointFixture, DemoOpens) {
 
 TEST(Footprint, FlashConfig) {
   auto c = LoadModelConfig(kData + "/v4-flash-0731.config.json");
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->DefaultMtpStages(), 3);
   const ModelFootprint fp = ComputeFootprint(*c, c->DefaultMtpStages());
   // 43 x 256 x 3 x 4096 x 2048 params at 4.25 bits.
@@ -117,7 +118,7 @@ using Tensors = std::vector<Owned>;
 Tensors LoadAll(const std::string& dir) {
   Tensors out;
   auto store = TensorStore::Open(dir);
-  EXPECT_TRUE(store.ok()) << store.status();
+  EXPECT_OK(store);
   if (!store.ok()) return out;
   for (const auto& name : (*store)->Names()) {
     const TensorView* t = (*store)->Find(name);
@@ -136,18 +137,18 @@ void WriteAll(const std::string& config_from, const std::string& dir, const Tens
     (i % 2 ? b : a).push_back({ts[i].name, ts[i].dtype, ts[i].shape, ts[i].bytes.data()});
     map += (map.empty() ? "" : ", ") + ("\"" + ts[i].name + "\": \"") + (i % 2 ? "b" : "a") + ".safetensors\"";
   }
-  ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", a).ok());
-  ASSERT_TRUE(WriteSafetensors(dir + "/b.safetensors", b).ok());
-  test::WriteBytes(dir + "/model.safetensors.index.json", "{\"weight_map\": {" + map + "}}");
+  ASSERT_OK(WriteSafetensors(dir + "/a.safetensors", a));
+  ASSERT_OK(WriteSafetensors(dir + "/b.safetensors", b));
+  test::WriteFile(dir + "/model.safetensors.index.json", "{\"weight_map\": {" + map + "}}");
 }
 
 // Copies `fixture`'s tensors, applies `edit`, and returns what Checkpoint::Open says.
 Status OpenEdited(const std::string& fixture, const std::function<void(Tensors&)>& edit) {
-  ScratchDir d;
+  TempDir d;
   Tensors ts = LoadAll(fixture);
   edit(ts);
-  WriteAll(fixture, d.path(), ts);
-  return Checkpoint::Open(d.path()).status();
+  WriteAll(fixture, d.str(), ts);
+  return Checkpoint::Open(d.str()).status();
 }
 
 void Erase(Tensors& ts, const std::string& prefix) {
@@ -163,7 +164,9 @@ Owned* FindT(Tensors& ts, const std::string& name) {
 
 const std::string kTiny = kData + "/tiny-v4";
 
-TEST(CheckpointValidation, UnchangedCopyOpens) { EXPECT_TRUE(OpenEdited(kTiny, [](Tensors&) {}).ok()); }
+TEST(CheckpointValidation, UnchangedCopyOpens) {
+  EXPECT_OK(OpenEdited(kTiny, [](Tensors&) {}));
+}
 
 TEST(CheckpointValidation, MissingTensorNamed) {
   Status s = OpenEdited(kTiny, [](Tensors& ts) { Erase(ts, "layers.2.attn.wq_b."); });
@@ -234,12 +237,12 @@ TEST(CheckpointValidation, MissingMtpStageNamed) {
 }
 
 TEST(CheckpointValidation, DenseMayBeBf16OrF32) {
-  ScratchDir d;
+  TempDir d;
   Tensors ts = LoadAll(kTiny);
   auto orig = Checkpoint::Open(kTiny);
-  ASSERT_TRUE(orig.ok());
+  ASSERT_OK(orig);
   auto wq = (*orig)->LoadF32("layers.2.attn.wq_a.weight");
-  ASSERT_TRUE(wq.ok());
+  ASSERT_OK(wq);
   Erase(ts, "layers.2.attn.wq_a.");
   Owned w{"layers.2.attn.wq_a.weight", DType::kF32, {64, 128}, std::vector<uint8_t>(64 * 128 * 4)};
   std::memcpy(w.bytes.data(), wq->data.data(), w.bytes.size());
@@ -255,23 +258,24 @@ TEST(CheckpointValidation, DenseMayBeBf16OrF32) {
   }
   n->dtype = DType::kF32;
   n->bytes = f32;
-  WriteAll(kTiny, d.path(), ts);
-  auto ck = Checkpoint::Open(d.path());
-  ASSERT_TRUE(ck.ok()) << ck.status();
+  WriteAll(kTiny, d.str(), ts);
+  auto ck = Checkpoint::Open(d.str());
+  ASSERT_OK(ck);
   auto back = (*ck)->LoadF32("layers.2.attn.wq_a.weight");
-  ASSERT_TRUE(back.ok());
+  ASSERT_OK(back);
   EXPECT_EQ(back->data, wq->data);
   auto norm = (*ck)->LoadF32("norm.weight");
   auto norm0 = (*orig)->LoadF32("norm.weight");
-  ASSERT_TRUE(norm.ok() && norm0.ok());
+  ASSERT_OK(norm);
+  ASSERT_OK(norm0);
   EXPECT_EQ(norm->data, norm0->data);
 }
 
 TEST(CheckpointValidation, BadConfigIsReported) {
-  ScratchDir d;
-  test::CopyFiles(kTiny, d.path());
-  test::WriteBytes(d / "config.json", "{\"hidden_size\": 128}");
-  EXPECT_THAT(std::string(Checkpoint::Open(d.path()).status().message()),
+  TempDir d;
+  test::CopyFiles(kTiny, d.str());
+  test::WriteFile(d / "config.json", "{\"hidden_size\": 128}");
+  EXPECT_THAT(std::string(Checkpoint::Open(d.str()).status().message()),
               AllOf(HasSubstr("config.json"), HasSubstr("missing required key")));
 }
 
@@ -279,7 +283,7 @@ TEST(CheckpointValidation, BadConfigIsReported) {
 
 TEST(ExpectedTensors, TinyMatchesFixtureExactly) {
   auto ck = Checkpoint::Open(kTiny);
-  ASSERT_TRUE(ck.ok());
+  ASSERT_OK(ck);
   const auto expected = ExpectedTensors((*ck)->config(), 3);
   size_t stored = 0;
   int64_t bytes = 0;
@@ -308,7 +312,7 @@ TEST(ExpectedTensors, TinyMatchesFixtureExactly) {
 
 TEST(ExpectedTensors, ShapesOfOneCsaLayer) {
   auto c = LoadModelConfig(kData + "/v4-flash-0731.config.json");
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   std::map<std::string, ExpectedTensor> by;
   for (auto& e : ExpectedTensors(*c, 3)) by[e.name] = e;
   // docs/dsv4-architecture.md §5 (V4-Flash).
@@ -340,7 +344,7 @@ TEST(ExpectedTensors, FlashTensorCountsMatchTheReleases) {
   // docs/dsv4-architecture.md §0: V4-Flash-0731 ships 72,317 tensors (3 DSpark stages), the preview
   // Flash 69,187 (1 MTP stage with e_proj/h_proj). Scales count as tensors.
   auto c = LoadModelConfig(kData + "/v4-flash-0731.config.json");
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   auto count = [](const ModelConfig& cfg, int64_t stages) {
     int64_t n = 0;
     for (const auto& e : ExpectedTensors(cfg, stages)) n += e.format == WeightFormat::kPlain ? 1 : 2;
@@ -354,12 +358,12 @@ TEST(ExpectedTensors, FlashTensorCountsMatchTheReleases) {
 
 // ---- synthetic family members ------------------------------------------------
 
-void ExpectOpens(const ModelConfig& cfg, const testing::SyntheticOptions& opt, int64_t stages) {
-  ScratchDir d;
-  Status made = testing::MakeSyntheticCheckpoint(cfg, d.path(), opt);
-  ASSERT_TRUE(made.ok()) << made;
-  auto ck = Checkpoint::Open(d.path());
-  ASSERT_TRUE(ck.ok()) << ck.status();
+void ExpectOpens(const ModelConfig& cfg, const synthetic::SyntheticOptions& opt, int64_t stages) {
+  TempDir d;
+  Status made = synthetic::MakeSyntheticCheckpoint(cfg, d.str(), opt);
+  ASSERT_OK(made);
+  auto ck = Checkpoint::Open(d.str());
+  ASSERT_OK(ck);
   EXPECT_EQ((*ck)->mtp_stages(), stages);
   EXPECT_EQ((*ck)->config().layer_types, cfg.layer_types);
   EXPECT_EQ((*ck)->config().mlp_layer_types, cfg.mlp_layer_types);
@@ -368,39 +372,38 @@ void ExpectOpens(const ModelConfig& cfg, const testing::SyntheticOptions& opt, i
   for (const auto& e : ExpectedTensors((*ck)->config(), stages)) {
     if (e.routed_expert && e.name.find("experts.0.") == std::string::npos) continue;  // keep it quick
     auto t = (*ck)->LoadF32(e.name);
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t);
     ASSERT_EQ(t->shape, e.shape) << e.name;
     for (float v : t->data) ASSERT_TRUE(std::isfinite(v)) << e.name;
   }
 }
 
-TEST(Synthetic, TinyDefault) {
-  ExpectOpens(testing::TinyConfig(), {}, 3);
-}
+TEST(Synthetic, TinyDefault) { ExpectOpens(synthetic::TinyConfig(), {}, 3); }
 
 TEST(Synthetic, OtherScheduleExpertsShardsAndI32) {
-  ModelConfig c = testing::TinyConfig();
-  testing::SetSchedule(&c, {AttnType::kCSA, AttnType::kCSA, AttnType::kHCA, AttnType::kSliding, AttnType::kHCA,
-                            AttnType::kCSA, AttnType::kSliding},
-                       1);
+  ModelConfig c = synthetic::TinyConfig();
+  synthetic::SetSchedule(&c,
+                         {AttnType::kCSA, AttnType::kCSA, AttnType::kHCA, AttnType::kSliding, AttnType::kHCA,
+                          AttnType::kCSA, AttnType::kSliding},
+                         1);
   c.n_routed_experts = 16;
   c.num_experts_per_tok = 4;
   c.hca_rate = 8;
-  testing::SyntheticOptions o;
+  synthetic::SyntheticOptions o;
   o.num_shards = 3;
   o.tid2eid_dtype = DType::kI32;
   o.seed = 99;
   ExpectOpens(c, o, 3);
-  ScratchDir d;
-  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(c, d.path(), o).ok());
-  auto ck = Checkpoint::Open(d.path());
-  ASSERT_TRUE(ck.ok());
+  TempDir d;
+  ASSERT_OK(synthetic::MakeSyntheticCheckpoint(c, d.str(), o));
+  auto ck = Checkpoint::Open(d.str());
+  ASSERT_OK(ck);
   auto raw = (*ck)->Raw("layers.0.ffn.gate.tid2eid");
-  ASSERT_TRUE(raw.ok());
+  ASSERT_OK(raw);
   EXPECT_EQ((*raw)->dtype, DType::kI32);
   EXPECT_EQ((*raw)->shape, (std::vector<int64_t>{1024, 4}));
   auto ids = (*ck)->LoadIndex("layers.0.ffn.gate.tid2eid");
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   std::vector<int> hits(16, 0);
   for (int64_t id : *ids) {
     ASSERT_GE(id, 0);
@@ -411,20 +414,20 @@ TEST(Synthetic, OtherScheduleExpertsShardsAndI32) {
 }
 
 TEST(Synthetic, SingleFileNoMtpUnquantized) {
-  ModelConfig c = testing::TinyConfig();
+  ModelConfig c = synthetic::TinyConfig();
   c.dspark_block_size = 0;
   c.extra_compress_ratios.clear();
   c.num_nextn_predict_layers = 0;
   c.fp8_dense = false;
   c.expert_dtype = "bf16";
-  testing::SyntheticOptions o;
+  synthetic::SyntheticOptions o;
   o.num_shards = 1;
   o.write_index = false;
   ExpectOpens(c, o, 0);
 }
 
 TEST(Synthetic, Fp8ExpertsWiderModelPreviewMtp) {
-  ModelConfig c = testing::TinyConfig();
+  ModelConfig c = synthetic::TinyConfig();
   c.hidden_size = 256;
   c.moe_intermediate_size = 160;  // not a multiple of 128: ceil scale grids
   c.expert_dtype = "fp8";
@@ -433,39 +436,43 @@ TEST(Synthetic, Fp8ExpertsWiderModelPreviewMtp) {
   c.extra_compress_ratios = {0};
   c.num_nextn_predict_layers = 1;  // preview-Flash MTP: e_proj/h_proj/enorm/hnorm
   c.tie_word_embeddings = true;
-  testing::SyntheticOptions o;
+  synthetic::SyntheticOptions o;
   o.num_shards = 4;
   ExpectOpens(c, o, 1);
 }
 
 TEST(Synthetic, DeterministicAcrossShardCounts) {
-  ScratchDir a, b, c;
-  testing::SyntheticOptions o;
-  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), a.path(), o).ok());
+  TempDir a, b, c;
+  synthetic::SyntheticOptions o;
+  ASSERT_OK(synthetic::MakeSyntheticCheckpoint(synthetic::TinyConfig(), a.str(), o));
   o.num_shards = 3;
-  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), b.path(), o).ok());
+  ASSERT_OK(synthetic::MakeSyntheticCheckpoint(synthetic::TinyConfig(), b.str(), o));
   o.seed = 2;
-  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), c.path(), o).ok());
-  auto ca = Checkpoint::Open(a.path());
-  auto cb = Checkpoint::Open(b.path());
-  auto cc = Checkpoint::Open(c.path());
-  ASSERT_TRUE(ca.ok() && cb.ok() && cc.ok());
+  ASSERT_OK(synthetic::MakeSyntheticCheckpoint(synthetic::TinyConfig(), c.str(), o));
+  auto ca = Checkpoint::Open(a.str());
+  auto cb = Checkpoint::Open(b.str());
+  auto cc = Checkpoint::Open(c.str());
+  ASSERT_OK(ca);
+  ASSERT_OK(cb);
+  ASSERT_OK(cc);
   for (const char* n : {"layers.3.attn.wq_b.weight", "layers.1.ffn.experts.5.w2.weight", "mtp.2.hc_head_fn"}) {
     auto x = (*ca)->LoadF32(n), y = (*cb)->LoadF32(n), z = (*cc)->LoadF32(n);
-    ASSERT_TRUE(x.ok() && y.ok() && z.ok());
+    ASSERT_OK(x);
+    ASSERT_OK(y);
+    ASSERT_OK(z);
     EXPECT_EQ(x->data, y->data) << n;
     EXPECT_NE(x->data, z->data) << n;
   }
 }
 
 TEST(Synthetic, ValueScales) {
-  ScratchDir d;
-  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), d.path()).ok());
-  auto ck = Checkpoint::Open(d.path());
-  ASSERT_TRUE(ck.ok());
+  TempDir d;
+  ASSERT_OK(synthetic::MakeSyntheticCheckpoint(synthetic::TinyConfig(), d.str()));
+  auto ck = Checkpoint::Open(d.str());
+  ASSERT_OK(ck);
   auto stats = [&](const std::string& name, double* mean, double* std) {
     auto t = (*ck)->LoadF32(name);
-    ASSERT_TRUE(t.ok());
+    ASSERT_OK(t);
     double s = 0, s2 = 0;
     for (float v : t->data) {
       s += v;
@@ -489,13 +496,13 @@ TEST(Synthetic, ValueScales) {
 }
 
 TEST(Synthetic, RejectsBadOptionsAndConfigs) {
-  ScratchDir d;
-  testing::SyntheticOptions o;
+  TempDir d;
+  synthetic::SyntheticOptions o;
   o.num_shards = 0;
-  EXPECT_FALSE(testing::MakeSyntheticCheckpoint(testing::TinyConfig(), d.path(), o).ok());
-  ModelConfig c = testing::TinyConfig();
+  EXPECT_FALSE(synthetic::MakeSyntheticCheckpoint(synthetic::TinyConfig(), d.str(), o).ok());
+  ModelConfig c = synthetic::TinyConfig();
   c.num_experts_per_tok = 100;
-  Status s = testing::MakeSyntheticCheckpoint(c, d.path());
+  Status s = synthetic::MakeSyntheticCheckpoint(c, d.str());
   EXPECT_THAT(std::string(s.message()), HasSubstr("num_experts_per_tok"));
 }
 

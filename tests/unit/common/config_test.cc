@@ -7,7 +7,8 @@
 #include <cmath>
 
 #include "nlohmann/json.hpp"
-#include "tests/unit/common/test_util.h"
+#include "tests/support/files.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -18,7 +19,7 @@ using json = nlohmann::json;
 
 const std::string kData = NUMOE_TEST_DATA;
 
-json TinyJson() { return json::parse(test::ReadBytes(kData + "/tiny-v4/config.json")); }
+json TinyJson() { return json::parse(test::ReadFile(kData + "/tiny-v4/config.json")); }
 
 // The tiny config in transformers' spelling (docs/dsv4-architecture.md §6 style).
 json TransformersJson() {
@@ -56,7 +57,7 @@ void ExpectError(const json& j, std::vector<std::string> fragments) {
 
 TEST(Config, TinyOfficial) {
   auto c = LoadModelConfig(kData + "/tiny-v4");
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->num_hidden_layers, 5);
   EXPECT_EQ(c->layer_types, (std::vector<AttnType>{AttnType::kSliding, AttnType::kCSA, AttnType::kHCA, AttnType::kCSA,
                                                    AttnType::kHCA}));
@@ -96,7 +97,7 @@ TEST(Config, TinyOfficial) {
 
 TEST(Config, FlashOfficial) {
   auto c = LoadModelConfig(kData + "/v4-flash-0731.config.json");
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->num_hidden_layers, 43);
   EXPECT_EQ(c->layer_types[0], AttnType::kSliding);
   EXPECT_EQ(c->layer_types[1], AttnType::kSliding);
@@ -115,8 +116,8 @@ TEST(Config, FlashOfficial) {
 TEST(Config, TransformersSpellingMatchesOfficial) {
   auto a = Parse(TinyJson());
   auto b = Parse(TransformersJson());
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_EQ(a->layer_types, b->layer_types);
   EXPECT_EQ(a->mlp_layer_types, b->mlp_layer_types);
   EXPECT_EQ(a->rope_dim, b->rope_dim);
@@ -133,7 +134,7 @@ TEST(Config, OtherCompressRates) {
   json j = TransformersJson();
   j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 8}};
   auto c = Parse(j);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->hca_rate, 8);
   EXPECT_EQ(c->CompressRate(2), 8);
   // Official compress_ratios with the same custom rate (given alongside compress_rates).
@@ -141,7 +142,7 @@ TEST(Config, OtherCompressRates) {
   k["compress_ratios"] = {0, 4, 8, 4, 8};
   k["compress_rates"] = {{"heavily_compressed_attention", 8}};
   auto d = Parse(k);
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_OK(d);
   EXPECT_EQ(d->layer_types[2], AttnType::kHCA);
   EXPECT_TRUE(d->extra_compress_ratios.empty());
   // Legacy scalar key.
@@ -149,7 +150,7 @@ TEST(Config, OtherCompressRates) {
   l["compress_rate_hca"] = 16;
   l["compress_ratios"] = {0, 4, 16, 4, 16};
   auto e = Parse(l);
-  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_OK(e);
   EXPECT_EQ(e->hca_rate, 16);
 }
 
@@ -160,7 +161,7 @@ TEST(Config, TransformersDefaults) {
             {"n_routed_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32},
             {"index_n_heads", 2}, {"index_head_dim", 16}, {"index_topk", 4}};
   auto c = Parse(j);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   // V4-Pro schedule: 2 x HCA, then HCA/CSA alternating.
   EXPECT_EQ(c->layer_types, (std::vector<AttnType>{AttnType::kHCA, AttnType::kHCA, AttnType::kHCA, AttnType::kCSA,
                                                    AttnType::kHCA, AttnType::kCSA}));
@@ -188,15 +189,15 @@ TEST(Config, TransformersDefaults) {
   k["num_local_experts"] = 4;
   k["intermediate_size"] = 32;
   auto d = Parse(k);
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_OK(d);
   EXPECT_EQ(d->n_routed_experts, 4);
   EXPECT_EQ(d->moe_intermediate_size, 32);
 }
 
 TEST(Config, RopeInvFreqMatchesOracle) {
-  const json report = json::parse(test::ReadBytes(kData + "/tiny-v4.report.json"));
+  const json report = json::parse(test::ReadFile(kData + "/tiny-v4.report.json"));
   auto c = LoadModelConfig(kData + "/tiny-v4");
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   for (const auto& [table, rope] : {std::pair{"main", c->rope_main}, std::pair{"compress", c->rope_compress}}) {
     const auto want = report["tiny-v4"]["inv_freq"][table].get<std::vector<double>>();
     const std::vector<float> got = RopeInvFreq(rope, c->rope_dim);
@@ -210,7 +211,7 @@ TEST(Config, RopeYarnFlashRamp) {
   // Doc §2.5: dim 64, L0 65536, base 160000 -> low 15, high 25; below low the frequency is kept, above high
   // it is divided by the factor (16).
   auto c = LoadModelConfig(kData + "/v4-flash-0731.config.json");
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   const std::vector<float> inv = RopeInvFreq(c->rope_compress, 64);
   ASSERT_EQ(inv.size(), 32u);
   for (int i : {0, 5, 15}) EXPECT_NEAR(inv[i], std::pow(160000.0, -2.0 * i / 64), 1e-6 * inv[i]) << i;
@@ -301,16 +302,16 @@ TEST(Config, EosList) {
   json j = TinyJson();
   j["eos_token_id"] = {1, 7};
   auto c = Parse(j);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->eos_token_id, 1);
 }
 
 TEST(Config, JsonRoundTrip) {
   for (const std::string& file : {kData + "/tiny-v4/config.json", kData + "/v4-flash-0731.config.json"}) {
     auto a = LoadModelConfig(file);
-    ASSERT_TRUE(a.ok());
+    ASSERT_OK(a);
     auto b = ParseModelConfig(ModelConfigToJson(*a), "roundtrip");
-    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_OK(b);
     EXPECT_EQ(a->layer_types, b->layer_types);
     EXPECT_EQ(a->mlp_layer_types, b->mlp_layer_types);
     EXPECT_EQ(a->extra_compress_ratios, b->extra_compress_ratios);
@@ -322,11 +323,11 @@ TEST(Config, JsonRoundTrip) {
   }
   // Hash layers that are not a prefix are written as mlp_layer_types.
   auto c = Parse(TransformersJson());
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   c->mlp_layer_types = {MoeType::kScored, MoeType::kHash, MoeType::kScored, MoeType::kHash, MoeType::kScored};
   c->hca_rate = 8;
   auto d = ParseModelConfig(ModelConfigToJson(*c), "roundtrip");
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_OK(d);
   EXPECT_EQ(d->mlp_layer_types, c->mlp_layer_types);
   EXPECT_EQ(d->hca_rate, 8);
   EXPECT_EQ(d->layer_types, c->layer_types);

@@ -1,5 +1,6 @@
 // Number formats against hand-computed values (common/quant.h defines them).
 #include "common/quant.h"
+#include "tests/support/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -119,7 +120,7 @@ TEST(Fp8Block, CeilGridAndMultiply) {
   auto w = View("w.weight", DType::kF8_E4M3, {rows, cols}, q.data());
   auto sc = View("w.scale", DType::kF8_E8M0, {2, 1}, s);
   auto out = DequantizeFp8Block(w, sc);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(out->shape, (std::vector<int64_t>{130, 3}));
   EXPECT_EQ(out->data[0], 4.0f);
   EXPECT_EQ(out->data[1], 2.0f);
@@ -130,7 +131,7 @@ TEST(Fp8Block, CeilGridAndMultiply) {
   // F32 scales work the same; a floor-sized grid [1, 1] is rejected naming both tensors.
   const float fs[2] = {0.5f, 3.0f};
   auto out2 = DequantizeFp8Block(w, View("w.scale", DType::kF32, {2, 1}, fs));
-  ASSERT_TRUE(out2.ok());
+  ASSERT_OK(out2);
   EXPECT_EQ(out2->data[129 * cols + 2], -9.0f);
   auto bad = DequantizeFp8Block(w, View("w.scale", DType::kF8_E8M0, {1, 1}, s));
   ASSERT_FALSE(bad.ok());
@@ -144,7 +145,7 @@ TEST(Fp8Block, SmallBlocks) {
   const uint8_t q[8] = {0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38};
   const uint8_t s[4] = {127, 128, 129, 130};
   auto out = DequantizeFp8Block(View("w", DType::kF8_E4M3, {2, 4}, q), View("s", DType::kF8_E8M0, {2, 2}, s), 1, 2);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(out->data, (std::vector<float>{1, 1, 2, 2, 4, 4, 8, 8}));
 }
 
@@ -156,7 +157,7 @@ TEST(Mxfp4, LowNibbleFirst) {
   q[16] = 0x8B;  // col 32 = code 0xB (-1.5), col 33 = code 8 (-0)
   const uint8_t s[2] = {127, 129};  // 1, 4
   auto out = DequantizeMxfp4(View("e.weight", DType::kI8, {1, 32}, q.data()), View("e.scale", DType::kF8_E8M0, {1, 2}, s));
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(out->shape, (std::vector<int64_t>{1, 64}));
   EXPECT_EQ(out->data[0], 0.5f);
   EXPECT_EQ(out->data[1], 1.0f);
@@ -179,15 +180,15 @@ TEST(Mxfp4, LowNibbleFirst) {
 TEST(ToF32, IntegerAndFloatTypes) {
   const int64_t i64[3] = {-5, 0, 7};
   auto a = ToF32(View("t", DType::kI64, {3}, i64));
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(a->data, (std::vector<float>{-5, 0, 7}));
   const int32_t i32[2] = {3, -1};
   auto b = ToF32(View("t", DType::kI32, {2}, i32));
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->data, (std::vector<float>{3, -1}));
   const uint16_t bf[2] = {0x3F80, 0xC000};
   auto c = ToF32(View("t", DType::kBF16, {2}, bf));
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_EQ(c->data, (std::vector<float>{1, -2}));
   // A view whose byte count disagrees with its shape is refused, not read past its end.
   TensorView lie = View("lie", DType::kF32, {2}, bf);

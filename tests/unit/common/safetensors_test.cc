@@ -7,7 +7,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "tests/unit/common/test_util.h"
+#include "tests/support/files.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -15,21 +17,21 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using test::SafetensorsBytes;
-using test::ScratchDir;
-using test::WriteBytes;
+using test::TempDir;
+using test::WriteFile;
 
 const std::string kData = NUMOE_TEST_DATA;
 
 std::string Msg(const Status& s) { return std::string(s.message()); }
 
 // Opens `bytes` written as NAME in a scratch dir; returns the error (or OK).
-Status OpenBytes(const ScratchDir& dir, const std::string& name, const std::string& bytes) {
-  WriteBytes(dir / name, bytes);
+Status OpenBytes(const TempDir& dir, const std::string& name, const std::string& bytes) {
+  WriteFile(dir / name, bytes);
   return SafetensorsFile::Open(dir / name).status();
 }
 
 TEST(Safetensors, WriteThenReadEveryDType) {
-  ScratchDir dir;
+  TempDir dir;
   const float f32[2] = {1.5f, -2.0f};
   const uint16_t bf16[3] = {0x3F80, 0x4000, 0xC040};
   const uint16_t f16[1] = {0x3C00};
@@ -44,10 +46,10 @@ TEST(Safetensors, WriteThenReadEveryDType) {
       {"i.i64", DType::kI64, {2, 1}, i64},      {"j.empty", DType::kF32, {0, 4}, nullptr},
   };
   const std::string path = dir / "x.safetensors";
-  ASSERT_TRUE(WriteSafetensors(path, ts, {{"format", "pt"}, {"note", "hi"}}).ok());
+  ASSERT_OK(WriteSafetensors(path, ts, {{"format", "pt"}, {"note", "hi"}}));
 
   // Layout: 8-byte LE length, header padded with spaces to a multiple of 8.
-  const std::string raw = test::ReadBytes(path);
+  const std::string raw = test::ReadFile(path);
   uint64_t n = 0;
   std::memcpy(&n, raw.data(), 8);
   EXPECT_EQ(n % 8, 0u);
@@ -55,7 +57,7 @@ TEST(Safetensors, WriteThenReadEveryDType) {
   EXPECT_EQ(raw.size(), 8 + n + 8 + 6 + 2 + 4 + 4 + 4 + 4 + 8 + 16);
 
   auto f = SafetensorsFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_OK(f);
   EXPECT_EQ((*f)->tensors().size(), ts.size());
   EXPECT_EQ((*f)->metadata().at("format"), "pt");
   EXPECT_EQ((*f)->metadata().at("note"), "hi");
@@ -75,7 +77,7 @@ TEST(Safetensors, WriteThenReadEveryDType) {
 
   // The same file opened as a store (path to the file).
   auto store = TensorStore::Open(path);
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   EXPECT_EQ((*store)->num_tensors(), ts.size());
   auto missing = (*store)->Get("zzz");
   ASSERT_FALSE(missing.ok());
@@ -90,26 +92,26 @@ TEST(Safetensors, DTypeNames) {
     EXPECT_EQ(DTypeName(t), name);
     EXPECT_EQ(DTypeSize(t), size);
     auto parsed = ParseDType(name);
-    ASSERT_TRUE(parsed.ok());
+    ASSERT_OK(parsed);
     EXPECT_EQ(*parsed, t);
   }
   EXPECT_THAT(Msg(ParseDType("F64").status()), HasSubstr("F64"));
 }
 
 TEST(SafetensorsCorrupt, TooSmall) {
-  ScratchDir d;
+  TempDir d;
   Status s = OpenBytes(d, "tiny.safetensors", "abc");
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("tiny.safetensors"), HasSubstr("too small")));
 }
 
 TEST(SafetensorsCorrupt, HeaderBomb2Pow63) {
-  ScratchDir d;
+  TempDir d;
   Status s = OpenBytes(d, "bomb.safetensors", SafetensorsBytes("{}", "", uint64_t{1} << 63));
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("bomb.safetensors"), HasSubstr("9223372036854775808"), HasSubstr("absurd")));
 }
 
 TEST(SafetensorsCorrupt, HeaderLongerThanFile) {
-  ScratchDir d;
+  TempDir d;
   Status s = OpenBytes(d, "short.safetensors", SafetensorsBytes("{}", "", 4096));
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("short.safetensors"), HasSubstr("header length 4096"),
                             HasSubstr("past the end")));
@@ -119,7 +121,7 @@ TEST(SafetensorsCorrupt, HeaderLongerThanFile) {
 }
 
 TEST(SafetensorsCorrupt, BadJson) {
-  ScratchDir d;
+  TempDir d;
   EXPECT_THAT(Msg(OpenBytes(d, "j.safetensors", SafetensorsBytes(R"({"a": {"dtype": )", ""))),
               AllOf(HasSubstr("j.safetensors"), HasSubstr("not valid JSON")));
   EXPECT_THAT(Msg(OpenBytes(d, "arr.safetensors", SafetensorsBytes("[1, 2]   ", ""))),
@@ -131,7 +133,7 @@ TEST(SafetensorsCorrupt, BadJson) {
 }
 
 TEST(SafetensorsCorrupt, UnknownDType) {
-  ScratchDir d;
+  TempDir d;
   Status s = OpenBytes(d, "dt.safetensors",
                        SafetensorsBytes(R"({"layers.0.w": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}})",
                                         std::string(8, '\0')));
@@ -139,7 +141,7 @@ TEST(SafetensorsCorrupt, UnknownDType) {
 }
 
 TEST(SafetensorsCorrupt, BadShapes) {
-  ScratchDir d;
+  TempDir d;
   Status s = OpenBytes(d, "neg.safetensors",
                        SafetensorsBytes(R"({"t": {"dtype": "F32", "shape": [-1, 2], "data_offsets": [0, 8]}})",
                                         std::string(8, '\0')));
@@ -166,7 +168,7 @@ TEST(SafetensorsCorrupt, BadShapes) {
 }
 
 TEST(SafetensorsCorrupt, Offsets) {
-  ScratchDir d;
+  TempDir d;
   const std::string data(16, '\x01');
   Status s = OpenBytes(d, "past.safetensors",
                        SafetensorsBytes(R"({"t": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}})", data));
@@ -193,15 +195,15 @@ TEST(SafetensorsCorrupt, Offsets) {
 
 // A real shard cut short: the last tensors' data_offsets now run past the end.
 TEST(SafetensorsCorrupt, TruncatedFixtureShard) {
-  ScratchDir d;
-  test::CopyFiles(kData + "/tiny-v4", d.path());
+  TempDir d;
+  test::CopyFiles(kData + "/tiny-v4", d.str());
   const std::string shard = d / "model-00002-of-00002.safetensors";
   std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 1000);
   auto f = SafetensorsFile::Open(shard);
   ASSERT_FALSE(f.ok());
   EXPECT_THAT(Msg(f.status()), AllOf(HasSubstr("model-00002-of-00002.safetensors"), HasSubstr("tensor '"),
                                      HasSubstr("past the data section")));
-  auto store = TensorStore::Open(d.path());
+  auto store = TensorStore::Open(d.str());
   ASSERT_FALSE(store.ok());
   EXPECT_THAT(Msg(store.status()), HasSubstr("model-00002-of-00002.safetensors"));
   // Cut inside the header.
@@ -211,14 +213,14 @@ TEST(SafetensorsCorrupt, TruncatedFixtureShard) {
 }
 
 TEST(SafetensorsCorrupt, FixtureHeaderBomb) {
-  ScratchDir d;
-  test::CopyFiles(kData + "/tiny-v4", d.path());
+  TempDir d;
+  test::CopyFiles(kData + "/tiny-v4", d.str());
   const std::string shard = d / "model-00001-of-00002.safetensors";
-  std::string raw = test::ReadBytes(shard);
+  std::string raw = test::ReadFile(shard);
   const uint64_t bomb = uint64_t{1} << 63;
   std::memcpy(raw.data(), &bomb, 8);
-  WriteBytes(shard, raw);
-  auto store = TensorStore::Open(d.path());
+  WriteFile(shard, raw);
+  auto store = TensorStore::Open(d.str());
   ASSERT_FALSE(store.ok());
   EXPECT_THAT(Msg(store.status()), AllOf(HasSubstr("model-00001-of-00002.safetensors"), HasSubstr("absurd")));
 }
@@ -226,7 +228,7 @@ TEST(SafetensorsCorrupt, FixtureHeaderBomb) {
 // Random byte flips and truncations of a valid file: every outcome is an error or a file whose views all
 // lie inside it (ASan in the sanitizer tree checks the rest).
 TEST(SafetensorsCorrupt, RandomDamageNeverCrashes) {
-  ScratchDir d;
+  TempDir d;
   const float f[6] = {1, 2, 3, 4, 5, 6};
   const uint8_t b[5] = {1, 2, 3, 4, 5};
   ASSERT_TRUE(WriteSafetensors(d / "ok.safetensors",
@@ -234,7 +236,7 @@ TEST(SafetensorsCorrupt, RandomDamageNeverCrashes) {
                                 {"c", DType::kBF16, {3}, f}},
                                {{"format", "pt"}})
                   .ok());
-  const std::string good = test::ReadBytes(d / "ok.safetensors");
+  const std::string good = test::ReadFile(d / "ok.safetensors");
   uint64_t state = 12345;
   auto next = [&]() {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
@@ -254,7 +256,7 @@ TEST(SafetensorsCorrupt, RandomDamageNeverCrashes) {
       }
     }
     const std::string path = d / "bad.safetensors";
-    WriteBytes(path, bad);
+    WriteFile(path, bad);
     auto file = SafetensorsFile::Open(path);
     if (!file.ok()) {
       ++errors;
@@ -279,90 +281,90 @@ void WriteShard(const std::string& path, const std::vector<std::string>& names) 
   static const float v[2] = {1, 2};
   std::vector<TensorToWrite> ts;
   for (const auto& n : names) ts.push_back({n, DType::kF32, {2}, v});
-  ASSERT_TRUE(WriteSafetensors(path, ts).ok());
+  ASSERT_OK(WriteSafetensors(path, ts));
 }
 
 TEST(TensorStore, ShardedIndex) {
-  ScratchDir d;
+  TempDir d;
   WriteShard(d / "s1.safetensors", {"a", "b"});
   WriteShard(d / "s2.safetensors", {"c"});
-  WriteBytes(d / "model.safetensors.index.json",
+  WriteFile(d / "model.safetensors.index.json",
              R"({"metadata": {"total_size": 24}, "weight_map": {"a": "s1.safetensors", "b": "s1.safetensors",)"
              R"( "c": "s2.safetensors"}})");
-  auto store = TensorStore::Open(d.path());
-  ASSERT_TRUE(store.ok()) << store.status();
+  auto store = TensorStore::Open(d.str());
+  ASSERT_OK(store);
   EXPECT_EQ((*store)->num_tensors(), 3u);
   EXPECT_EQ((*store)->Names(), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ((*store)->files().size(), 2u);
   EXPECT_THAT(*(*store)->Find("c")->file, HasSubstr("s2.safetensors"));
   // The index path itself works too.
-  EXPECT_TRUE(TensorStore::Open(d / "model.safetensors.index.json").ok());
+  EXPECT_OK(TensorStore::Open(d / "model.safetensors.index.json"));
 }
 
 TEST(TensorStore, SingleFileDirectory) {
-  ScratchDir d;
+  TempDir d;
   WriteShard(d / "model.safetensors", {"x"});
-  auto store = TensorStore::Open(d.path());
-  ASSERT_TRUE(store.ok()) << store.status();
+  auto store = TensorStore::Open(d.str());
+  ASSERT_OK(store);
   EXPECT_NE((*store)->Find("x"), nullptr);
 }
 
 TEST(TensorStoreCorrupt, IndexNamesMissingShard) {
-  ScratchDir d;
+  TempDir d;
   WriteShard(d / "s1.safetensors", {"a"});
-  WriteBytes(d / "model.safetensors.index.json",
+  WriteFile(d / "model.safetensors.index.json",
              R"({"weight_map": {"a": "s1.safetensors", "layers.7.w": "s9.safetensors"}})");
-  Status s = TensorStore::Open(d.path()).status();
+  Status s = TensorStore::Open(d.str()).status();
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("model.safetensors.index.json"), HasSubstr("s9.safetensors"),
                             HasSubstr("layers.7.w"), HasSubstr("does not exist")));
 }
 
 TEST(TensorStoreCorrupt, IndexNamesTensorShardLacks) {
-  ScratchDir d;
+  TempDir d;
   WriteShard(d / "s1.safetensors", {"a"});
-  WriteBytes(d / "model.safetensors.index.json", R"({"weight_map": {"a": "s1.safetensors", "ghost": "s1.safetensors"}})");
-  Status s = TensorStore::Open(d.path()).status();
+  WriteFile(d / "model.safetensors.index.json", R"({"weight_map": {"a": "s1.safetensors", "ghost": "s1.safetensors"}})");
+  Status s = TensorStore::Open(d.str()).status();
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("'ghost'"), HasSubstr("s1.safetensors"), HasSubstr("does not contain")));
 }
 
 TEST(TensorStoreCorrupt, IndexPointsAtWrongShard) {
-  ScratchDir d;
+  TempDir d;
   WriteShard(d / "s1.safetensors", {"a"});
   WriteShard(d / "s2.safetensors", {"b"});
-  WriteBytes(d / "model.safetensors.index.json", R"({"weight_map": {"a": "s2.safetensors", "b": "s2.safetensors"}})");
-  Status s = TensorStore::Open(d.path()).status();
+  WriteFile(d / "model.safetensors.index.json", R"({"weight_map": {"a": "s2.safetensors", "b": "s2.safetensors"}})");
+  Status s = TensorStore::Open(d.str()).status();
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("'a'"), HasSubstr("s2.safetensors")));
 }
 
 TEST(TensorStoreCorrupt, DuplicateAcrossShards) {
-  ScratchDir d;
+  TempDir d;
   WriteShard(d / "s1.safetensors", {"a", "dup.weight"});
   WriteShard(d / "s2.safetensors", {"dup.weight"});
-  WriteBytes(d / "model.safetensors.index.json",
+  WriteFile(d / "model.safetensors.index.json",
              R"({"weight_map": {"a": "s1.safetensors", "dup.weight": "s2.safetensors"}})");
-  Status s = TensorStore::Open(d.path()).status();
+  Status s = TensorStore::Open(d.str()).status();
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("'dup.weight'"), HasSubstr("s1.safetensors"), HasSubstr("s2.safetensors"),
                             HasSubstr("two shards")));
 }
 
 TEST(TensorStoreCorrupt, BadIndexFiles) {
-  ScratchDir d;
+  TempDir d;
   WriteShard(d / "s1.safetensors", {"a"});
   const std::string idx = d / "model.safetensors.index.json";
-  WriteBytes(idx, "{not json");
-  EXPECT_THAT(Msg(TensorStore::Open(d.path()).status()),
+  WriteFile(idx, "{not json");
+  EXPECT_THAT(Msg(TensorStore::Open(d.str()).status()),
               AllOf(HasSubstr("model.safetensors.index.json"), HasSubstr("not valid JSON")));
-  WriteBytes(idx, R"({"metadata": {}})");
-  EXPECT_THAT(Msg(TensorStore::Open(d.path()).status()), HasSubstr("weight_map"));
-  WriteBytes(idx, R"({"weight_map": {"a": 3}})");
-  EXPECT_THAT(Msg(TensorStore::Open(d.path()).status()), AllOf(HasSubstr("'a'"), HasSubstr("not a file name")));
-  WriteBytes(idx, R"({"weight_map": {"a": "../../etc/passwd"}})");
-  EXPECT_THAT(Msg(TensorStore::Open(d.path()).status()), AllOf(HasSubstr("'a'"), HasSubstr("invalid shard name")));
+  WriteFile(idx, R"({"metadata": {}})");
+  EXPECT_THAT(Msg(TensorStore::Open(d.str()).status()), HasSubstr("weight_map"));
+  WriteFile(idx, R"({"weight_map": {"a": 3}})");
+  EXPECT_THAT(Msg(TensorStore::Open(d.str()).status()), AllOf(HasSubstr("'a'"), HasSubstr("not a file name")));
+  WriteFile(idx, R"({"weight_map": {"a": "../../etc/passwd"}})");
+  EXPECT_THAT(Msg(TensorStore::Open(d.str()).status()), AllOf(HasSubstr("'a'"), HasSubstr("invalid shard name")));
 }
 
 TEST(TensorStoreCorrupt, NothingThere) {
-  ScratchDir d;
-  EXPECT_THAT(Msg(TensorStore::Open(d.path()).status()), HasSubstr("no model.safetensors.index.json"));
+  TempDir d;
+  EXPECT_THAT(Msg(TensorStore::Open(d.str()).status()), HasSubstr("no model.safetensors.index.json"));
   EXPECT_THAT(Msg(TensorStore::Open(d / "absent").status()), HasSubstr("absent"));
 }
 

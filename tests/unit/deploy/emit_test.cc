@@ -11,6 +11,7 @@
 #include "router/router_flags.h"
 #include "tests/unit/deploy/full_size_model.h"
 #include "worker/service/worker_flags.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::deploy {
 namespace {
@@ -27,7 +28,7 @@ Plan UnevenPlan(int instances = 0) {
   PlanOptions o;
   o.instances_per_node = instances;
   auto plan = MakePlan(Described("22dimm", {{192, 6, 0}, {192, 6, 0}, {160, 5, 0}, {160, 5, 0}}), FullSizeModel(), o);
-  EXPECT_TRUE(plan.ok()) << plan.status();
+  EXPECT_OK(plan);
   return *plan;
 }
 
@@ -87,7 +88,7 @@ TEST(EmitSystemd, OneUnitPerProcessWithBindings) {
   EmitOptions o;
   o.launch.model_dir = "/models/DeepSeek-V4-Flash-0731";
   auto files = RenderSystemd(UnevenPlan(), o);
-  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_OK(files);
   ASSERT_EQ(files->size(), 6u);  // gpu, 3 workers, router, target
   for (const char* name : {"numoe-gpu.service", "numoe-worker-0.service", "numoe-worker-1.service",
                            "numoe-worker-2.service", "numoe-router.service", "numoe.target"}) {
@@ -134,9 +135,9 @@ TEST(EmitSystemd, OneUnitPerProcessWithBindings) {
 TEST(EmitSystemd, SeveralPerNodeArePinnedToTheirCpus) {
   auto plan = MakePlan(Described("2x768", {{768, 12, 0}, {768, 12, 0}}), FullSizeModel(),
                        PlanOptions{.instances_per_node = 2});
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_OK(plan);
   auto files = RenderSystemd(*plan, EmitOptions{});
-  ASSERT_TRUE(files.ok());
+  ASSERT_OK(files);
   const std::string w1 = Find(*files, "numoe-worker-1.service")->content;
   EXPECT_THAT(w1, HasSubstr("numactl --physcpubind=12-23,108-119 --membind=0 /usr/local/bin/numoe-worker"));
   EXPECT_THAT(w1, HasSubstr("--numa-node 0 --threads 12"));
@@ -225,7 +226,7 @@ TEST(EmitKubernetes, PodPerWorkerGpuPerHostRouterService) {
   o.launch.model_dir = "/models/v4";
   o.k8s_hostname = "box1";
   auto files = RenderKubernetes(UnevenPlan(), o);
-  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_OK(files);
   ASSERT_EQ(files->size(), 1u);
   const std::string& y = (*files)[0].content;
   EXPECT_EQ((*files)[0].name, "numoe.yaml");
@@ -254,9 +255,9 @@ TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
   fs::path dir = fs::temp_directory_path() / "numoe_emit_test";
   fs::remove_all(dir);
   auto files = RenderSystemd(UnevenPlan(), EmitOptions{});
-  ASSERT_TRUE(files.ok());
+  ASSERT_OK(files);
   auto written = WriteEmittedFiles(*files, (dir / "units").string(), false);
-  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_OK(written);
   ASSERT_EQ(written->size(), 6u);
   std::ifstream in(dir / "units" / "numoe-worker-1.service");
   std::stringstream ss;
@@ -268,7 +269,7 @@ TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("numoe-gpu.service exists"));
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("--force"));
-  EXPECT_TRUE(WriteEmittedFiles(*files, (dir / "units").string(), true).ok());
+  EXPECT_OK(WriteEmittedFiles(*files, (dir / "units").string(), true));
   for (const auto& entry : fs::directory_iterator(dir / "units")) {
     EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".tmp")));
   }
@@ -281,7 +282,7 @@ TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
 
 TEST(Emit, NothingToEmitWithoutWorkers) {
   auto plan = MakePlan(Described("small", {{128, 4, 16}}), FullSizeModel(), PlanOptions{});
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   EXPECT_EQ(RenderSystemd(*plan, EmitOptions{}).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(RenderKubernetes(*plan, EmitOptions{}).status().code(), absl::StatusCode::kFailedPrecondition);
 }

@@ -3,6 +3,7 @@
 #include "deploy/model_memory.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::deploy::testing {
 
@@ -10,7 +11,7 @@ ModelMemory FullSizeModel() {
   // Loaded and checked once per test binary (the random-machine test plans hundreds of times).
   static const ModelMemory cached = [] {
   auto m = LoadModelMemory(std::string(NUMOE_TEST_DATA) + "/v4-flash-0731.config.json");
-  EXPECT_TRUE(m.ok()) << m.status();
+  EXPECT_OK(m);
   if (!m.ok()) return ModelMemory{};
   EXPECT_EQ(m->name, "v4-flash-0731.config.json");
   EXPECT_EQ(m->routed_expert_bytes, kRoutedBytes);
@@ -49,7 +50,7 @@ Topology Described(const std::string& name, const std::vector<NodeSpec>& nodes) 
     j["nodes"].push_back(n);
   }
   auto t = ParseTopologyJson(j.dump(), name + ".json");
-  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_OK(t);
   return t.ok() ? *t : Topology{};
 }
 

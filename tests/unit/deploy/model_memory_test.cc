@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/deploy/full_size_model.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::deploy {
 namespace {
@@ -29,7 +30,7 @@ TEST(ModelMemory, FullSizeConfigMatchesTheModelCard) {
 // 64 x 4 E8M0 scales = 4,352 B; w2 [128, 64]: 128 x 32 + 128 x 2 = 4,352 B; one expert 13,056 B.
 TEST(ModelMemory, TinyCheckpointCountsItsDrafterStages) {
   auto m = LoadModelMemory(kData + "/tiny-v4");
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_EQ(m->name, "tiny-v4");
   EXPECT_EQ(m->routed_expert_bytes, 5 * 8 * 13'056);
   EXPECT_EQ(m->drafter_stages, 3);  // mtp.0..2 in the index
@@ -37,13 +38,13 @@ TEST(ModelMemory, TinyCheckpointCountsItsDrafterStages) {
   EXPECT_EQ(m->routed_bytes_per_token, 5 * 2 * 13'056);  // top-2
   EXPECT_EQ(m->activation_bytes_per_token, 2 * 128 * 4 + 2 * (2 * 64 * 4 + 8));
   auto stages = CountDrafterStagesInIndex(kData + "/tiny-v4/model.safetensors.index.json");
-  ASSERT_TRUE(stages.ok());
+  ASSERT_OK(stages);
   EXPECT_EQ(*stages, 3);
 }
 
 TEST(ModelMemory, DemoCheckpointHasNoDrafter) {
   auto m = LoadModelMemory(kData + "/demo-v4");
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_EQ(m->drafter_stages, 0);
   EXPECT_EQ(m->drafter_expert_bytes, 0);
   EXPECT_GT(m->routed_expert_bytes, 0);

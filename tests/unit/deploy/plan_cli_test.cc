@@ -10,30 +10,20 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/files.h"
+#include "tests/support/process.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using Result = numoe::test::RunResult;
+using numoe::test::ReadFile;
 
 class PlanCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("numoe_plan_cli_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
     Write("4x192.json", R"({"name": "4x192", "nodes": [
         {"id": 0, "cpus": "0-23,96-119", "cores": 24, "memory_gb": 192, "dimms": 6},
         {"id": 1, "cpus": "24-47,120-143", "cores": 24, "memory_gb": 192, "dimms": 6},
@@ -45,28 +35,22 @@ class PlanCli : public ::testing::Test {
     Write("bad.json", R"({"nodes": [{"id": 0, "cpus": 4, "memory_gb": 8}, {"id": 1, "cpus": 4, "memory_gb": 8},
                                     {"id": 2, "cpus": 4, "memory_gb": 0}]})");
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void Write(const std::string& name, const std::string& text) {
+    ASSERT_TRUE(numoe::test::WriteFile(dir_ / name, text));
+  }
+  std::string Path(const std::string& name) const { return dir_ / name; }
 
-  void Write(const std::string& name, const std::string& text) { std::ofstream(dir_ / name) << text; }
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-
-  Result Run(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    std::string cmd = std::string(NUMOE_BIN_DIR) + "/numoe plan " + args + " > " + out.string() + " 2> " + err.string();
-    int status = std::system(cmd.c_str());
-    Result r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = Slurp(out);
-    r.err = Slurp(err);
-    return r;
+  // `numoe plan ARGS` (named Plan, not Run: that is testing::Test::Run).
+  Result Plan(const std::string& args) const {
+    return numoe::test::RunCommand(numoe::test::CommandLine(numoe::test::BinPath("numoe"), "plan " + args));
   }
   std::string Config() const { return std::string(" --config ") + NUMOE_TEST_DATA + "/v4-flash-0731.config.json"; }
 
-  fs::path dir_;
+  numoe::test::TempDir dir_{"numoe-plan-cli"};
 };
 
 TEST_F(PlanCli, HelpDocumentsEveryFlag) {
-  Result r = Run("--help");
+  Result r = Plan("--help");
   EXPECT_EQ(r.rc, 0);
   for (const char* flag : {"--model DIR", "--config FILE", "--topology FILE.json", "--instances-per-node N", "--json",
                            "--emit systemd|k8s DIR", "--force", "--drafter-experts worker|gpu", "--available-memory",
@@ -78,7 +62,7 @@ TEST_F(PlanCli, HelpDocumentsEveryFlag) {
 }
 
 TEST_F(PlanCli, TextPlanForFourNodes) {
-  Result r = Run(Config() + " --topology " + Path("4x192.json"));
+  Result r = Plan(Config() + " --topology " + Path("4x192.json"));
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("Plan: 4 workers"));
   EXPECT_THAT(r.out, HasSubstr("147.17 GB"));
@@ -87,7 +71,7 @@ TEST_F(PlanCli, TextPlanForFourNodes) {
 }
 
 TEST_F(PlanCli, JsonPlan) {
-  Result r = Run(Config() + " --topology " + Path("4x192.json") + " --json");
+  Result r = Plan(Config() + " --topology " + Path("4x192.json") + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["workers"].size(), 4u);
@@ -98,58 +82,58 @@ TEST_F(PlanCli, JsonPlan) {
 }
 
 TEST_F(PlanCli, TooSmallExitsThreeSayingWhatIsMissing) {
-  Result r = Run(Config() + " --topology " + Path("small.json"));
+  Result r = Plan(Config() + " --topology " + Path("small.json"));
   EXPECT_EQ(r.rc, 3);
   EXPECT_THAT(r.out, HasSubstr("Plan: no worker fits (43.73 GB missing)"));
-  Result j = Run(Config() + " --topology " + Path("small.json") + " --json");
+  Result j = Plan(Config() + " --topology " + Path("small.json") + " --json");
   EXPECT_EQ(j.rc, 3);
   EXPECT_EQ(nlohmann::json::parse(j.out)["fits"], false);
   // Without the drafter, and with a smaller reserve, it still does not fit: 120 + ... < 150.
-  Result g = Run(Config() + " --topology " + Path("small.json") + " --drafter-experts gpu");
+  Result g = Plan(Config() + " --topology " + Path("small.json") + " --drafter-experts gpu");
   EXPECT_EQ(g.rc, 3);
   EXPECT_THAT(g.out, HasSubstr("on the GPU (--drafter-experts gpu)"));
 }
 
 TEST_F(PlanCli, BadInputsAreErrorsNamingTheField) {
-  Result r = Run(Config() + " --topology " + Path("bad.json"));
+  Result r = Plan(Config() + " --topology " + Path("bad.json"));
   EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.err, HasSubstr("bad.json: nodes[2].memory_gb must be > 0 (got 0)"));
-  Result missing = Run(Config() + " --topology " + Path("nope.json"));
+  Result missing = Plan(Config() + " --topology " + Path("nope.json"));
   EXPECT_EQ(missing.rc, 1);
   EXPECT_THAT(missing.err, HasSubstr("nope.json: cannot open"));
-  Result model = Run("--model /nonexistent/dir --topology " + Path("4x192.json"));
+  Result model = Plan("--model /nonexistent/dir --topology " + Path("4x192.json"));
   EXPECT_EQ(model.rc, 1);
   EXPECT_THAT(model.err, HasSubstr("/nonexistent/dir"));
 
-  EXPECT_EQ(Run("").rc, 2);
-  EXPECT_THAT(Run("").err, HasSubstr("give exactly one of --model DIR or --config FILE"));
-  EXPECT_EQ(Run(Config() + " --model /x").rc, 2);
-  EXPECT_EQ(Run(Config() + " --drafter-experts disk").rc, 2);
-  EXPECT_EQ(Run(Config() + " --instances-per-node -1").rc, 2);
-  EXPECT_EQ(Run(Config() + " --topology " + Path("4x192.json") + " --emit systemd").rc, 2);
-  EXPECT_THAT(Run(Config() + " --topology " + Path("4x192.json") + " --emit docker " + Path("x")).err,
+  EXPECT_EQ(Plan("").rc, 2);
+  EXPECT_THAT(Plan("").err, HasSubstr("give exactly one of --model DIR or --config FILE"));
+  EXPECT_EQ(Plan(Config() + " --model /x").rc, 2);
+  EXPECT_EQ(Plan(Config() + " --drafter-experts disk").rc, 2);
+  EXPECT_EQ(Plan(Config() + " --instances-per-node -1").rc, 2);
+  EXPECT_EQ(Plan(Config() + " --topology " + Path("4x192.json") + " --emit systemd").rc, 2);
+  EXPECT_THAT(Plan(Config() + " --topology " + Path("4x192.json") + " --emit docker " + Path("x")).err,
               HasSubstr("--emit must be systemd or k8s"));
 }
 
 TEST_F(PlanCli, InstancesPerNode) {
-  Result r = Run(Config() + " --topology " + Path("2x768.json") + " --instances-per-node 4 --json");
+  Result r = Plan(Config() + " --topology " + Path("2x768.json") + " --instances-per-node 4 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["workers"].size(), 8u);
   EXPECT_EQ(j["workers"][7]["nodes"], nlohmann::json::array({1}));
   EXPECT_EQ(j["workers"][7]["threads"], 12);
-  Result too_many = Run(Config() + " --topology " + Path("2x768.json") + " --instances-per-node 5");
+  Result too_many = Plan(Config() + " --topology " + Path("2x768.json") + " --instances-per-node 5");
   EXPECT_EQ(too_many.rc, 1);
   EXPECT_THAT(too_many.err, HasSubstr("node 0 holds only 4 workers"));
 }
 
 TEST_F(PlanCli, EmitSystemdAndKubernetes) {
   const std::string units = Path("units");
-  Result r = Run("--model " + std::string(NUMOE_TEST_DATA) + "/tiny-v4 --topology " + Path("4x192.json") +
-                 " --emit systemd " + units);
+  Result r = Plan("--model " + std::string(NUMOE_TEST_DATA) + "/tiny-v4 --topology " + Path("4x192.json") +
+                  " --emit systemd " + units);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("wrote 7 files to " + units));
-  const std::string w3 = Slurp(fs::path(units) / "numoe-worker-3.service");
+  const std::string w3 = ReadFile(fs::path(units) / "numoe-worker-3.service");
   EXPECT_THAT(w3, HasSubstr("/usr/bin/numactl --cpunodebind=3 --membind=3 /usr/local/bin/numoe-worker --model "));
   EXPECT_THAT(w3, HasSubstr("tiny-v4 --numa-node 3 --threads 24"));
   EXPECT_THAT(w3, HasSubstr("CPUAffinity=72-95,168-191"));
@@ -157,29 +141,30 @@ TEST_F(PlanCli, EmitSystemdAndKubernetes) {
   EXPECT_TRUE(fs::exists(fs::path(units) / "numoe-router.service"));
   EXPECT_TRUE(fs::exists(fs::path(units) / "numoe.target"));
 
-  Result again = Run(Config() + " --topology " + Path("4x192.json") + " --emit systemd " + units);
+  Result again = Plan(Config() + " --topology " + Path("4x192.json") + " --emit systemd " + units);
   EXPECT_EQ(again.rc, 1);
   EXPECT_THAT(again.err, HasSubstr("exists"));
-  Result forced = Run(Config() + " --topology " + Path("4x192.json") + " --emit=systemd " + units +
-                      " --force --bin-dir /opt/numoe/bin --gpu-node 2");
+  Result forced = Plan(Config() + " --topology " + Path("4x192.json") + " --emit=systemd " + units +
+                       " --force --bin-dir /opt/numoe/bin --gpu-node 2");
   EXPECT_EQ(forced.rc, 0) << forced.err;
   EXPECT_THAT(forced.err, HasSubstr("set --model in them"));
-  EXPECT_THAT(Slurp(fs::path(units) / "numoe-gpu.service"),
+  EXPECT_THAT(ReadFile(fs::path(units) / "numoe-gpu.service"),
               HasSubstr("--cpunodebind=2 --preferred=2 /opt/numoe/bin/numoe-gpu --model /path/to/model"));
-  EXPECT_EQ(Run(Config() + " --topology " + Path("4x192.json") + " --emit systemd " + units + " --force --gpu-node 9").rc,
-            2);
+  EXPECT_EQ(
+      Plan(Config() + " --topology " + Path("4x192.json") + " --emit systemd " + units + " --force --gpu-node 9").rc,
+      2);
 
-  Result k8s = Run(Config() + " --topology " + Path("4x192.json") + " --emit k8s " + Path("k8s") +
-                   " --hostname box7 --image registry/numoe:1");
+  Result k8s = Plan(Config() + " --topology " + Path("4x192.json") + " --emit k8s " + Path("k8s") +
+                    " --hostname box7 --image registry/numoe:1");
   ASSERT_EQ(k8s.rc, 0) << k8s.err;
-  const std::string y = Slurp(fs::path(Path("k8s")) / "numoe.yaml");
+  const std::string y = ReadFile(fs::path(Path("k8s")) / "numoe.yaml");
   EXPECT_THAT(y, HasSubstr("kubernetes.io/hostname: \"box7\""));
   EXPECT_THAT(y, HasSubstr("image: \"registry/numoe:1\""));
   EXPECT_THAT(y, HasSubstr("- \"--membind=2\""));
   EXPECT_THAT(y, HasSubstr("kind: Service"));
 
   // Nothing is written when the machine cannot hold a copy.
-  Result none = Run(Config() + " --topology " + Path("small.json") + " --emit systemd " + Path("none"));
+  Result none = Plan(Config() + " --topology " + Path("small.json") + " --emit systemd " + Path("none"));
   EXPECT_EQ(none.rc, 3);
   EXPECT_FALSE(fs::exists(Path("none")));
 }
@@ -187,7 +172,7 @@ TEST_F(PlanCli, EmitSystemdAndKubernetes) {
 // What `numoe serve` without --workers follows: the plan for this machine. The tiny model fits any
 // machine that can build numoe (it needs about 1 GB, mostly activation buffers).
 TEST_F(PlanCli, ThisMachineWithTinyModel) {
-  Result r = Run("--model " + std::string(NUMOE_TEST_DATA) + "/tiny-v4 --json");
+  Result r = Plan("--model " + std::string(NUMOE_TEST_DATA) + "/tiny-v4 --json");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_GE(j["workers"].size(), 1u);

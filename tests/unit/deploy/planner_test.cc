@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/deploy/full_size_model.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::deploy {
 namespace {
@@ -50,7 +51,7 @@ std::vector<std::vector<int>> NodesOf(const Plan& plan) {
 
 Plan MustPlan(const Topology& t, const PlanOptions& options = {}) {
   auto plan = MakePlan(t, FullSizeModel(), options);
-  EXPECT_TRUE(plan.ok()) << plan.status();
+  EXPECT_OK(plan);
   return plan.ok() ? *plan : Plan{};
 }
 
@@ -97,7 +98,7 @@ TEST(PlannerTerms, DrafterOnGpuOrAbsent) {
   ModelMemory no_drafter = FullSizeModel();
   no_drafter.drafter_expert_bytes = 0;
   auto p2 = MakePlan(Described("one", {{192, 6, 24}}), no_drafter, PlanOptions{});
-  ASSERT_TRUE(p2.ok());
+  ASSERT_OK(p2);
   EXPECT_FALSE(p2->drafter_on_cpu);
   EXPECT_EQ(p2->terms[1].bytes, 0);
   EXPECT_THAT(Flat(FormatPlanText(*p2)), HasSubstr("the model has no drafter experts"));
@@ -124,7 +125,7 @@ TEST(PlannerTerms, SmallMachinesKeepAFractionForTheOs) {
   small.drafter_expert_bytes = 0;
   small.activation_bytes_per_token = 2064;
   auto plan = MakePlan(Described("vm", {{7.5, 0, 2}}), small, PlanOptions{});
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_OK(plan);
   // need = 100 MB + 2 MB repack + (2 x 8192 x 2064 + 1e9) = 1,135,816,576 B; headroom = 750 MB.
   EXPECT_EQ(plan->worker_need_bytes, 1'135'816'576);
   EXPECT_EQ(plan->nodes[0].headroom_bytes, 750'000'000);
@@ -433,7 +434,7 @@ TEST(PlannerErrors, BadInputsNameTheProblem) {
 TEST(PlannerProbe, ThisMachinePlansOrSaysWhatIsMissing) {
   // Whatever this machine is, the probe yields a valid topology and the planner a plan or a clear no.
   auto topo = ProbeTopology();
-  ASSERT_TRUE(topo.ok()) << topo.status();
+  ASSERT_OK(topo);
   ASSERT_FALSE(topo->nodes.empty());
   for (const auto& n : topo->nodes) {
     EXPECT_GT(n.memory_bytes, 0);
@@ -449,7 +450,7 @@ TEST(PlannerProbe, ThisMachinePlansOrSaysWhatIsMissing) {
   o.fixed_buffer_bytes = 0;
   o.max_batch_tokens = 1;
   auto plan = PlanForThisMachine(tiny, o);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_OK(plan);
   EXPECT_EQ(plan->workers.size(), topo->nodes.size());
 
   o = PlanOptions{};

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
@@ -26,7 +27,7 @@ TEST(TopologyJson, AcceptsCountsListsAndRanges) {
       {"id": 3, "cpus": "28-31,60-63", "memory_gb": 160}],
       "distances": [[10, 21, 21], [21, 10, 21], [21, 21, 10]]})",
                              "m.json");
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_EQ(t->name, "box");
   ASSERT_EQ(t->nodes.size(), 3u);
   EXPECT_EQ(t->nodes[0].num_cpus, 24);
@@ -50,7 +51,7 @@ TEST(TopologyJson, NameDefaultsToSourceAndDistancesDefault) {
   auto t = ParseTopologyJson(R"({"nodes": [{"id": 0, "cpus": 2, "memory_gb": 8}, {"id": 1, "cpus": 2, "memory_gb": 8},
                                            {"id": 2, "cpus": 2, "memory_gb": 8}]})",
                              "m.json");
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_EQ(t->name, "m.json");
   EXPECT_EQ(t->Distance(1, 1), 10);
   EXPECT_LT(t->Distance(0, 1), t->Distance(0, 2));  // neighbours by id pair first
@@ -136,7 +137,7 @@ TEST(CpuList, FormatsAndParses) {
   EXPECT_EQ(FormatCpuList({5}), "5");
   EXPECT_EQ(FormatCpuList({}), "");
   auto ids = ParseCpuList("0-2,7", "cpus");
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   EXPECT_THAT(*ids, ElementsAre(0, 1, 2, 7));
   EXPECT_FALSE(ParseCpuList("", "cpus").ok());
   EXPECT_FALSE(ParseCpuList("1,,2", "cpus").ok());
@@ -146,9 +147,9 @@ TEST(CpuList, FormatsAndParses) {
 
 TEST(TopologyProbe, ThisMachine) {
   auto t = ProbeTopology();
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_THAT(t->name, HasSubstr("this machine"));
-  EXPECT_TRUE(ValidateTopology(*t, "probe").ok());
+  EXPECT_OK(ValidateTopology(*t, "probe"));
 }
 
 }  // namespace

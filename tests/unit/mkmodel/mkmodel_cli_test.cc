@@ -14,7 +14,9 @@
 #include "common/config.h"
 #include "common/safetensors.h"
 #include "common/tokenizer/tokenizer.h"
-#include "tests/unit/mkmodel/run_util.h"
+#include "tests/support/files.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::test {
 namespace {
@@ -26,6 +28,13 @@ const std::string kData = NUMOE_TEST_DATA;
 
 // ---- the CLI, tiny preset ---------------------------------------------------------------------------------
 
+// FNV-1a 64 of a file's bytes (what the determinism test compares and prints).
+uint64_t HashFile(const fs::path& p) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : ReadFile(p)) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
 std::map<std::string, uint64_t> Hashes(const fs::path& dir) {
   std::map<std::string, uint64_t> h;
   for (const auto& e : fs::directory_iterator(dir)) h[e.path().filename().string()] = HashFile(e.path());
@@ -35,13 +44,14 @@ std::map<std::string, uint64_t> Hashes(const fs::path& dir) {
 TEST(MkmodelCliTest, SameSeedSameBytesOtherSeedOtherWeights) {
   TempDir a("mk-cli-a"), b("mk-cli-b"), c("mk-cli-c");
   auto run = [](const TempDir& d, const char* seed, const char* threads) {
-    return RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--seed", seed, "--threads", threads, "--out",
-                d.str() + "/m"});
+    return RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--seed", seed, "--threads", threads, "--out",
+                       d.str() + "/m"},
+                      {.merge_stderr = true});
   };
   RunResult ra = run(a, "5", "1"), rb = run(b, "5", "2"), rc = run(c, "6", "2");
-  ASSERT_EQ(ra.exit_code, 0) << ra.output;
-  ASSERT_EQ(rb.exit_code, 0) << rb.output;
-  ASSERT_EQ(rc.exit_code, 0) << rc.output;
+  ASSERT_EQ(ra.rc, 0) << ra.out;
+  ASSERT_EQ(rb.rc, 0) << rb.out;
+  ASSERT_EQ(rc.rc, 0) << rc.out;
   const auto ha = Hashes(a.path() / "m"), hb = Hashes(b.path() / "m"), hc = Hashes(c.path() / "m");
   const std::set<std::string> files = {"config.json", "generation_config.json", "model-00001-of-00002.safetensors",
                                        "model-00002-of-00002.safetensors", "model.safetensors.index.json",
@@ -62,12 +72,13 @@ TEST(MkmodelCliTest, SameSeedSameBytesOtherSeedOtherWeights) {
 
 TEST(MkmodelCliTest, TinyPresetHasTheFixturesExactLayout) {
   TempDir d("mk-cli-layout");
-  RunResult r = RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--out", d.str()});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("it loads as a checkpoint"));
+  RunResult r = RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--out", d.str()}, {.merge_stderr = true});
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("it loads as a checkpoint"));
   auto ours = TensorStore::Open(d.str());
   auto fixture = TensorStore::Open(kData + "/tiny-v4");
-  ASSERT_TRUE(ours.ok() && fixture.ok());
+  ASSERT_OK(ours);
+  ASSERT_OK(fixture);
   ASSERT_EQ((*ours)->Names(), (*fixture)->Names());
   for (const std::string& name : (*fixture)->Names()) {
     const TensorView *a = (*ours)->Find(name), *b = (*fixture)->Find(name);
@@ -76,39 +87,48 @@ TEST(MkmodelCliTest, TinyPresetHasTheFixturesExactLayout) {
   }
   auto config = LoadModelConfig(d.str());
   auto fixture_config = LoadModelConfig(kData + "/tiny-v4");
-  ASSERT_TRUE(config.ok() && fixture_config.ok());
+  ASSERT_OK(config);
+  ASSERT_OK(fixture_config);
   EXPECT_EQ(ModelConfigToJson(*config), ModelConfigToJson(*fixture_config));
   EXPECT_EQ(ReadFile(d.path() / "tokenizer.json"), ReadFile(kData + "/tiny-v4/tokenizer.json"));
   EXPECT_EQ(ReadFile(d.path() / "tokenizer_config.json"), ReadFile(kData + "/tiny-v4/tokenizer_config.json"));
-  EXPECT_TRUE(tokenizer::Tokenizer::Load(d.str()).ok());
+  EXPECT_OK(tokenizer::Tokenizer::Load(d.str()));
 }
 
 TEST(MkmodelCliTest, OutMustBeEmptyUnlessForce) {
   TempDir d("mk-cli-force");
-  ASSERT_EQ(RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--out", d.str(), "--quiet"}).exit_code, 0);
-  RunResult again = RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--out", d.str()});
-  EXPECT_EQ(again.exit_code, 1);
-  EXPECT_THAT(again.output, HasSubstr("is not empty"));
-  EXPECT_THAT(again.output, HasSubstr("--force"));
+  ASSERT_EQ(
+      RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--out", d.str(), "--quiet"}, {.merge_stderr = true})
+          .rc,
+      0);
+  RunResult again =
+      RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--out", d.str()}, {.merge_stderr = true});
+  EXPECT_EQ(again.rc, 1);
+  EXPECT_THAT(again.out, HasSubstr("is not empty"));
+  EXPECT_THAT(again.out, HasSubstr("--force"));
 
   // --force replaces the checkpoint, including shards of another shard count.
-  RunResult forced = RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--shards", "3", "--force", "--out", d.str()});
-  ASSERT_EQ(forced.exit_code, 0) << forced.output;
+  RunResult forced =
+      RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--shards", "3", "--force", "--out", d.str()},
+                 {.merge_stderr = true});
+  ASSERT_EQ(forced.rc, 0) << forced.out;
   EXPECT_FALSE(fs::exists(d.path() / "model-00001-of-00002.safetensors"));
   EXPECT_TRUE(fs::exists(d.path() / "model-00003-of-00003.safetensors"));
-  EXPECT_TRUE(Checkpoint::Open(d.str()).ok());
+  EXPECT_OK(Checkpoint::Open(d.str()));
 
   // ... but never deletes files that are not a checkpoint's.
   { std::ofstream(d.path() / "notes.txt") << "mine"; }
-  RunResult foreign = RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--force", "--out", d.str()});
-  EXPECT_EQ(foreign.exit_code, 1);
-  EXPECT_THAT(foreign.output, HasSubstr("notes.txt"));
+  RunResult foreign = RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--force", "--out", d.str()},
+                                 {.merge_stderr = true});
+  EXPECT_EQ(foreign.rc, 1);
+  EXPECT_THAT(foreign.out, HasSubstr("notes.txt"));
   EXPECT_TRUE(fs::exists(d.path() / "model-00003-of-00003.safetensors"));
 
   { std::ofstream(d.path() / "file") << "x"; }
-  RunResult not_dir = RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--out", (d.path() / "file").string()});
-  EXPECT_EQ(not_dir.exit_code, 1);
-  EXPECT_THAT(not_dir.output, HasSubstr("is not a directory"));
+  RunResult not_dir = RunCommand(
+      {BinPath("numoe"), "mkmodel", "--preset", "tiny", "--out", (d.path() / "file").string()}, {.merge_stderr = true});
+  EXPECT_EQ(not_dir.rc, 1);
+  EXPECT_THAT(not_dir.out, HasSubstr("is not a directory"));
 }
 
 TEST(MkmodelCliTest, BadFlagsAreClearErrors) {
@@ -130,11 +150,11 @@ TEST(MkmodelCliTest, BadFlagsAreClearErrors) {
       {{"--out", out}, 2, "--preset"},
   };
   for (const Case& c : cases) {
-    std::vector<std::string> args = {NumoeBin(), "mkmodel"};
+    std::vector<std::string> args = {BinPath("numoe"), "mkmodel"};
     args.insert(args.end(), c.args.begin(), c.args.end());
-    RunResult r = RunProcess(args);
-    EXPECT_EQ(r.exit_code, c.code) << r.output;
-    EXPECT_THAT(r.output, HasSubstr(c.message));
+    RunResult r = RunCommand(args, {.merge_stderr = true});
+    EXPECT_EQ(r.rc, c.code) << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.message));
   }
   EXPECT_FALSE(fs::exists(out));
 }

@@ -15,19 +15,20 @@
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/safetensors.h"
-#include "common/testing/presets.h"
-#include "common/testing/synthetic.h"
-#include "common/testing/synthetic_tokenizer.h"
+#include "common/synthetic/presets.h"
+#include "common/synthetic/synthetic.h"
+#include "common/synthetic/synthetic_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
-#include "tests/unit/mkmodel/run_util.h"
+#include "tests/support/files.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::test {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-using testing::MakePreset;
-using testing::PresetOptions;
+using synthetic::MakePreset;
+using synthetic::PresetOptions;
 
 const std::string kData = NUMOE_TEST_DATA;
 
@@ -43,15 +44,15 @@ std::string Schedule(const ModelConfig& c) {
 
 TEST(PresetTest, EmbeddedFlashConfigIsTheFixture) {
   auto fixture = LoadModelConfig(kData + "/v4-flash-0731.config.json");
-  ASSERT_TRUE(fixture.ok()) << fixture.status();
-  EXPECT_EQ(ModelConfigToJson(testing::V4FlashConfig()), ModelConfigToJson(*fixture));
+  ASSERT_OK(fixture);
+  EXPECT_EQ(ModelConfigToJson(synthetic::V4FlashConfig()), ModelConfigToJson(*fixture));
   // The released schedule: 2 sliding, then CSA on even and HCA on odd layers; 3 hash layers.
-  EXPECT_EQ(testing::PresetSchedule(43, 2), fixture->layer_types);
+  EXPECT_EQ(synthetic::PresetSchedule(43, 2), fixture->layer_types);
 }
 
 TEST(PresetTest, FlashDefaultsAreFullWidthTwoLayers) {
   auto p = MakePreset({.preset = "v4-flash"});
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   const ModelConfig& c = p->config;
   EXPECT_EQ(c.hidden_size, 4096);
   EXPECT_EQ(c.n_routed_experts, 256);
@@ -84,12 +85,12 @@ TEST(PresetTest, FlashScheduleHasCsaAndHcaFromThreeLayers) {
   };
   for (const auto& [layers, schedule] : want) {
     auto p = MakePreset({.preset = "v4-flash", .layers = layers});
-    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_OK(p);
     EXPECT_EQ(Schedule(p->config), schedule) << layers << " layers";
   }
   auto full = MakePreset({.preset = "v4-flash", .layers = 43, .dspark_stages = 3});
-  ASSERT_TRUE(full.ok()) << full.status();
-  const ModelConfig flash = testing::V4FlashConfig();
+  ASSERT_OK(full);
+  const ModelConfig flash = synthetic::V4FlashConfig();
   EXPECT_EQ(full->config.layer_types, flash.layer_types);
   EXPECT_EQ(full->config.mlp_layer_types, flash.mlp_layer_types);
   EXPECT_EQ(full->config.dspark_target_layer_ids, flash.dspark_target_layer_ids);
@@ -99,9 +100,9 @@ TEST(PresetTest, FlashScheduleHasCsaAndHcaFromThreeLayers) {
 
 TEST(PresetTest, TinyDefaultIsTheFixtureConfig) {
   auto p = MakePreset({.preset = "tiny"});
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   auto fixture = LoadModelConfig(kData + "/tiny-v4");
-  ASSERT_TRUE(fixture.ok()) << fixture.status();
+  ASSERT_OK(fixture);
   EXPECT_EQ(ModelConfigToJson(p->config), ModelConfigToJson(*fixture));
   EXPECT_EQ(p->mtp_stages, 3);
   EXPECT_EQ(Schedule(p->config), "SCHCH/hhmmm");
@@ -109,7 +110,7 @@ TEST(PresetTest, TinyDefaultIsTheFixtureConfig) {
 
 TEST(PresetTest, OverridesAndDspark) {
   auto p = MakePreset({.preset = "v4-flash", .layers = 4, .experts = 16, .dspark_stages = 2});
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   EXPECT_EQ(p->config.n_routed_experts, 16);
   EXPECT_EQ(p->mtp_stages, 2);
   EXPECT_EQ(p->config.DefaultMtpStages(), 2);
@@ -117,7 +118,7 @@ TEST(PresetTest, OverridesAndDspark) {
   EXPECT_EQ(p->config.dspark_noise_token_id, 128799);
 
   auto two = MakePreset({.preset = "tiny", .layers = 2, .dspark_stages = 1});
-  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_OK(two);
   EXPECT_EQ(Schedule(two->config), "SC/hh");
   EXPECT_EQ(two->config.dspark_target_layer_ids, (std::vector<int64_t>{0, 1}));
 }
@@ -136,14 +137,14 @@ TEST(PresetTest, BadOptionsNameTheFlag) {
 // ---- generated tokenizer ----------------------------------------------------------------------------------
 
 TEST(SyntheticTokenizerTest, FlashSizedVocabularyLoadsWithDeepSeekIds) {
-  auto json = testing::SyntheticTokenizerJson(129280);
-  ASSERT_TRUE(json.ok()) << json.status();
-  auto again = testing::SyntheticTokenizerJson(129280);
-  ASSERT_TRUE(again.ok());
+  auto json = synthetic::SyntheticTokenizerJson(129280);
+  ASSERT_OK(json);
+  auto again = synthetic::SyntheticTokenizerJson(129280);
+  ASSERT_OK(again);
   EXPECT_EQ(*json, *again);  // deterministic
 
   auto tok = tokenizer::Tokenizer::FromJson(*json, "synthetic tokenizer.json");
-  ASSERT_TRUE(tok.ok()) << tok.status();
+  ASSERT_OK(tok);
   EXPECT_EQ((*tok)->vocab_size(), 129280);
   for (int32_t id = 0; id < 129280; ++id) ASSERT_TRUE((*tok)->IdToToken(id).has_value()) << "id " << id;
   const auto& sp = (*tok)->special_ids();
@@ -162,16 +163,16 @@ TEST(SyntheticTokenizerTest, FlashSizedVocabularyLoadsWithDeepSeekIds) {
   // (2 digits + 1).
   const std::string english = " the quick brown fox jumps over the lazy dog and then some more";
   auto words = (*tok)->Encode(english);
-  ASSERT_TRUE(words.ok());
+  ASSERT_OK(words);
   EXPECT_LT(words->size(), english.size() / 2);
   auto num = (*tok)->Encode("123");
-  ASSERT_TRUE(num.ok());
+  ASSERT_OK(num);
   EXPECT_EQ(num->size(), 1u);
 
   for (const std::string text : {"Hello, world! The answer is 42.\n\n  def f(x):\n    return x",
                                  "混合 text — with emoji 🙂 and ÄÖÜ", "<｜User｜>hi<｜Assistant｜><think>ok</think>", ""}) {
     auto ids = (*tok)->Encode(text);
-    ASSERT_TRUE(ids.ok()) << text;
+    ASSERT_OK(ids) << text;
     EXPECT_EQ((*tok)->Decode(*ids), text);
     for (int32_t id : *ids) EXPECT_LT(id, 129280);
   }
@@ -179,27 +180,28 @@ TEST(SyntheticTokenizerTest, FlashSizedVocabularyLoadsWithDeepSeekIds) {
 
 TEST(SyntheticTokenizerTest, PreTokenizerIsDeepSeeks) {
   auto tiny = tokenizer::Tokenizer::Load(kData + "/tiny-v4");
-  ASSERT_TRUE(tiny.ok()) << tiny.status();
-  auto json = testing::SyntheticTokenizerJson(1024);
-  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_OK(tiny);
+  auto json = synthetic::SyntheticTokenizerJson(1024);
+  ASSERT_OK(json);
   auto small = tokenizer::Tokenizer::FromJson(*json, "synthetic tokenizer.json");
-  ASSERT_TRUE(small.ok()) << small.status();
+  ASSERT_OK(small);
   EXPECT_EQ((*small)->vocab_size(), 1024);
   EXPECT_EQ((*small)->special_ids().user, 992);
   for (const std::string text : {"It's 2024: 12345 apples, ¿qué?  \r\n\tend", "日本語のテキストと中文", "a.b,c!!d"}) {
     auto a = (*tiny)->PreTokenize(text), b = (*small)->PreTokenize(text);
-    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_OK(a);
+    ASSERT_OK(b);
     EXPECT_EQ(*a, *b) << text;
   }
-  EXPECT_FALSE(testing::SyntheticTokenizerJson(1000).ok());
+  EXPECT_FALSE(synthetic::SyntheticTokenizerJson(1000).ok());
 }
 
 // ---- streaming writer -------------------------------------------------------------------------------------
 
 // A config whose expert, dense and embedding matrices are split into several pieces.
 ModelConfig WideConfig() {
-  ModelConfig c = testing::TinyConfig();
-  testing::SetSchedule(&c, {AttnType::kSliding, AttnType::kCSA}, 1);
+  ModelConfig c = synthetic::TinyConfig();
+  synthetic::SetSchedule(&c, {AttnType::kSliding, AttnType::kCSA}, 1);
   c.hidden_size = 2048;
   c.moe_intermediate_size = 1024;
   c.n_routed_experts = 2;
@@ -211,7 +213,7 @@ ModelConfig WideConfig() {
 std::map<std::string, std::string> TensorBytes(const std::string& dir) {
   std::map<std::string, std::string> out;
   auto store = TensorStore::Open(dir);
-  EXPECT_TRUE(store.ok()) << store.status();
+  EXPECT_OK(store);
   if (!store.ok()) return out;
   for (const std::string& name : (*store)->Names()) {
     const TensorView* t = (*store)->Find(name);
@@ -224,23 +226,23 @@ std::map<std::string, std::string> TensorBytes(const std::string& dir) {
 TEST(SyntheticStreamingTest, BytesDoNotDependOnThreadsOrShards) {
   const ModelConfig c = WideConfig();
   TempDir a("mk-stream-a"), b("mk-stream-b");
-  testing::SyntheticOptions oa;
+  synthetic::SyntheticOptions oa;
   oa.seed = 3;
   oa.num_shards = 1;
   oa.threads = 1;
   oa.mtp_stages = 0;
   std::vector<std::pair<int64_t, int64_t>> calls;
   oa.progress = [&](int64_t done, int64_t total) { calls.push_back({done, total}); };
-  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(c, a.str(), oa).ok());
-  testing::SyntheticOptions ob = oa;
+  ASSERT_OK(synthetic::MakeSyntheticCheckpoint(c, a.str(), oa));
+  synthetic::SyntheticOptions ob = oa;
   ob.num_shards = 3;
   ob.threads = 3;
   ob.progress = nullptr;
-  ASSERT_TRUE(testing::MakeSyntheticCheckpoint(c, b.str(), ob).ok());
+  ASSERT_OK(synthetic::MakeSyntheticCheckpoint(c, b.str(), ob));
 
   // The plan is exact: every byte written was counted up front.
-  auto planned = testing::SyntheticCheckpointBytes(c, oa);
-  ASSERT_TRUE(planned.ok());
+  auto planned = synthetic::SyntheticCheckpointBytes(c, oa);
+  ASSERT_OK(planned);
   int64_t on_disk = 0;
   for (const auto& e : fs::directory_iterator(a.path())) on_disk += static_cast<int64_t>(fs::file_size(e.path()));
   EXPECT_EQ(on_disk, *planned);
@@ -258,16 +260,16 @@ TEST(SyntheticStreamingTest, BytesDoNotDependOnThreadsOrShards) {
   EXPECT_EQ(ta.size(), tb.size());
   for (const auto& [name, bytes] : ta) EXPECT_TRUE(tb.count(name) && tb.at(name) == bytes) << name;
   for (const auto& e : fs::directory_iterator(a.path())) EXPECT_EQ(e.path().extension() == ".tmp", false);
-  EXPECT_TRUE(Checkpoint::Open(b.str()).ok());
+  EXPECT_OK(Checkpoint::Open(b.str()));
 }
 
 TEST(SyntheticStreamingTest, WriteErrorNamesTheFileAndLeavesNoTemp) {
   TempDir dir("mk-stream-err");
   // A directory where the shard file should go makes its rename fail.
   fs::create_directories(dir.path() / "model-00001-of-00001.safetensors");
-  testing::SyntheticOptions o;
+  synthetic::SyntheticOptions o;
   o.num_shards = 1;
-  const Status s = testing::MakeSyntheticCheckpoint(testing::TinyConfig(), dir.str(), o);
+  const Status s = synthetic::MakeSyntheticCheckpoint(synthetic::TinyConfig(), dir.str(), o);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("model-00001-of-00001.safetensors"));
   EXPECT_FALSE(fs::exists(dir.path() / "model-00001-of-00001.safetensors.tmp"));

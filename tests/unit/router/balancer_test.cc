@@ -6,6 +6,7 @@
 
 #include "router/balancer/policy.h"
 #include "tests/unit/router/fake_worker_client.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::router {
 namespace {
@@ -162,7 +163,7 @@ TEST(Balancer, LeastOutstandingSpreadsConcurrentRequests) {
   std::vector<std::shared_ptr<RecordingObserver>> obs;
   for (int i = 0; i < 6; ++i) {
     obs.push_back(std::make_shared<RecordingObserver>());
-    ASSERT_TRUE(b.Submit(Req({1, 2, 3}, 10), obs.back()).ok());
+    ASSERT_OK(b.Submit(Req({1, 2, 3}, 10), obs.back()));
   }
   EXPECT_EQ(cluster->CallsTo("w0"), 2u);
   EXPECT_EQ(cluster->CallsTo("w1"), 2u);
@@ -177,7 +178,7 @@ TEST(Balancer, AffinitySendsAPrefixToOneWorker) {
   o.policy.prefix_tokens = 3;
   Balancer b(o, FakeFactory(cluster));
   b.CheckHealthNow();
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(b.Submit(Req({7, 8, 9, 100 + i}, 2), std::make_shared<RecordingObserver>()).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_OK(b.Submit(Req({7, 8, 9, 100 + i}, 2), std::make_shared<RecordingObserver>()));
   std::set<std::string> used;
   for (auto& c : cluster->Calls()) used.insert(c->worker);
   EXPECT_EQ(used.size(), 1u);
@@ -189,7 +190,7 @@ TEST(Balancer, FailureBeforeTheFirstTokenIsRetriedOnAnotherWorker) {
   Balancer b(Opts(2), FakeFactory(cluster));
   b.CheckHealthNow();
   auto obs = std::make_shared<RecordingObserver>();
-  ASSERT_TRUE(b.Submit(Req({1, 2}, 4), obs).ok());
+  ASSERT_OK(b.Submit(Req({1, 2}, 4), obs));
   auto calls = cluster->Calls();
   ASSERT_EQ(calls.size(), 1u);
   const std::string first = calls[0]->worker;
@@ -201,7 +202,7 @@ TEST(Balancer, FailureBeforeTheFirstTokenIsRetriedOnAnotherWorker) {
   calls[1]->Tokens({5, 6});
   calls[1]->End();
   EXPECT_TRUE(obs->ended);
-  EXPECT_TRUE(obs->status.ok());
+  EXPECT_OK(obs->status);
   EXPECT_EQ(obs->ids, (std::vector<int32_t>{5, 6}));
 }
 
@@ -210,7 +211,7 @@ TEST(Balancer, NoRetryWhenNoOtherWorkerIsUp) {
   Balancer b(Opts(1), FakeFactory(cluster));
   b.CheckHealthNow();
   auto obs = std::make_shared<RecordingObserver>();
-  ASSERT_TRUE(b.Submit(Req({1}, 4), obs).ok());
+  ASSERT_OK(b.Submit(Req({1}, 4), obs));
   cluster->Calls()[0]->End(absl::UnavailableError("gone"));
   ASSERT_TRUE(obs->ended);
   EXPECT_EQ(obs->status.code(), absl::StatusCode::kUnavailable);
@@ -222,7 +223,7 @@ TEST(Balancer, FailureAfterATokenIsNeverReplayed) {
   Balancer b(Opts(2), FakeFactory(cluster));
   b.CheckHealthNow();
   auto obs = std::make_shared<RecordingObserver>();
-  ASSERT_TRUE(b.Submit(Req({1}, 4), obs).ok());
+  ASSERT_OK(b.Submit(Req({1}, 4), obs));
   auto call = cluster->Calls()[0];
   call->Tokens({9});
   call->End(absl::UnavailableError("socket closed"));
@@ -240,7 +241,7 @@ TEST(Balancer, BadRequestErrorsAreNotRetried) {
   cluster->fail_generate["w0"] = absl::StatusCode::kInvalidArgument;
   cluster->fail_generate["w1"] = absl::StatusCode::kInvalidArgument;
   auto obs = std::make_shared<RecordingObserver>();
-  ASSERT_TRUE(b.Submit(Req({1}, 4), obs).ok());
+  ASSERT_OK(b.Submit(Req({1}, 4), obs));
   ASSERT_TRUE(obs->ended);
   EXPECT_EQ(obs->status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cluster->Calls().size(), 1u);
@@ -255,7 +256,7 @@ TEST(Balancer, RetriesAreBoundedByMaxAttempts) {
   b.CheckHealthNow();
   for (int i = 0; i < 4; ++i) cluster->fail_generate["w" + std::to_string(i)] = absl::StatusCode::kResourceExhausted;
   auto obs = std::make_shared<RecordingObserver>();
-  ASSERT_TRUE(b.Submit(Req({1}, 4), obs).ok());
+  ASSERT_OK(b.Submit(Req({1}, 4), obs));
   ASSERT_TRUE(obs->ended);
   EXPECT_EQ(obs->status.code(), absl::StatusCode::kResourceExhausted);  // busy everywhere: 429, retry later
   EXPECT_EQ(cluster->Calls().size(), 2u);
@@ -272,7 +273,7 @@ TEST(Balancer, QueueThen429) {
   std::vector<std::shared_ptr<RecordingObserver>> obs;
   for (int i = 0; i < 3; ++i) {
     obs.push_back(std::make_shared<RecordingObserver>());
-    ASSERT_TRUE(b.Submit(Req({1}, 1), obs.back()).ok()) << i;
+    ASSERT_OK(b.Submit(Req({1}, 1), obs.back())) << i;
   }
   EXPECT_EQ(b.queued(), 2u);
   EXPECT_EQ(b.in_flight(), 1u);
@@ -298,7 +299,7 @@ TEST(Balancer, SlotsFollowTheWorkersMaxSequences) {
   Balancer b(o, FakeFactory(cluster));
   b.CheckHealthNow();
   EXPECT_EQ(b.Snapshot()[0].slots, 6);  // 2 x max_sequences
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(b.Submit(Req({1}, 1), std::make_shared<RecordingObserver>()).ok());
+  for (int i = 0; i < 6; ++i) ASSERT_OK(b.Submit(Req({1}, 1), std::make_shared<RecordingObserver>()));
   EXPECT_EQ(b.Submit(Req({1}, 1), std::make_shared<RecordingObserver>()).status().code(),
             absl::StatusCode::kResourceExhausted);
   for (auto& c : cluster->Calls()) c->End();
@@ -314,7 +315,8 @@ TEST(Balancer, CancelQueuedAndRunning) {
   auto queued = std::make_shared<RecordingObserver>();
   auto h1 = b.Submit(Req({1}, 5), running);
   auto h2 = b.Submit(Req({1}, 5), queued);
-  ASSERT_TRUE(h1.ok() && h2.ok());
+  ASSERT_OK(h1);
+  ASSERT_OK(h2);
   (*h2)->Cancel();
   EXPECT_TRUE(queued->ended);
   EXPECT_EQ(queued->status.code(), absl::StatusCode::kCancelled);
@@ -331,7 +333,7 @@ TEST(Balancer, OutstandingWorkDropsAsTokensArrive) {
   auto cluster = std::make_shared<FakeCluster>();
   Balancer b(Opts(1), FakeFactory(cluster));
   b.CheckHealthNow();
-  ASSERT_TRUE(b.Submit(Req({1, 2, 3, 4}, 10), std::make_shared<RecordingObserver>()).ok());
+  ASSERT_OK(b.Submit(Req({1, 2, 3, 4}, 10), std::make_shared<RecordingObserver>()));
   EXPECT_EQ(b.Snapshot()[0].outstanding_tokens, 14);
   cluster->Calls()[0]->Tokens({5});
   EXPECT_EQ(b.Snapshot()[0].outstanding_tokens, 9);
@@ -347,8 +349,8 @@ TEST(Balancer, QueuedRequestsTimeOut) {
   Balancer b(o, FakeFactory(cluster));
   b.CheckHealthNow();
   auto queued = std::make_shared<RecordingObserver>();
-  ASSERT_TRUE(b.Submit(Req({1}, 5), std::make_shared<RecordingObserver>()).ok());
-  ASSERT_TRUE(b.Submit(Req({1}, 5), queued).ok());
+  ASSERT_OK(b.Submit(Req({1}, 5), std::make_shared<RecordingObserver>()));
+  ASSERT_OK(b.Submit(Req({1}, 5), queued));
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   b.CheckHealthNow();  // any event re-examines the queue
   EXPECT_TRUE(queued->ended);

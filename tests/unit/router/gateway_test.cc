@@ -7,6 +7,7 @@
 
 #include "router/openai/chat.h"
 #include "tests/unit/router/fake_worker_client.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::router {
 namespace {
@@ -107,7 +108,7 @@ class GatewayTest : public ::testing::Test {
     frontend_.reset();
     balancer_.reset();
     auto t = tokenizer::Tokenizer::Load(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t);
     tok_ = std::move(*t);
     cluster_ = std::make_shared<FakeCluster>();
     cluster_->mode = FakeCluster::Mode::kEcho;
@@ -232,10 +233,10 @@ TEST_F(GatewayTest, ChatThinkingAndToolCalls) {
   auto call = cluster_->Calls().back();
   // The prompt: BOS <｜User｜>Hi<｜Assistant｜><think> (doc E5).
   auto expect = tok_->Encode("<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>");
-  ASSERT_TRUE(expect.ok());
+  ASSERT_OK(expect);
   EXPECT_EQ(std::vector<int32_t>(call->request.prompt_ids().begin(), call->request.prompt_ids().end()), *expect);
   auto out = tok_->Encode("Let me see.</think>Hello there.");
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   for (int32_t id : *out) call->Tokens({id});
   call->Tokens({tok_->special_ids().eos}, "stop");
   call->End();
@@ -266,7 +267,7 @@ TEST_F(GatewayTest, ChatThinkingAndToolCalls) {
   out = tok_->Encode(
       "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
       "string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   call->Tokens(*out);
   call->Tokens({tok_->special_ids().eos}, "stop");
   call->End();

@@ -10,6 +10,7 @@
 #include "router/metrics/metrics.h"
 #include "router/openai/request.h"
 #include "router/openai/response.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::router {
 namespace {
@@ -42,22 +43,22 @@ void ExpectBad(const Status& s, const std::string& param, const std::string& nee
 
 TEST(Request, PromptShapes) {
   auto r = Completion(R"({"prompt": "hi"})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   ASSERT_EQ(r->prompts.size(), 1u);
   EXPECT_EQ(std::get<std::string>(r->prompts[0]), "hi");
 
   r = Completion(R"({"prompt": [1, 2, 3]})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   ASSERT_EQ(r->prompts.size(), 1u);
   EXPECT_EQ(std::get<std::vector<int64_t>>(r->prompts[0]), (std::vector<int64_t>{1, 2, 3}));
 
   r = Completion(R"({"prompt": ["a", "b", "c"]})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   ASSERT_EQ(r->prompts.size(), 3u);
   EXPECT_EQ(std::get<std::string>(r->prompts[2]), "c");
 
   r = Completion(R"({"prompt": [[1], [2, 3]]})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   ASSERT_EQ(r->prompts.size(), 2u);
   EXPECT_EQ(std::get<std::vector<int64_t>>(r->prompts[1]), (std::vector<int64_t>{2, 3}));
 
@@ -74,7 +75,7 @@ TEST(Request, PromptShapes) {
 
 TEST(Request, FieldsAndDefaults) {
   auto r = Completion(R"({"prompt": "x"})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->common.model, "");
   EXPECT_FALSE(r->common.max_tokens);
   EXPECT_FALSE(r->common.sampling.temperature);
@@ -87,7 +88,7 @@ TEST(Request, FieldsAndDefaults) {
                      "stream_options": {"include_usage": true}, "ignore_eos": true, "return_token_ids": true,
                      "stop_token_ids": [3], "n": 1, "user": "someone", "presence_penalty": 0,
                      "logprobs": null, "echo": false})");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->common.model, "m");
   EXPECT_EQ(*r->common.max_tokens, 7);
   EXPECT_EQ(*r->common.sampling.temperature, 0.0);
@@ -99,7 +100,7 @@ TEST(Request, FieldsAndDefaults) {
   EXPECT_EQ(r->common.stop_token_ids, (std::vector<int64_t>{3}));
 
   r = Completion(R"({"prompt": "x", "stop": "end", "seed": -1})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->common.stop, (std::vector<std::string>{"end"}));
   EXPECT_EQ(*r->common.sampling.seed, ~uint64_t{0});
 }
@@ -161,7 +162,7 @@ TEST(Request, ChatMessagesAndOptions) {
                                  {"role": "tool", "tool_call_id": "c1", "content": "42"}],
                     "thinking": {"type": "enabled"}, "reasoning_effort": "high", "max_completion_tokens": 9,
                     "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"})");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   ASSERT_EQ(r->messages.size(), 4u);
   EXPECT_EQ(r->messages[1].content, "a\nb");
   EXPECT_FALSE(r->messages[2].has_content);
@@ -176,10 +177,10 @@ TEST(Request, ChatMessagesAndOptions) {
   EXPECT_TRUE(r->tools.is_array());
 
   r = Chat(R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"thinking": true}})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_TRUE(r->thinking);
   r = Chat(R"({"messages": [{"role": "user", "content": "x"}], "thinking": false})");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_FALSE(r->thinking);
 
   ExpectBad(Chat(R"({"model": "m"})").status(), "messages", "required");
@@ -338,7 +339,7 @@ TEST(Response, ShapesAndSseFraming) {
 
 std::unique_ptr<tokenizer::Tokenizer> Tok() {
   auto t = tokenizer::Tokenizer::Load(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_OK(t);
   return t.ok() ? std::move(*t) : nullptr;
 }
 
@@ -354,7 +355,7 @@ TEST(OutputText, StopStringsOnText) {
   auto tok = Tok();
   ASSERT_TRUE(tok);
   auto ids = tok->Encode("Hello, world! Goodbye, world!");
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   {
     OutputText out(*tok, {.stop = {"bye"}});
     EXPECT_EQ(Feed(out, *ids), "Hello, world! Good");
@@ -389,7 +390,7 @@ TEST(OutputText, EosIsNotTextAndUtf8IsNeverSplit) {
   auto tok = Tok();
   ASSERT_TRUE(tok);
   auto ids = tok->Encode("héllo 世界");
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   std::vector<int32_t> with_eos = *ids;
   with_eos.push_back(tok->special_ids().eos);
   OutputText out(*tok, {.eos_id = tok->special_ids().eos});

@@ -11,6 +11,7 @@
 
 #include "common/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::tokenizer {
 namespace {
@@ -29,13 +30,13 @@ std::string ReadText(const std::string& path) {
 
 std::unique_ptr<Tokenizer> MustLoad(const std::string& path) {
   auto tok = Tokenizer::Load(path);
-  EXPECT_TRUE(tok.ok()) << tok.status();
+  EXPECT_OK(tok);
   return tok.ok() ? std::move(tok).value() : nullptr;
 }
 
 std::vector<int32_t> MustEncode(const Tokenizer& tok, std::string_view text, const EncodeOptions& o = {}) {
   auto ids = tok.Encode(text, o);
-  EXPECT_TRUE(ids.ok()) << ids.status();
+  EXPECT_OK(ids);
   return ids.ok() ? *ids : std::vector<int32_t>{};
 }
 
@@ -212,7 +213,7 @@ TEST(Tokenizer, InvalidUtf8InputIsReplacedOrRejected) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("byte offset 3"), std::string::npos) << bad.status();
-  EXPECT_TRUE(tok->Encode("abc", strict).ok());
+  EXPECT_OK(tok->Encode("abc", strict));
 }
 
 TEST(Tokenizer, DecodeReplacesBrokenBytes) {
@@ -317,7 +318,7 @@ json TinyJson() { return json::parse(ReadText(kTiny + "/tokenizer.json")); }
 
 std::unique_ptr<Tokenizer> FromJsonOrDie(const json& j) {
   auto tok = Tokenizer::FromJson(j.dump(), "synthetic.json");
-  EXPECT_TRUE(tok.ok()) << tok.status();
+  EXPECT_OK(tok);
   return tok.ok() ? std::move(tok).value() : nullptr;
 }
 
@@ -407,7 +408,7 @@ TEST(PreTokenizer, SplitBehaviors) {
     auto tok = with_behavior(behavior, false);
     ASSERT_NE(tok, nullptr);
     auto got = tok->PreTokenize("the-final--countdown");
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     EXPECT_EQ(*got, pieces) << behavior;
     // BPE never merges across pieces, so the ids are the concatenation of the pieces' own ids.
     std::vector<int32_t> ids;
@@ -428,7 +429,7 @@ TEST(PreTokenizer, DeepSeekSplitsKeepAddedTokensWhole) {
   // \p{N}{1,3} isolates digit triples; the CJK run is its own piece; `\s+(?!\S)` leaves the last space
   // of a run to the following word; added tokens are never split.
   auto got = tok->PreTokenize("ab 12345 中文x  y<｜User｜>z");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   EXPECT_EQ(*got, std::vector<std::string>({"ab", " ", "123", "45", " ", "中文", "x", " ", " y", "<｜User｜>", "z"}));
 }
 
@@ -507,7 +508,7 @@ TEST(Tokenizer, LoadErrorsNameTheFileAndField) {
 TEST(Tokenizer, ConfigChoosesBosAndEos) {
   auto tok = Tokenizer::FromJson(TinyJson().dump(), "x.json",
                                  R"({"bos_token": {"content": "<｜User｜>"}, "eos_token": "<think>"})");
-  ASSERT_TRUE(tok.ok()) << tok.status();
+  ASSERT_OK(tok);
   EXPECT_EQ((*tok)->special_ids().bos, 2);
   EXPECT_EQ((*tok)->special_ids().eos, 4);
 }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "common/tokenizer/tokenizer.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::chat {
 namespace {
@@ -69,7 +70,7 @@ EncodeOptions Chat() {
 
 std::string MustEncode(const Json& messages, const EncodeOptions& o) {
   auto s = EncodeMessages(messages, o);
-  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_OK(s);
   return s.ok() ? *s : std::string();
 }
 
@@ -141,7 +142,7 @@ TEST(ChatEncoding, E2ThinkingWithToolsKeepsEveryTurnsReasoning) {
   const size_t first = prompt.find(marker) + marker.size();
   const size_t first_end = prompt.find(U, first);
   auto parsed = ParseCompletion(std::string_view(prompt).substr(first, first_end - first), ThinkingMode::kThinking);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_OK(parsed);
   EXPECT_EQ(parsed->reasoning_content, "The user wants to know the weather in Beijing. I should use the get_weather tool.");
   EXPECT_EQ(parsed->content, "");
   ASSERT_EQ(parsed->tool_calls.size(), 1u);
@@ -151,7 +152,7 @@ TEST(ChatEncoding, E2ThinkingWithToolsKeepsEveryTurnsReasoning) {
 
   auto last = ParseCompletion(std::string_view(prompt).substr(prompt.rfind(marker) + marker.size()),
                               ThinkingMode::kThinking);
-  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_OK(last);
   EXPECT_EQ(last->reasoning_content, "Got the weather data. Let me format a nice response.");
   EXPECT_NE(last->content.find("22°C"), std::string::npos);
   EXPECT_TRUE(last->tool_calls.empty());
@@ -239,7 +240,7 @@ TEST(ChatEncoding, E7RequestToolsWithoutSystem) {
   const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
       "description": "Get weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
       "days": {"type": "integer"}}, "required": ["city"]}}}])");
-  ASSERT_TRUE(AttachRequestTools(&messages, tools).ok());
+  ASSERT_OK(AttachRequestTools(&messages, tools));
   const std::string schema =
       R"({"name": "get_weather", "description": "Get weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}})";
   const std::string prompt = MustEncode(messages, Thinking());
@@ -253,11 +254,11 @@ TEST(ChatEncoding, E7RequestToolsWithoutSystem) {
 
   // With a system message first, the request tools go onto it.
   Json with_system = Json::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}])");
-  ASSERT_TRUE(AttachRequestTools(&with_system, tools).ok());
+  ASSERT_OK(AttachRequestTools(&with_system, tools));
   EXPECT_EQ(with_system.size(), 2u);
   EXPECT_EQ(with_system[0]["tools"], tools);
   Json untouched = Json::parse(R"([{"role": "user", "content": "Q"}])");
-  ASSERT_TRUE(AttachRequestTools(&untouched, Json::array()).ok());
+  ASSERT_OK(AttachRequestTools(&untouched, Json::array()));
   EXPECT_EQ(untouched.size(), 1u);
 }
 
@@ -414,10 +415,10 @@ TEST(ChatEncoding, ResponseFormatAndToolResultParts) {
 
 TEST(ChatEncoding, PromptTokenizesWithSpecialTokens) {
   auto tok = tokenizer::Tokenizer::Load(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  ASSERT_TRUE(tok.ok()) << tok.status();
+  ASSERT_OK(tok);
   const std::string prompt = MustEncode(Json::parse(R"([{"role": "user", "content": "Hi"}])"), Thinking());
   auto ids = (*tok)->Encode(prompt);
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   const auto& s = (*tok)->special_ids();
   EXPECT_EQ(ids->front(), s.bos);
   EXPECT_EQ((*ids)[1], s.user);
@@ -460,12 +461,12 @@ TEST(PythonJson, MatchesJsonDumps) {
 
 TEST(ParseCompletion, E12ThinkingMode) {
   auto a = ParseCompletion("Simple arithmetic.</think>2 + 2 = 4.<｜end▁of▁sentence｜>", ThinkingMode::kThinking);
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
   EXPECT_EQ(a->reasoning_content, "Simple arithmetic.");
   EXPECT_EQ(a->content, "2 + 2 = 4.");
   EXPECT_TRUE(a->tool_calls.empty());
   auto b = ParseCompletion("</think>\n\nAnswer<｜end▁of▁sentence｜>", ThinkingMode::kThinking);
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_EQ(b->reasoning_content, "");
   EXPECT_EQ(b->content, "\n\nAnswer");
   auto c = ParseCompletion("Need weather.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
@@ -484,7 +485,7 @@ const std::string kE13ArgsF = "{\"q\": [1, 2], \"s\": \"say \\\"hi\\\"\\nok\"}";
 
 TEST(ParseCompletion, E13ChatModeCallsAndErrors) {
   auto p = ParseCompletion(kE13, ThinkingMode::kChat);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   EXPECT_EQ(p->content, "Let me check.");
   ASSERT_EQ(p->tool_calls.size(), 2u);
   EXPECT_EQ(p->tool_calls[0].name, "f");
@@ -517,7 +518,7 @@ TEST(ParseCompletion, RoundTripsEveryRenderedAssistantSpan) {
       const size_t end = prompt.find(E, at);
       if (end == std::string::npos) break;
       auto parsed = ParseCompletion(std::string_view(prompt).substr(at, end + E.size() - at), ThinkingMode::kThinking);
-      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      ASSERT_OK(parsed);
       while (messages[assistant]["role"] != "assistant") ++assistant;
       const Json& m = messages[assistant++];
       EXPECT_EQ(parsed->reasoning_content, m.value("reasoning_content", ""));
@@ -580,7 +581,7 @@ TEST(StreamingOutputParser, EverySplitOfE2AndE13MatchesTheOfficialParse) {
   for (const Case& c : {Case{kE2FirstAssistant, ParserStart::kReasoning, ThinkingMode::kThinking},
                         Case{kE13, ParserStart::kContent, ThinkingMode::kChat}}) {
     auto want = ParseCompletion(c.text, c.mode);
-    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_OK(want);
     for (size_t k = 0; k <= c.text.size(); ++k) {
       ExpectSameMessage(Stream({c.text.substr(0, k), c.text.substr(k)}, c.start, true), *want,
                         "split at " + std::to_string(k));

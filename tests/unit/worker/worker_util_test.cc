@@ -5,6 +5,7 @@
 #include "worker/service/numa_bind.h"
 #include "worker/service/progress.h"
 #include "worker/service/worker_service.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::worker {
 namespace {
@@ -96,7 +97,7 @@ TEST(WorkerService, ProtoZerosMeanDefaults) {
   v1::WorkerGenerateRequest req;
   req.add_prompt_ids(5);
   auto r = ToEngineRequest(req, 77);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->max_new_tokens, 77);
   EXPECT_EQ(r->sampling.top_p, 1.0);
   EXPECT_EQ(r->sampling.temperature, 0.0);
@@ -106,7 +107,7 @@ TEST(WorkerService, ProtoZerosMeanDefaults) {
   req.mutable_sampling()->set_seed(9);
   req.add_stop_token_ids(11);
   r = ToEngineRequest(req, 77);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->max_new_tokens, 3);
   EXPECT_FLOAT_EQ(static_cast<float>(r->sampling.top_p), 0.5f);
   EXPECT_EQ(r->sampling.top_k, 7);

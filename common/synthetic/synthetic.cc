@@ -1,4 +1,4 @@
-#include "common/testing/synthetic.h"
+#include "common/synthetic/synthetic.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -21,7 +21,7 @@
 #include "common/quant.h"
 #include "nlohmann/json.hpp"
 
-namespace numoe::testing {
+namespace numoe::synthetic {
 namespace {
 
 namespace fs = std::filesystem;
@@ -562,4 +562,4 @@ Status MakeSyntheticCheckpoint(const ModelConfig& config, const std::string& dir
   return absl::OkStatus();
 }
 
-}  // namespace numoe::testing
+}  // namespace numoe::synthetic

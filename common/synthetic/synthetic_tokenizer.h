@@ -30,7 +30,7 @@
 
 #include "common/status.h"
 
-namespace numoe::testing {
+namespace numoe::synthetic {
 
 // tokenizer.json text of the generated tokenizer; vocab_size in [1024, 1 << 24).
 StatusOr<std::string> SyntheticTokenizerJson(int64_t vocab_size);
@@ -42,4 +42,4 @@ Status WriteSyntheticTokenizer(const std::string& dir, int64_t vocab_size);
 // byte) and a generation_config.json into `dir` (which must exist).
 Status WriteTinyTokenizer(const std::string& dir);
 
-}  // namespace numoe::testing
+}  // namespace numoe::synthetic

@@ -1,15 +1,15 @@
-#include "common/testing/presets.h"
+#include "common/synthetic/presets.h"
 
 #include <algorithm>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "common/testing/synthetic.h"
+#include "common/synthetic/synthetic.h"
 
-namespace numoe::testing {
+namespace numoe::synthetic {
 
-// tests/data/v4-flash-0731.config.json, embedded by common/CMakeLists.txt (testing_data.cc).
+// tests/data/v4-flash-0731.config.json, embedded by common/CMakeLists.txt (synthetic_data.cc).
 extern const unsigned char kV4FlashConfigJson[];
 extern const size_t kV4FlashConfigJsonSize;
 
@@ -108,4 +108,4 @@ StatusOr<Preset> MakePreset(const PresetOptions& o) {
   return p;
 }
 
-}  // namespace numoe::testing
+}  // namespace numoe::synthetic

@@ -16,7 +16,9 @@
 
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
-#include "tests/unit/mkmodel/run_util.h"
+#include "tests/support/files.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::test {
 namespace {
@@ -53,21 +55,21 @@ TEST(MkmodelFlashTest, FullWidthCheckpointLoadsInInspectAndGenerate) {
   if (FreeDiskBytes(dir.path()) < (int64_t{6} << 30)) GTEST_SKIP() << "needs 6 GiB of free disk";
   const std::string model = (dir.path() / "model").string();
 
-  RunResult mk = RunProcess({NumoeBin(), "mkmodel", "--preset", "v4-flash", "--layers", "3", "--experts", "6",
-                             "--threads", "2", "--out", model});
-  ASSERT_EQ(mk.exit_code, 0) << mk.output;
-  EXPECT_THAT(mk.output, HasSubstr("3 layers [sliding+hash, csa+hash, hca+hash]"));
-  EXPECT_THAT(mk.output, HasSubstr("it loads as a checkpoint"));
+  RunResult mk = RunCommand({BinPath("numoe"), "mkmodel", "--preset", "v4-flash", "--layers", "3", "--experts", "6",
+                             "--threads", "2", "--out", model}, {.merge_stderr = true});
+  ASSERT_EQ(mk.rc, 0) << mk.out;
+  EXPECT_THAT(mk.out, HasSubstr("3 layers [sliding+hash, csa+hash, hca+hash]"));
+  EXPECT_THAT(mk.out, HasSubstr("it loads as a checkpoint"));
   int64_t bytes = 0;
   for (const auto& e : fs::directory_iterator(model)) bytes += static_cast<int64_t>(fs::file_size(e.path()));
   EXPECT_GT(bytes, int64_t{2'400'000'000});  // embedding + head alone are 2 x 129280 x 4096 BF16 = 2.12 GB
   // Streaming: the writer's peak memory is a small fraction of what it wrote (the encoder ring + scratch).
-  EXPECT_LT(mk.max_rss_kb, 400 * 1024) << "mkmodel peak RSS " << mk.max_rss_kb << " KB for " << bytes << " bytes";
-  std::printf("mkmodel wrote %.2f GB with a peak RSS of %.0f MB\n", bytes / 1e9, mk.max_rss_kb / 1024.0);
+  EXPECT_LT(mk.peak_rss_kb, 400 * 1024) << "mkmodel peak RSS " << mk.peak_rss_kb << " KB for " << bytes << " bytes";
+  std::printf("mkmodel wrote %.2f GB with a peak RSS of %.0f MB\n", bytes / 1e9, mk.peak_rss_kb / 1024.0);
 
-  RunResult inspect = RunProcess({NumoeBin(), "inspect", "--model", model, "--json"});
-  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
-  const auto j = nlohmann::json::parse(inspect.output.substr(inspect.output.find('{')));
+  RunResult inspect = RunCommand({BinPath("numoe"), "inspect", "--model", model, "--json"}, {.merge_stderr = true});
+  ASSERT_EQ(inspect.rc, 0) << inspect.out;
+  const auto j = nlohmann::json::parse(inspect.out.substr(inspect.out.find('{')));
   const auto& a = j["architecture"];
   EXPECT_EQ(a["hidden_size"], 4096);
   EXPECT_EQ(a["vocab_size"], 129280);
@@ -83,13 +85,13 @@ TEST(MkmodelFlashTest, FullWidthCheckpointLoadsInInspectAndGenerate) {
   EXPECT_EQ(j["memory"]["routed_bytes_per_token"], int64_t{3} * 6 * 3 * (2048 * 4096 / 2 + 2048 * 128));
 
   const std::string logits = (dir.path() / "logits.safetensors").string();
-  RunResult gen = RunProcess({NumoeBin(), "generate", "--model", model, "--prompt-ids",
+  RunResult gen = RunCommand({BinPath("numoe"), "generate", "--model", model, "--prompt-ids",
                               "0,17,4242,99,128803,1000,31337,7", "--max-new-tokens", "4", "--ignore-eos",
-                              "--logits-out", logits});
-  ASSERT_EQ(gen.exit_code, 0) << gen.output;
-  std::printf("generate: peak RSS %.2f GB; %s", gen.max_rss_kb / 1048576.0, gen.output.c_str());
+                              "--logits-out", logits}, {.merge_stderr = true});
+  ASSERT_EQ(gen.rc, 0) << gen.out;
+  std::printf("generate: peak RSS %.2f GB; %s", gen.peak_rss_kb / 1048576.0, gen.out.c_str());
   auto file = SafetensorsFile::Open(logits);
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   const TensorView* tokens = (*file)->Find("tokens");
   const TensorView* prefill = (*file)->Find("prefill_logits");
   const TensorView* steps = (*file)->Find("step_logits");

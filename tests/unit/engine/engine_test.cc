@@ -18,42 +18,21 @@
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
 #include "gpu_service/session.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/support/fixtures.h"
 #include "worker/engine/local_executor.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/engine/stream.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::engine {
 namespace {
 
-struct Tiny {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-  std::vector<test::GoldenPrompt> goldens;
-};
-
+// tiny-v4 with its goldens (the shared tests/support fixture).
+using Tiny = test::TinyModel;
 Tiny* LoadTiny() {
-  static std::unique_ptr<Tiny> tiny;
-  if (tiny) return tiny.get();
-  auto t = std::make_unique<Tiny>();
-  auto ck = Checkpoint::Open(test::TinyDir());
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  t->ckpt = std::move(*ck);
-  auto model = cpu::CpuModel::Create(*t->ckpt, nullptr);
-  auto ex = cpu::ReferenceExperts::Load(*t->ckpt);
-  if (!model.ok() || !ex.ok()) {
-    ADD_FAILURE() << model.status() << " " << ex.status();
-    return nullptr;
-  }
-  t->model = std::move(*model);
-  t->experts = std::move(*ex);
-  t->goldens = test::LoadGoldens(test::TinyDir());
-  tiny = std::move(t);
-  return tiny.get();
+  auto tiny = test::TinyModel::Get();
+  if (!tiny.ok()) ADD_FAILURE() << tiny.status();
+  return tiny.ok() ? *tiny : nullptr;
 }
 
 // Wraps an executor and checks/records what the engine asks of it.
@@ -117,13 +96,13 @@ TEST(Engine, GreedyMatchesGoldensWithChunkedPrefillInterleavedWithDecode) {
   std::vector<std::unique_ptr<RequestStream>> streams;
   for (const auto& g : t->goldens) {
     auto s = RequestStream::Open(&engine, GreedyRequest(g));
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     streams.push_back(std::move(*s));
   }
   RunToEnd(engine);
   for (size_t i = 0; i < streams.size(); ++i) {
     auto r = streams[i]->Wait();
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->tokens, t->goldens[i].greedy) << t->goldens[i].name;
     EXPECT_EQ(r->finish_reason, "length");
   }
@@ -152,7 +131,7 @@ TEST(Engine, MaxSeqsAndBudgetHoldWhenOversubscribed) {
       EngineRequest r = GreedyRequest(g);
       r.max_new_tokens = 6;
       auto s = RequestStream::Open(&engine, r);
-      ASSERT_TRUE(s.ok()) << s.status();
+      ASSERT_OK(s);
       streams.push_back(std::move(*s));
     }
   }
@@ -165,7 +144,7 @@ TEST(Engine, MaxSeqsAndBudgetHoldWhenOversubscribed) {
     for (const auto& g : t->goldens) {
       if (g.input_ids.size() > 40) continue;
       auto r = streams[k++]->Wait();
-      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_OK(r);
       EXPECT_EQ(r->tokens, std::vector<int32_t>(g.greedy.begin(), g.greedy.begin() + 6)) << g.name;
     }
   }
@@ -182,19 +161,19 @@ TEST(Engine, StopConditions) {
   EngineRequest a = GreedyRequest(g);
   a.ignore_eos = false;
   auto sa = RequestStream::Open(&eos_engine, a);
-  ASSERT_TRUE(sa.ok());
+  ASSERT_OK(sa);
   EngineRequest b = GreedyRequest(g);  // ignore_eos: runs to max_new_tokens
   b.max_new_tokens = 8;
   auto sb = RequestStream::Open(&eos_engine, b);
-  ASSERT_TRUE(sb.ok());
+  ASSERT_OK(sb);
   RunToEnd(eos_engine);
   auto ra = (*sa)->Wait();
-  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_OK(ra);
   const size_t first_eos = std::find(g.greedy.begin(), g.greedy.end(), g.greedy[3]) - g.greedy.begin();
   EXPECT_EQ(ra->tokens, std::vector<int32_t>(g.greedy.begin(), g.greedy.begin() + first_eos + 1));
   EXPECT_EQ(ra->finish_reason, "stop");
   auto rb = (*sb)->Wait();
-  ASSERT_TRUE(rb.ok());
+  ASSERT_OK(rb);
   EXPECT_EQ(rb->tokens, std::vector<int32_t>(g.greedy.begin(), g.greedy.begin() + 8));
   EXPECT_EQ(rb->finish_reason, "length");
 
@@ -203,19 +182,19 @@ TEST(Engine, StopConditions) {
   EngineRequest c = GreedyRequest(g);
   c.stop_token_ids = {g.greedy[5]};
   auto sc = RequestStream::Open(&engine, c);
-  ASSERT_TRUE(sc.ok());
+  ASSERT_OK(sc);
   EngineRequest d = GreedyRequest(g);
   d.max_new_tokens = 0;
   auto sd = RequestStream::Open(&engine, d);
-  ASSERT_TRUE(sd.ok());
+  ASSERT_OK(sd);
   RunToEnd(engine);
   auto rc = (*sc)->Wait();
-  ASSERT_TRUE(rc.ok());
+  ASSERT_OK(rc);
   const size_t first_stop = std::find(g.greedy.begin(), g.greedy.end(), g.greedy[5]) - g.greedy.begin();
   EXPECT_EQ(rc->tokens, std::vector<int32_t>(g.greedy.begin(), g.greedy.begin() + first_stop + 1));
   EXPECT_EQ(rc->finish_reason, "stop");
   auto rd = (*sd)->Wait();
-  ASSERT_TRUE(rd.ok());
+  ASSERT_OK(rd);
   EXPECT_TRUE(rd->tokens.empty());
   EXPECT_EQ(rd->finish_reason, "length");
   EXPECT_EQ(local.open_sequences(), 0);
@@ -228,10 +207,10 @@ TEST(Engine, ContextLimitEndsWithLength) {
   const test::GoldenPrompt& g = t->goldens[0];  // 37 tokens
   Engine engine(&local, EngineOptions{.max_context = 40});
   auto s = RequestStream::Open(&engine, GreedyRequest(g));
-  ASSERT_TRUE(s.ok());
+  ASSERT_OK(s);
   RunToEnd(engine);
   auto r = (*s)->Wait();
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->tokens.size(), 3u);
   EXPECT_EQ(r->finish_reason, "length");
   EngineRequest too_long = GreedyRequest(t->goldens[1]);  // 250 tokens
@@ -251,7 +230,7 @@ TEST(Engine, CancellationFreesTheSequence) {
   r.max_new_tokens = 1000;  // far more than the test waits for
   {
     auto s = RequestStream::Open(&engine, r);
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     RequestStream::Event e = (*s)->Next();
     ASSERT_FALSE(e.final) << e.status;
     EXPECT_EQ(e.tokens, std::vector<int32_t>{t->goldens[0].greedy[0]});
@@ -269,7 +248,7 @@ TEST(Engine, CancellationFreesTheSequence) {
   // Cancelling a queued (not yet admitted) request ends it with CANCELLED.
   Engine idle(&local, EngineOptions{});
   auto q = RequestStream::Open(&idle, GreedyRequest(t->goldens[2]));
-  ASSERT_TRUE(q.ok());
+  ASSERT_OK(q);
   idle.Cancel((*q)->id());
   idle.StepOnce();
   EXPECT_EQ((*q)->Wait().status().code(), absl::StatusCode::kCancelled);
@@ -283,7 +262,7 @@ TEST(Engine, FullQueueIsResourceExhausted) {
   std::vector<std::unique_ptr<RequestStream>> streams;
   for (int i = 0; i < 2; ++i) {  // nothing is admitted until a step runs: both wait in the queue
     auto s = RequestStream::Open(&engine, GreedyRequest(t->goldens[2]));
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     streams.push_back(std::move(*s));
   }
   auto full = RequestStream::Open(&engine, GreedyRequest(t->goldens[2]));
@@ -294,7 +273,7 @@ TEST(Engine, FullQueueIsResourceExhausted) {
   EXPECT_EQ(engine.stats().queued, 1);
   EXPECT_EQ(engine.stats().active, 1);
   auto again = RequestStream::Open(&engine, GreedyRequest(t->goldens[2]));
-  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_OK(again);
   engine.Stop();
 }
 
@@ -345,15 +324,15 @@ TEST(Engine, SampledTokensEqualGenerateBatch) {
     r.ignore_eos = true;
     r.sampling = g.sampling;
     auto s = RequestStream::Open(&engine, r);
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     streams.push_back(std::move(*s));
   }
   RunToEnd(engine);
   auto expected = GenerateBatch(*t->model, *t->experts, batch);
-  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_OK(expected);
   for (size_t i = 0; i < streams.size(); ++i) {
     auto r = streams[i]->Wait();
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     EXPECT_EQ(r->tokens, (*expected)[i].tokens) << i;
   }
 }
@@ -364,7 +343,7 @@ TEST(Engine, RemoteExecutorOverTheChannelMatchesGoldens) {
   Tiny* t = LoadTiny();
   ASSERT_NE(t, nullptr);
   auto gpu_model = cpu::CpuModel::Create(*t->ckpt, nullptr);
-  ASSERT_TRUE(gpu_model.ok());
+  ASSERT_OK(gpu_model);
   gpu::ModelHost host;
   host.model = gpu_model->get();
   const ModelConfig& cfg = t->ckpt->config();
@@ -375,9 +354,9 @@ TEST(Engine, RemoteExecutorOverTheChannelMatchesGoldens) {
                     .vocab = static_cast<uint32_t>(cfg.vocab_size),
                     .logits_rows = 4};
   auto gpu_end = shm::Channel::CreateAnonymous(geo);
-  ASSERT_TRUE(gpu_end.ok()) << gpu_end.status();
+  ASSERT_OK(gpu_end);
   auto worker_end = (*gpu_end)->PeerEndpoint();
-  ASSERT_TRUE(worker_end.ok());
+  ASSERT_OK(worker_end);
   gpu::WorkerSession session(&host, gpu::SessionInfo{.lease = 1, .worker_id = "test"}, std::move(*gpu_end));
   session.Start(nullptr);
 
@@ -390,13 +369,13 @@ TEST(Engine, RemoteExecutorOverTheChannelMatchesGoldens) {
   std::vector<std::unique_ptr<RequestStream>> streams;
   for (const auto& g : t->goldens) {
     auto s = RequestStream::Open(&engine, GreedyRequest(g));
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     streams.push_back(std::move(*s));
   }
   RunToEnd(engine);
   for (size_t i = 0; i < streams.size(); ++i) {
     auto r = streams[i]->Wait();
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->tokens, t->goldens[i].greedy) << t->goldens[i].name;
   }
   EXPECT_GT(rec.mixed_steps, 0);
@@ -407,11 +386,11 @@ TEST(Engine, RemoteExecutorOverTheChannelMatchesGoldens) {
 
   // Logits travel too, and equal the local executor's.
   auto seq = remote.Open(SamplingParams{});
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   const auto& p = t->goldens[2].input_ids;
   StepItem item{.seq = *seq, .tokens = std::span<const int32_t>(p), .sample = true, .logits = true};
   StepOutput out;
-  ASSERT_TRUE(remote.Step(std::span<const StepItem>(&item, 1), &out).ok());
+  ASSERT_OK(remote.Step(std::span<const StepItem>(&item, 1), &out));
   ASSERT_EQ(out.logits.size(), 1u);
   ASSERT_EQ(out.logits[0].size(), static_cast<size_t>(cfg.vocab_size));
   EXPECT_EQ(out.tokens[0], t->goldens[2].greedy[0]);
@@ -419,22 +398,22 @@ TEST(Engine, RemoteExecutorOverTheChannelMatchesGoldens) {
 
   // A bad step is an error naming the field, and the channel stays usable.
   auto seq2 = remote.Open(SamplingParams{});
-  ASSERT_TRUE(seq2.ok());
+  ASSERT_OK(seq2);
   const int32_t bad_token = 5000;
   StepItem bad{.seq = *seq2, .tokens = std::span<const int32_t>(&bad_token, 1), .sample = true};
   Status st = remote.Step(std::span<const StepItem>(&bad, 1), &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("out of range"), std::string::npos) << st;
   EXPECT_TRUE(remote.healthy());
-  ASSERT_TRUE(remote.Close(*seq).ok());
-  ASSERT_TRUE(remote.Close(*seq2).ok());
-  ASSERT_TRUE(remote.Flush().ok());
+  ASSERT_OK(remote.Close(*seq));
+  ASSERT_OK(remote.Close(*seq2));
+  ASSERT_OK(remote.Flush());
   EXPECT_EQ(session.sequences(), 0);
 
   // The gpu side goes away: the worker's next step fails with UNAVAILABLE and the executor is broken.
   session.Stop();
   auto seq3 = remote.Open(SamplingParams{});
-  ASSERT_TRUE(seq3.ok());
+  ASSERT_OK(seq3);
   StepItem last{.seq = *seq3, .tokens = std::span<const int32_t>(p), .sample = true};
   st = remote.Step(std::span<const StepItem>(&last, 1), &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;

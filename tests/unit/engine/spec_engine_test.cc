@@ -30,47 +30,26 @@
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "common/shm_channel.h"
-#include "common/testing/presets.h"
-#include "common/testing/synthetic.h"
+#include "common/synthetic/presets.h"
+#include "common/synthetic/synthetic.h"
 #include "model/generation.h"
 #include "gpu_service/session.h"
-#include "tests/unit/runtime/runtime_test_util.h"
+#include "tests/support/fixtures.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/local_executor.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/engine/stream.h"
+#include "tests/support/status_matchers.h"
 
 namespace numoe::engine {
 namespace {
 
-struct Tiny {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;  // with the DSpark drafter
-  std::unique_ptr<cpu::ReferenceExperts> experts;  // main layers and drafter stages
-  std::vector<test::GoldenPrompt> goldens;
-};
-
+// tiny-v4 with its DSpark drafter and goldens (the shared tests/support fixture).
+using Tiny = test::TinyModel;
 Tiny* LoadTiny() {
-  static std::unique_ptr<Tiny> tiny;
-  if (tiny) return tiny.get();
-  auto t = std::make_unique<Tiny>();
-  auto ck = Checkpoint::Open(test::TinyDir());
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  t->ckpt = std::move(*ck);
-  auto model = cpu::CpuModel::Create(*t->ckpt, nullptr, {.drafter = true});
-  auto ex = cpu::ReferenceExperts::Load(*t->ckpt, /*include_drafter=*/true);
-  if (!model.ok() || !ex.ok()) {
-    ADD_FAILURE() << model.status() << " " << ex.status();
-    return nullptr;
-  }
-  t->model = std::move(*model);
-  t->experts = std::move(*ex);
-  t->goldens = test::LoadGoldens(test::TinyDir());
-  tiny = std::move(t);
-  return tiny.get();
+  auto tiny = test::TinyModel::Get({.drafter = true});
+  if (!tiny.ok()) ADD_FAILURE() << tiny.status();
+  return tiny.ok() ? *tiny : nullptr;
 }
 
 // Wraps an executor: checks every step against the engine's budget and records what drafts it carried.
@@ -147,7 +126,7 @@ RunResult RunBatch(Executor* ex, const EngineOptions& o, const Tiny& t, size_t b
   std::vector<std::unique_ptr<RequestStream>> streams;
   for (size_t i = 0; i < batch; ++i) {
     auto s = RequestStream::Open(&engine, BatchRequest(t, i, new_tokens));
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     if (s.ok()) streams.push_back(std::move(*s));
   }
   RunToEnd(engine);
@@ -174,7 +153,7 @@ TEST_P(GreedySpec, EqualsPlainGreedyForEveryDepthAndBatch) {
       RunResult r = RunBatch(&rec, o, *t, batch, kNew);
       ASSERT_EQ(r.results.size(), batch);
       for (size_t i = 0; i < batch; ++i) {
-        ASSERT_TRUE(r.results[i].ok()) << r.results[i].status();
+        ASSERT_OK(r.results[i]);
         EXPECT_EQ(r.results[i]->tokens, Golden(*t, i, kNew))
             << SpecMethodName(method) << " depth " << depth << " batch " << batch << " request " << i;
         EXPECT_EQ(r.results[i]->finish_reason, "length");
@@ -219,7 +198,7 @@ TEST(SpecEngine, AdaptiveDepthShrinksWhenNothingIsAcceptedAndKeepsTheTokens) {
       o.spec = SpecConfig{.method = method, .depth = 7, .adaptive = adaptive};
       RunResult r = RunBatch(&rec, o, *t, 4, kNew);
       for (size_t i = 0; i < 4; ++i) {
-        ASSERT_TRUE(r.results[i].ok()) << r.results[i].status();
+        ASSERT_OK(r.results[i]);
         EXPECT_EQ(r.results[i]->tokens, Golden(*t, i, kNew)) << SpecMethodName(method) << " adaptive " << adaptive;
       }
       ASSERT_GT(r.stats.spec_verify_steps, 0);
@@ -259,7 +238,7 @@ TEST(SpecEngine, BudgetMatrixFinishesEveryRequest) {
         std::vector<std::unique_ptr<RequestStream>> streams;
         for (size_t i = 0; i < batch; ++i) {
           auto s = RequestStream::Open(&engine, BatchRequest(*t, i == 1 ? 1 : 0, kNew));
-          ASSERT_TRUE(s.ok()) << s.status();
+          ASSERT_OK(s);
           streams.push_back(std::move(*s));
         }
         RunToEnd(engine);
@@ -267,7 +246,7 @@ TEST(SpecEngine, BudgetMatrixFinishesEveryRequest) {
                                                " max_step_tokens ", budget);
         for (size_t i = 0; i < batch; ++i) {
           auto r = streams[i]->Wait();
-          ASSERT_TRUE(r.ok()) << where << ": " << r.status();
+          ASSERT_OK(r) << where << ": " << r.status();
           EXPECT_EQ(r->tokens, Golden(*t, i == 1 ? 1 : 0, kNew)) << where << " request " << i;
         }
         EXPECT_LE(rec.max_open, max_seqs) << where;
@@ -307,15 +286,15 @@ TEST(SpecEngine, SampledTokensEqualGenerateBatchWithTheSameSpec) {
       g.sampling = r.sampling;
       batch.push_back(g);
       auto s = RequestStream::Open(&engine, r);
-      ASSERT_TRUE(s.ok());
+      ASSERT_OK(s);
       streams.push_back(std::move(*s));
     }
     RunToEnd(engine);
     auto expected = GenerateBatch(*t->model, *t->experts, batch, nullptr, spec);
-    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_OK(expected);
     for (size_t i = 0; i < streams.size(); ++i) {
       auto r = streams[i]->Wait();
-      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_OK(r);
       EXPECT_EQ(r->tokens, (*expected)[i].tokens) << SpecMethodName(method) << " request " << i;
     }
     EXPECT_GT(engine.stats().spec_verify_steps, 0);
@@ -333,17 +312,17 @@ struct Mtp {
 Mtp* LoadMtp() {
   static std::unique_ptr<Mtp> cached;
   if (cached) return cached.get();
-  auto preset = numoe::testing::MakePreset({.preset = "tiny", .drafter = "mtp"});
+  auto preset = numoe::synthetic::MakePreset({.preset = "tiny", .drafter = "mtp"});
   if (!preset.ok()) {
     ADD_FAILURE() << preset.status();
     return nullptr;
   }
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("numoe-spec-engine-mtp-" + std::to_string(::getpid()));
-  numoe::testing::SyntheticOptions opt;
+  numoe::synthetic::SyntheticOptions opt;
   opt.seed = 5;
   opt.mtp_stages = preset->mtp_stages;
-  Status st = numoe::testing::MakeSyntheticCheckpoint(preset->config, dir.string(), opt);
+  Status st = numoe::synthetic::MakeSyntheticCheckpoint(preset->config, dir.string(), opt);
   auto m = std::make_unique<Mtp>();
   if (st.ok()) {
     auto ck = Checkpoint::Open(dir.string());
@@ -376,7 +355,7 @@ TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {
   const int64_t V = m->ckpt->config().vocab_size;
   LocalExecutor local(m->model.get(), m->experts.get());
   EXPECT_EQ(local.limits().drafter, SpecMethod::kMtp);
-  EXPECT_TRUE(CheckSpec(SpecConfig{.method = SpecMethod::kMtp, .depth = 7}, local.limits()).ok());
+  EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kMtp, .depth = 7}, local.limits()));
   EXPECT_EQ(CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, local.limits()).code(),
             absl::StatusCode::kFailedPrecondition);
   auto requests = [&](size_t n, bool sampled) {
@@ -396,14 +375,14 @@ TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {
     std::vector<std::unique_ptr<RequestStream>> streams;
     for (const auto& r : reqs) {
       auto s = RequestStream::Open(&engine, r);
-      EXPECT_TRUE(s.ok()) << s.status();
+      EXPECT_OK(s);
       if (s.ok()) streams.push_back(std::move(*s));
     }
     RunToEnd(engine);
     std::vector<std::vector<int32_t>> out;
     for (auto& s : streams) {
       auto r = s->Wait();
-      EXPECT_TRUE(r.ok()) << r.status();
+      EXPECT_OK(r);
       out.push_back(r.ok() ? r->tokens : std::vector<int32_t>{});
     }
     if (stats != nullptr) *stats = engine.stats();
@@ -436,7 +415,7 @@ TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {
     batch.push_back(g);
   }
   auto expected = GenerateBatch(*m->model, *m->experts, batch, nullptr, spec);
-  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_OK(expected);
   const auto got = run(o, reqs, nullptr);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], (*expected)[i].tokens) << i;
 }
@@ -459,13 +438,13 @@ TEST(SpecEngine, RemoteExecutorOverTheChannelEqualsPlainGreedy) {
                     .max_model_drafts = 16,
                     .verify = 1};
   auto gpu_end = shm::Channel::CreateAnonymous(geo);
-  ASSERT_TRUE(gpu_end.ok()) << gpu_end.status();
+  ASSERT_OK(gpu_end);
   auto worker_end = (*gpu_end)->PeerEndpoint();
-  ASSERT_TRUE(worker_end.ok());
+  ASSERT_OK(worker_end);
   gpu::WorkerSession session(&host, gpu::SessionInfo{.lease = 1, .worker_id = "spec-engine"}, std::move(*gpu_end));
   session.Start(nullptr);
   RemoteExecutor remote(worker_end->get(), t->experts.get());
-  ASSERT_TRUE(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 7}, remote.limits()).ok());
+  ASSERT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 7}, remote.limits()));
   const int64_t kNew = 12;
   for (SpecMethod method : {SpecMethod::kNgram, SpecMethod::kDspark}) {
     for (int64_t depth : {2, 7}) {
@@ -474,7 +453,7 @@ TEST(SpecEngine, RemoteExecutorOverTheChannelEqualsPlainGreedy) {
       o.spec = SpecConfig{.method = method, .depth = depth, .adaptive = depth == 7};
       RunResult r = RunBatch(&rec, o, *t, 6, kNew);
       for (size_t i = 0; i < r.results.size(); ++i) {
-        ASSERT_TRUE(r.results[i].ok()) << r.results[i].status();
+        ASSERT_OK(r.results[i]);
         EXPECT_EQ(r.results[i]->tokens, Golden(*t, i, kNew)) << SpecMethodName(method) << " depth " << depth << " " << i;
       }
       EXPECT_EQ(r.stats.spec_method, method);
@@ -485,7 +464,7 @@ TEST(SpecEngine, RemoteExecutorOverTheChannelEqualsPlainGreedy) {
       EXPECT_LE(rec.max_open, 4);  // clamped to the channel
     }
   }
-  ASSERT_TRUE(remote.Flush().ok());
+  ASSERT_OK(remote.Flush());
   EXPECT_EQ(session.sequences(), 0);
   session.Stop();
 }
@@ -559,7 +538,7 @@ ScriptRun RunScript(ScriptedExecutor* ex, EngineOptions o, EngineRequest r) {
   ScriptRun run;
   Engine engine(ex, o);
   auto id = engine.Submit(std::move(r), run.sink);
-  EXPECT_TRUE(id.ok()) << id.status();
+  EXPECT_OK(id);
   RunToEnd(engine, 1000);
   run.stats = engine.stats();
   return run;
@@ -649,9 +628,9 @@ TEST(SpecEngine, StopInsideAnAcceptedRunDropsTheRest) {
 TEST(SpecEngine, CheckSpecSaysWhatToChange) {
   const ExecutorLimits none{.vocab_size = 1024};
   const ExecutorLimits dspark{.vocab_size = 1024, .drafter = SpecMethod::kDspark, .max_model_drafts = 8};
-  EXPECT_TRUE(CheckSpec(SpecConfig{}, none).ok());
-  EXPECT_TRUE(CheckSpec(SpecConfig{.method = SpecMethod::kNgram, .depth = 16}, none).ok());
-  EXPECT_TRUE(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 5}, dspark).ok());
+  EXPECT_OK(CheckSpec(SpecConfig{}, none));
+  EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kNgram, .depth = 16}, none));
+  EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 5}, dspark));
 
   Status st = CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, none);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
@@ -681,9 +660,9 @@ TEST(SpecEngine, CheckSpecSaysWhatToChange) {
   LocalExecutor with(t->model.get(), t->experts.get());
   EXPECT_EQ(with.limits().drafter, SpecMethod::kDspark);
   EXPECT_EQ(with.limits().max_model_drafts, 16);
-  EXPECT_TRUE(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 7}, with.limits()).ok());
+  EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 7}, with.limits()));
   auto plain = cpu::CpuModel::Create(*t->ckpt, nullptr);
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   LocalExecutor without(plain->get(), t->experts.get());
   EXPECT_EQ(without.limits().drafter, SpecMethod::kNone);
   EXPECT_EQ(without.limits().max_model_drafts, 0);
@@ -696,7 +675,7 @@ TEST(SpecEngine, CheckSpecSaysWhatToChange) {
   EXPECT_EQ(r.stats.spec_method, SpecMethod::kNone);
   EXPECT_EQ(r.stats.spec_drafted, 0);
   for (size_t i = 0; i < 2; ++i) {
-    ASSERT_TRUE(r.results[i].ok());
+    ASSERT_OK(r.results[i]);
     EXPECT_EQ(r.results[i]->tokens, Golden(*t, i, 6));
   }
 }
@@ -706,7 +685,7 @@ TEST(SpecEngine, LocalExecutorRefusesBadSpeculativeItems) {
   ASSERT_NE(t, nullptr);
   LocalExecutor local(t->model.get(), t->experts.get());
   auto seq = local.Open(SamplingParams{});
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   const std::vector<int32_t> two = {5, 6};
   const int32_t one = 5;
   StepOutput out;
@@ -726,13 +705,13 @@ TEST(SpecEngine, LocalExecutorRefusesBadSpeculativeItems) {
          absl::StatusCode::kInvalidArgument, "limit of 16");
   expect(StepItem{.seq = *seq, .tokens = {&one, 1}, .sample = true, .drafts = -1},
          absl::StatusCode::kInvalidArgument, ">= 0");
-  ASSERT_TRUE(local.Close(*seq).ok());
+  ASSERT_OK(local.Close(*seq));
 
   auto plain = cpu::CpuModel::Create(*t->ckpt, nullptr);
-  ASSERT_TRUE(plain.ok());
+  ASSERT_OK(plain);
   LocalExecutor without(plain->get(), t->experts.get());
   auto s2 = without.Open(SamplingParams{});
-  ASSERT_TRUE(s2.ok());
+  ASSERT_OK(s2);
   StepItem item{.seq = *s2, .tokens = {&one, 1}, .sample = true, .model_drafts = 2};
   Status st = without.Step(std::span<const StepItem>(&item, 1), &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
@@ -741,21 +720,21 @@ TEST(SpecEngine, LocalExecutorRefusesBadSpeculativeItems) {
   // A good speculative step after a prefill: counts, drafted and accepted are consistent.
   const auto& p = t->goldens[2];  // prompt [0], greedy 636 86 414 ...
   StepItem pre{.seq = *s2, .tokens = p.input_ids, .sample = true};
-  ASSERT_TRUE(without.Step(std::span<const StepItem>(&pre, 1), &out).ok());
+  ASSERT_OK(without.Step(std::span<const StepItem>(&pre, 1), &out));
   ASSERT_EQ(out.tokens[0], p.greedy[0]);
   // Drafts: the true continuation 86, then a wrong token: 86 kept, then the target's 414.
   const std::vector<int32_t> feed = {p.greedy[0], p.greedy[1], (p.greedy[2] + 1) % 1024};
   StepItem spec{.seq = *s2, .tokens = feed, .sample = true, .drafts = 2};
-  ASSERT_TRUE(without.Step(std::span<const StepItem>(&spec, 1), &out).ok());
+  ASSERT_OK(without.Step(std::span<const StepItem>(&spec, 1), &out));
   EXPECT_EQ(out.counts, std::vector<int32_t>{2});
   EXPECT_EQ(out.drafted, std::vector<int32_t>{2});
   EXPECT_EQ(out.accepted, std::vector<int32_t>{1});
   EXPECT_EQ(out.emitted, (std::vector<int32_t>{p.greedy[1], p.greedy[2]}));
   // The rejected draft was rolled back: the next plain step continues the golden.
   StepItem next{.seq = *s2, .tokens = {&p.greedy[2], 1}, .sample = true};
-  ASSERT_TRUE(without.Step(std::span<const StepItem>(&next, 1), &out).ok());
+  ASSERT_OK(without.Step(std::span<const StepItem>(&next, 1), &out));
   EXPECT_EQ(out.tokens[0], p.greedy[3]);
-  ASSERT_TRUE(without.Close(*s2).ok());
+  ASSERT_OK(without.Close(*s2));
 }
 
 }  // namespace

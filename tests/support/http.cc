@@ -1,130 +1,19 @@
-#include "tests/integration/router_test_util.h"
+#include "tests/support/http.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
-#include <fstream>
 #include <sstream>
-#include <thread>
 
-namespace numoe::testing {
-
-Child Child::Start(const std::vector<std::string>& argv, const std::string& log_path, bool new_group,
-                   const std::string& stdout_path) {
-  Child c;
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid == 0) {
-    // A test that crashes must not leave children behind.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    if (new_group) setpgid(0, 0);
-    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    if (!stdout_path.empty()) {
-      int out = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (out >= 0) {
-        dup2(out, 1);
-        close(out);
-      }
-    }
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  c.pid_ = pid;
-  return c;
-}
-
-Child::Child(Child&& o) noexcept : pid_(o.pid_) { o.pid_ = -1; }
-
-Child& Child::operator=(Child&& o) noexcept {
-  if (this != &o) {
-    Kill();
-    pid_ = o.pid_;
-    o.pid_ = -1;
-  }
-  return *this;
-}
-
-Child::~Child() { Kill(); }
-
-bool Child::running() {
-  if (pid_ <= 0) return false;
-  int status = 0;
-  pid_t r = waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    pid_ = -1;
-    return false;
-  }
-  return true;
-}
-
-void Child::Signal(int sig) {
-  if (pid_ > 0) kill(pid_, sig);
-}
-
-int Child::Wait(std::chrono::milliseconds timeout) {
-  if (pid_ <= 0) return -1;
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      pid_ = -1;
-      return status;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-void Child::Kill() {
-  if (pid_ <= 0) return;
-  kill(pid_, SIGKILL);
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
-}
-
-std::vector<std::pair<pid_t, std::string>> ProcessGroupMembers(pid_t pgid) {
-  std::vector<std::pair<pid_t, std::string>> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    const std::string stat = ReadFile(e.path().string() + "/stat");
-    const size_t open_paren = stat.find('('), close_paren = stat.rfind(')');
-    if (open_paren == std::string::npos || close_paren == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close_paren + 2));
-    std::string state;
-    long ppid = 0, pgrp = 0;
-    rest >> state >> ppid >> pgrp;
-    if (state == "Z") continue;  // exited, waiting to be reaped
-    if (pgrp == pgid) {
-      out.emplace_back(static_cast<pid_t>(std::stol(name)),
-                       stat.substr(open_paren + 1, close_paren - open_paren - 1));
-    }
-  }
-  return out;
-}
+namespace numoe::test {
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -136,31 +25,6 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   close(fd);
   return ntohs(a.sin_port);
-}
-
-std::string MakeTempDir(const std::string& prefix) {
-  std::string tmpl = "/tmp/" + prefix + "XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  char* d = mkdtemp(buf.data());
-  return d ? std::string(d) : std::string();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string WaitForFile(const std::string& path, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::string s = ReadFile(path);
-    if (!s.empty()) return s;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return "";
 }
 
 namespace {
@@ -348,4 +212,4 @@ std::vector<std::string> SseEvents(const std::string& body) {
   return out;
 }
 
-}  // namespace numoe::testing
+}  // namespace numoe::test

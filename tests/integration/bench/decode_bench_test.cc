@@ -9,15 +9,14 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
-#include "tests/unit/mkmodel/run_util.h"
+#include "tests/support/files.h"
+#include "tests/support/process.h"
 
 namespace numoe::test {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-std::string BenchBin() { return std::string(NUMOE_BIN_DIR) + "/numoe-bench"; }
 
 // Processes whose command line mentions `needle`.
 int ProcessesMentioning(const std::string& needle) {
@@ -36,16 +35,18 @@ int ProcessesMentioning(const std::string& needle) {
 TEST(DecodeBenchTest, ServesStreamsAndReportsTheRatio) {
   TempDir dir("mk-decode-bench");
   const std::string model = (dir.path() / "tiny").string();
-  RunResult mk = RunProcess({NumoeBin(), "mkmodel", "--preset", "tiny", "--quiet", "--out", model});
-  ASSERT_EQ(mk.exit_code, 0) << mk.output;
+  RunResult mk =
+      RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--quiet", "--out", model}, {.merge_stderr = true});
+  ASSERT_EQ(mk.rc, 0) << mk.out;
 
-  RunResult r = RunProcess({BenchBin(), "decode", "--model", model, "--concurrency", "1,2", "--prompt-len", "8",
-                            "--max-tokens", "12", "--read-mib", "64", "--read-passes", "2", "--log-dir",
-                            (dir.path() / "logs").string()});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::printf("%s", r.output.c_str());
-  EXPECT_THAT(r.output, HasSubstr("numoe serve ready"));
-  std::string last = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
+  RunResult r = RunCommand(
+      {BinPath("numoe-bench"), "decode", "--model", model, "--concurrency", "1,2", "--prompt-len", "8", "--max-tokens",
+       "12", "--read-mib", "64", "--read-passes", "2", "--log-dir", (dir.path() / "logs").string()},
+      {.merge_stderr = true});
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::printf("%s", r.out.c_str());
+  EXPECT_THAT(r.out, HasSubstr("numoe serve ready"));
+  std::string last = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
   last = last.substr(last.rfind('\n') + 1);
   const auto j = nlohmann::json::parse(last);
   ASSERT_EQ(j["concurrency"], nlohmann::json({1, 2}));
@@ -70,12 +71,15 @@ TEST(DecodeBenchTest, ServesStreamsAndReportsTheRatio) {
 }
 
 TEST(DecodeBenchTest, BadInputIsAClearError) {
-  RunResult missing = RunProcess({BenchBin(), "decode", "--model", "/nonexistent/model"});
-  EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_THAT(missing.output, HasSubstr("/nonexistent/model"));
-  RunResult zero = RunProcess({BenchBin(), "decode", "--model", "/nonexistent/model", "--concurrency", "1,0"});
-  EXPECT_EQ(zero.exit_code, 1);
-  EXPECT_THAT(zero.output, HasSubstr("--concurrency values must be in [1, 1024]"));
+  RunResult missing =
+      RunCommand({BinPath("numoe-bench"), "decode", "--model", "/nonexistent/model"}, {.merge_stderr = true});
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_THAT(missing.out, HasSubstr("/nonexistent/model"));
+  RunResult zero =
+      RunCommand({BinPath("numoe-bench"), "decode", "--model", "/nonexistent/model", "--concurrency", "1,0"},
+                 {.merge_stderr = true});
+  EXPECT_EQ(zero.rc, 1);
+  EXPECT_THAT(zero.out, HasSubstr("--concurrency values must be in [1, 1024]"));
 }
 
 }  // namespace

@@ -27,7 +27,7 @@
 #include "common/config.h"
 #include "common/status.h"
 
-namespace numoe::testing {
+namespace numoe::synthetic {
 
 struct PresetOptions {
   std::string preset;          // "tiny" or "v4-flash"
@@ -53,4 +53,4 @@ ModelConfig V4FlashConfig();
 // HCA when layers >= 3 (see the header comment).
 std::vector<AttnType> PresetSchedule(int64_t layers, int64_t sliding);
 
-}  // namespace numoe::testing
+}  // namespace numoe::synthetic

@@ -1,4 +1,4 @@
-#include "common/testing/synthetic_tokenizer.h"
+#include "common/synthetic/synthetic_tokenizer.h"
 
 #include <filesystem>
 #include <fstream>
@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
-namespace numoe::testing {
+namespace numoe::synthetic {
 
-// tests/data/tiny-v4/{tokenizer.json,tokenizer_config.json}, embedded by common/CMakeLists.txt (testing_data.cc).
+// tests/data/tiny-v4/{tokenizer.json,tokenizer_config.json}, embedded by common/CMakeLists.txt (synthetic_data.cc).
 extern const unsigned char kTinyTokenizerJson[];
 extern const size_t kTinyTokenizerJsonSize;
 extern const unsigned char kTinyTokenizerConfigJson[];
@@ -228,4 +228,4 @@ Status WriteTinyTokenizer(const std::string& dir) {
   return WriteFile(fs::path(dir) / "generation_config.json", kGenerationConfig);
 }
 
-}  // namespace numoe::testing
+}  // namespace numoe::synthetic

@@ -2,8 +2,6 @@
 // each mode, the last line is the JSON object with sane numbers (the bench itself fails when greedy outputs
 // with and without speculation differ), and bad flags fail with a message naming them.
 #include <gtest/gtest.h>
-#include <stdio.h>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 #include <cstdlib>
@@ -11,24 +9,19 @@
 #include <sstream>
 #include <string>
 
+#include "tests/support/files.h"
+#include "tests/support/process.h"
+
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using numoe::test::BinPath;
+using numoe::test::CommandLine;
+using numoe::test::RunCommand;
+using numoe::test::RunResult;
 
-Result RunBench(const std::string& args) {
-  Result r;
-  const std::string cmd = std::string(NUMOE_BIN_DIR) + "/numoe-bench spec " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// numoe-bench spec ARGS, stdout and stderr together.
+RunResult RunBench(const std::string& args) {
+  return RunCommand(CommandLine(BinPath("numoe-bench"), "spec " + args), {.merge_stderr = true});
 }
 
 std::string LastLine(const std::string& s) {
@@ -83,9 +76,9 @@ void ExpectSane(const nlohmann::json& j, int64_t batch, int64_t max_tokens) {
 }
 
 TEST(SpecBench, NgramOnTinyPrintsTheJsonObject) {
-  const Result r = RunBench("--model " + kTiny + " --spec ngram --depth 3 --runs 1 --threads 1 --max-tokens 24 " +
+  const RunResult r = RunBench("--model " + kTiny + " --spec ngram --depth 3 --runs 1 --threads 1 --max-tokens 24 " +
                             "--read-mib 64");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   const auto j = nlohmann::json::parse(LastLine(r.out));
   EXPECT_EQ(j["spec"], "ngram");
   EXPECT_EQ(j["depth"], 3);
@@ -95,9 +88,9 @@ TEST(SpecBench, NgramOnTinyPrintsTheJsonObject) {
 
 // DSpark on tiny-v4 (random stages: acceptance near zero, so rollback runs every step), two sequences.
 TEST(SpecBench, DsparkBatchOfTwo) {
-  const Result r = RunBench("--model " + kTiny + " --spec dspark --runs 1 --threads 1 --batch 2 --max-tokens 16 " +
+  const RunResult r = RunBench("--model " + kTiny + " --spec dspark --runs 1 --threads 1 --batch 2 --max-tokens 16 " +
                             "--prompt-len 40 --read-mib 64 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   const auto j = nlohmann::json::parse(LastLine(r.out));
   EXPECT_EQ(j["spec"], "dspark");
   EXPECT_EQ(j["depth"], 5);  // the checkpoint's DSpark block size
@@ -108,16 +101,14 @@ TEST(SpecBench, DsparkBatchOfTwo) {
 
 // MTP on a tiny-preset checkpoint with a random MTP block (numoe mkmodel --drafter mtp).
 TEST(SpecBench, MtpOnATinyMtpCheckpoint) {
-  char tmpl[] = "/tmp/spec_bench_test.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = std::string(tmpl) + "/m";
-  const std::string mk =
-      std::string(NUMOE_BIN_DIR) + "/numoe mkmodel --preset tiny --drafter mtp --quiet --out " + dir + " 2>&1";
-  ASSERT_EQ(std::system(mk.c_str()), 0) << mk;
-  const Result r = RunBench("--model " + dir + " --spec mtp --depth 2 --runs 1 --threads 1 --max-tokens 16 " +
+  numoe::test::TempDir tmp("spec-bench");
+  const std::string dir = tmp / "m";
+  const RunResult mk = RunCommand({BinPath("numoe"), "mkmodel", "--preset", "tiny", "--drafter", "mtp", "--quiet",
+                                   "--out", dir}, {.merge_stderr = true});
+  ASSERT_EQ(mk.rc, 0) << mk.out;
+  const RunResult r = RunBench("--model " + dir + " --spec mtp --depth 2 --runs 1 --threads 1 --max-tokens 16 " +
                             "--prompt-len 24 --read-mib 64 --json");
-  std::filesystem::remove_all(tmpl);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   const auto j = nlohmann::json::parse(LastLine(r.out));
   EXPECT_EQ(j["spec"], "mtp");
   EXPECT_EQ(j["depth"], 2);
@@ -143,8 +134,8 @@ TEST(SpecBench, BadFlagsFailWithAMessage) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
-    const Result r = RunBench(c.args);
-    EXPECT_NE(r.exit_code, 0) << r.out;
+    const RunResult r = RunBench(c.args);
+    EXPECT_NE(r.rc, 0) << r.out;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("\"bench\""), std::string::npos) << r.out;
   }

@@ -1,6 +1,7 @@
 // The shared-memory channel: geometry validation, attach checks, the ping-pong conversation between
 // two threads and between two processes (fork), and a dead or silent peer turning into an error.
 #include "common/shm_channel.h"
+#include "tests/support/status_matchers.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -40,7 +41,7 @@ int64_t ElapsedMs(std::chrono::steady_clock::time_point t0) {
 }
 
 TEST(ShmGeometry, ValidatesEveryField) {
-  EXPECT_TRUE(ValidateGeometry(SmallGeometry()).ok());
+  EXPECT_OK(ValidateGeometry(SmallGeometry()));
   Geometry g = SmallGeometry();
   g.hidden = 0;
   EXPECT_NE(ValidateGeometry(g).message().find("hidden"), std::string::npos);
@@ -64,14 +65,14 @@ TEST(ShmGeometry, ValidatesEveryField) {
   g.drafter = SpecMethod::kDspark;
   EXPECT_NE(ValidateGeometry(g).message().find("verify"), std::string::npos);
   g.verify = 1;
-  EXPECT_TRUE(ValidateGeometry(g).ok()) << ValidateGeometry(g);
+  EXPECT_OK(ValidateGeometry(g));
   g.max_model_drafts = 4097;
   EXPECT_NE(ValidateGeometry(g).message().find("max_model_drafts"), std::string::npos);
   g = SmallGeometry();
   g.verify = 2;
   EXPECT_NE(ValidateGeometry(g).message().find("verify"), std::string::npos);
   g.verify = 1;  // an n-gram-only gpu: verifies, no model drafter
-  EXPECT_TRUE(ValidateGeometry(g).ok());
+  EXPECT_OK(ValidateGeometry(g));
 }
 
 TEST(ShmGeometry, LayoutIsAlignedAndDisjoint) {
@@ -100,10 +101,10 @@ TEST(ShmChannel, CreateRejectsBadNames) {
 TEST(ShmChannel, AttachValidatesTheHeader) {
   const std::string name = UniqueName("attach");
   auto gpu = Channel::Create(name, SmallGeometry());
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_OK(gpu);
   {
     auto w = Channel::Attach(name);
-    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_OK(w);
     EXPECT_EQ((*w)->geometry().hidden, 64u);
     EXPECT_EQ((*w)->bytes(), (*gpu)->bytes());
     EXPECT_TRUE((*gpu)->peer_attached());
@@ -127,7 +128,7 @@ TEST(ShmChannel, AttachValidatesTheHeader) {
   shm_unlink(junk.c_str());
 
   // Unlink removes the name; the mapping stays usable.
-  ASSERT_TRUE((*gpu)->Unlink().ok());
+  ASSERT_OK((*gpu)->Unlink());
   EXPECT_FALSE(Channel::Attach(name).ok());
   (*gpu)->moe_x()[0] = 1.0f;
 }
@@ -135,17 +136,17 @@ TEST(ShmChannel, AttachValidatesTheHeader) {
 // The whole step conversation between two threads: one StepRequest, three layers, a StepResult.
 TEST(ShmChannel, StepConversationBetweenThreads) {
   auto gpu_or = Channel::CreateAnonymous(SmallGeometry());
-  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  ASSERT_OK(gpu_or);
   std::unique_ptr<Channel> gpu = std::move(*gpu_or);
   auto worker_or = gpu->PeerEndpoint();
-  ASSERT_TRUE(worker_or.ok());
+  ASSERT_OK(worker_or);
   std::unique_ptr<Channel> worker = std::move(*worker_or);
   constexpr int kLayers = 3;
   const int D = 64;
 
   std::thread gpu_thread([&] {
     auto t = gpu->Receive(5000);
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t);
     ASSERT_EQ(*t, MsgType::kStepRequest);
     const MsgHeader& req = gpu->incoming();
     ASSERT_EQ(req.num_entries, 2);
@@ -161,9 +162,9 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
       m.rows = 3;
       m.top_k = 2;
       for (int i = 0; i < 3 * D; ++i) gpu->moe_x()[i] = static_cast<float>(layer * 1000 + i);
-      ASSERT_TRUE(gpu->Send(MsgType::kMoeRequest).ok());
+      ASSERT_OK(gpu->Send(MsgType::kMoeRequest));
       auto r = gpu->Receive(5000);
-      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_OK(r);
       ASSERT_EQ(*r, MsgType::kMoeResponse);
       EXPECT_EQ(gpu->incoming().layer, layer);
       for (int i = 0; i < 3 * D; ++i) ASSERT_EQ(gpu->moe_out()[i], 2.0f * (layer * 1000 + i));
@@ -178,7 +179,7 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
     std::memcpy(gpu->emitted(), emitted, sizeof(emitted));
     gpu->outgoing().num_entries = 2;
     gpu->outgoing().num_emitted = 3;
-    ASSERT_TRUE(gpu->Send(MsgType::kStepResult).ok());
+    ASSERT_OK(gpu->Send(MsgType::kStepResult));
   });
 
   StepEntry* e = worker->entries();
@@ -190,11 +191,11 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
   worker->tokens()[2] = 9;
   worker->outgoing().num_entries = 2;
   worker->outgoing().num_tokens = 3;
-  ASSERT_TRUE(worker->Send(MsgType::kStepRequest).ok());
+  ASSERT_OK(worker->Send(MsgType::kStepRequest));
   int layers_seen = 0;
   for (;;) {
     auto t = worker->Receive(5000);
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t);
     if (*t == MsgType::kStepResult) break;
     ASSERT_EQ(*t, MsgType::kMoeRequest);
     const MsgHeader& m = worker->incoming();
@@ -202,7 +203,7 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
     for (int i = 0; i < m.rows * D; ++i) worker->moe_out()[i] = 2.0f * worker->moe_x()[i];
     worker->outgoing().layer = m.layer;
     worker->outgoing().rows = m.rows;
-    ASSERT_TRUE(worker->Send(MsgType::kMoeResponse).ok());
+    ASSERT_OK(worker->Send(MsgType::kMoeResponse));
     ++layers_seen;
   }
   gpu_thread.join();
@@ -219,25 +220,25 @@ TEST(ShmChannel, StepConversationBetweenThreads) {
 
 TEST(ShmChannel, SendBeforeThePeerReceivedIsRefused) {
   auto gpu = Channel::CreateAnonymous(SmallGeometry());
-  ASSERT_TRUE(gpu.ok());
+  ASSERT_OK(gpu);
   auto worker = (*gpu)->PeerEndpoint();
-  ASSERT_TRUE(worker.ok());
-  ASSERT_TRUE((*worker)->Send(MsgType::kStepRequest).ok());
+  ASSERT_OK(worker);
+  ASSERT_OK((*worker)->Send(MsgType::kStepRequest));
   EXPECT_EQ((*worker)->Send(MsgType::kStepRequest).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE((*gpu)->Receive(1000).ok());
-  EXPECT_TRUE((*worker)->Send(MsgType::kStepRequest).ok());
+  ASSERT_OK((*gpu)->Receive(1000));
+  EXPECT_OK((*worker)->Send(MsgType::kStepRequest));
 }
 
 TEST(ShmChannel, ErrorsTravelWithCodeAndText) {
   auto gpu = Channel::CreateAnonymous(SmallGeometry());
-  ASSERT_TRUE(gpu.ok());
+  ASSERT_OK(gpu);
   auto worker = (*gpu)->PeerEndpoint();
-  ASSERT_TRUE(worker.ok());
-  ASSERT_TRUE((*worker)->Send(MsgType::kStepRequest).ok());
-  ASSERT_TRUE((*gpu)->Receive(1000).ok());
-  ASSERT_TRUE((*gpu)->SendError(absl::InvalidArgumentError("entries[1].tokens[0]: token id 5000 >= vocab")).ok());
+  ASSERT_OK(worker);
+  ASSERT_OK((*worker)->Send(MsgType::kStepRequest));
+  ASSERT_OK((*gpu)->Receive(1000));
+  ASSERT_OK((*gpu)->SendError(absl::InvalidArgumentError("entries[1].tokens[0]: token id 5000 >= vocab")));
   auto t = (*worker)->Receive(1000);
-  ASSERT_TRUE(t.ok());
+  ASSERT_OK(t);
   ASSERT_EQ(*t, MsgType::kError);
   Status st = (*worker)->IncomingError();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
@@ -246,9 +247,9 @@ TEST(ShmChannel, ErrorsTravelWithCodeAndText) {
 
 TEST(ShmChannel, TimeoutInterruptAndClose) {
   auto gpu = Channel::CreateAnonymous(SmallGeometry(), {.spin_us = 10, .poll_ms = 5});
-  ASSERT_TRUE(gpu.ok());
+  ASSERT_OK(gpu);
   auto worker = (*gpu)->PeerEndpoint();
-  ASSERT_TRUE(worker.ok());
+  ASSERT_OK(worker);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ((*gpu)->Receive(30).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE(ElapsedMs(t0), 29);
@@ -262,7 +263,7 @@ TEST(ShmChannel, TimeoutInterruptAndClose) {
   interrupter.join();
   (*gpu)->ClearInterrupt();
 
-  EXPECT_TRUE((*gpu)->PeerStatus().ok());
+  EXPECT_OK((*gpu)->PeerStatus());
   std::thread closer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     (*worker)->Close();
@@ -279,7 +280,7 @@ TEST(ShmChannel, TimeoutInterruptAndClose) {
 TEST(ShmChannel, PingPongAcrossProcesses) {
   const std::string name = UniqueName("fork");
   auto gpu_or = Channel::Create(name, SmallGeometry());
-  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  ASSERT_OK(gpu_or);
   std::unique_ptr<Channel> gpu = std::move(*gpu_or);
   constexpr int kRounds = 200;
   pid_t pid = fork();
@@ -301,9 +302,9 @@ TEST(ShmChannel, PingPongAcrossProcesses) {
     const int rows = 1 + i % 16;
     for (int j = 0; j < rows * 64; ++j) gpu->moe_x()[j] = static_cast<float>(i + j);
     gpu->outgoing().rows = rows;
-    ASSERT_TRUE(gpu->Send(MsgType::kMoeRequest).ok());
+    ASSERT_OK(gpu->Send(MsgType::kMoeRequest));
     auto t = gpu->Receive(10000);
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t);
     ASSERT_EQ(*t, MsgType::kMoeResponse);
     ASSERT_EQ(gpu->incoming().rows, rows);
     for (int j = 0; j < rows * 64; ++j) ASSERT_EQ(gpu->moe_out()[j], static_cast<float>(i + j) + 1.0f);
@@ -318,7 +319,7 @@ TEST(ShmChannel, PingPongAcrossProcesses) {
 TEST(ShmChannel, DeadPeerProcessIsAnErrorNotAHang) {
   const std::string name = UniqueName("dead");
   auto gpu_or = Channel::Create(name, SmallGeometry(), {.spin_us = 10, .poll_ms = 10});
-  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  ASSERT_OK(gpu_or);
   std::unique_ptr<Channel> gpu = std::move(*gpu_or);
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -331,7 +332,7 @@ TEST(ShmChannel, DeadPeerProcessIsAnErrorNotAHang) {
     _exit(13);
   }
   gpu->outgoing().rows = 1;
-  ASSERT_TRUE(gpu->Send(MsgType::kMoeRequest).ok());
+  ASSERT_OK(gpu->Send(MsgType::kMoeRequest));
   auto t0 = std::chrono::steady_clock::now();
   auto r = gpu->Receive(-1);  // no deadline: only liveness can end this
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
@@ -346,7 +347,7 @@ TEST(ShmChannel, DeadPeerProcessIsAnErrorNotAHang) {
 // The worker side notices a dead gpu service the same way.
 TEST(ShmChannel, DeadGpuProcessIsSeenByTheWorker) {
   auto ch_or = Channel::CreateAnonymous(SmallGeometry(), {.spin_us = 10, .poll_ms = 10});
-  ASSERT_TRUE(ch_or.ok());
+  ASSERT_OK(ch_or);
   std::unique_ptr<Channel> ch = std::move(*ch_or);
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -358,7 +359,7 @@ TEST(ShmChannel, DeadGpuProcessIsSeenByTheWorker) {
     _exit(13);
   }
   ch->BindAfterFork(Side::kWorker);
-  ASSERT_TRUE(ch->Send(MsgType::kStepRequest).ok());
+  ASSERT_OK(ch->Send(MsgType::kStepRequest));
   auto r = ch->Receive(20000);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   int wstatus = 0;

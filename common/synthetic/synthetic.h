@@ -3,12 +3,12 @@
 // MTP/DSpark stages). Used by unit tests, model tests (forward passes on other family members) and
 // `numoe mkmodel`.
 //
-//   ModelConfig cfg = numoe::testing::TinyConfig();                 // tiny-v4's shapes
-//   numoe::testing::SetSchedule(&cfg, {AttnType::kCSA, AttnType::kHCA}, /*num_hash_layers=*/1);
+//   ModelConfig cfg = numoe::synthetic::TinyConfig();                 // tiny-v4's shapes
+//   numoe::synthetic::SetSchedule(&cfg, {AttnType::kCSA, AttnType::kHCA}, /*num_hash_layers=*/1);
 //   cfg.n_routed_experts = 16;
-//   numoe::testing::SyntheticOptions opt;
+//   numoe::synthetic::SyntheticOptions opt;
 //   opt.seed = 7; opt.num_shards = 3; opt.tid2eid_dtype = DType::kI32;
-//   RETURN_IF_ERROR(numoe::testing::MakeSyntheticCheckpoint(cfg, dir, opt));
+//   RETURN_IF_ERROR(numoe::synthetic::MakeSyntheticCheckpoint(cfg, dir, opt));
 //   auto ck = Checkpoint::Open(dir);                                  // validates cleanly
 //
 // What is written into `dir` (created if needed; existing files of the same names are replaced):
@@ -49,7 +49,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 
-namespace numoe::testing {
+namespace numoe::synthetic {
 
 struct SyntheticOptions {
   uint64_t seed = 1;
@@ -81,4 +81,4 @@ StatusOr<int64_t> SyntheticCheckpointBytes(const ModelConfig& config, const Synt
 // InvalidArgument naming the key, exactly as if config.json had been read).
 Status MakeSyntheticCheckpoint(const ModelConfig& config, const std::string& dir, const SyntheticOptions& options = {});
 
-}  // namespace numoe::testing
+}  // namespace numoe::synthetic

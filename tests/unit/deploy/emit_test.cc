@@ -186,7 +186,7 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
     EXPECT_EQ(w.gpu_address, "127.0.0.1:7000");
     EXPECT_EQ(w.port, 7100 + p.index);
     EXPECT_EQ(w.numa_nodes, p.nodes);
-    EXPECT_EQ(w.cpus, p.cpus);
+    EXPECT_EQ(w.cpus, p.thread_cpus);  // --cpus pins kernel thread i to the i-th CPU
     EXPECT_EQ(w.threads, p.threads);
     EXPECT_EQ(w.spec, SpecChoice::kDspark);
     EXPECT_EQ(w.spec_depth, 3);

@@ -47,6 +47,48 @@ constexpr Preset kPresets[] = {
     {"small", 512, 256, 32, 6},        // smoke tests
 };
 
+// GB/s of packed weights that `ops` consumes for `rows` activation rows when the weights are already in L2:
+// the calling thread runs the first 8 gate/up tile pairs of `expert` (a private copy, ~560 KB for V4-Flash)
+// for about `seconds`. What a thread could stream if memory cost nothing.
+double InCacheGbps(const experts::KernelOps& ops, const ExpertLayer& layer, int64_t expert, int64_t rows,
+                   double seconds) {
+  const experts::PackedExpertShape& shape = layer.shape();
+  const int64_t tiles = std::min<int64_t>(16, 2 * shape.gate_up().tiles());
+  const int64_t tile_bytes = shape.gate_up().tile_bytes(), kp = shape.gate_up().padded_cols();
+  const auto aligned = [](size_t n) {
+    return std::unique_ptr<uint8_t, decltype(&std::free)>(
+        static_cast<uint8_t*>(std::aligned_alloc(64, (n + 63) & ~size_t{63})), &std::free);
+  };
+  auto weights = aligned(tiles * tile_bytes), acts = aligned(ops.act_bytes(rows, kp));
+  auto scratch = aligned(ops.scratch_bytes(kp) + 64);
+  std::memcpy(weights.get(), layer.expert_data(expert) + shape.gate_tile_offset(0), tiles * tile_bytes);
+  std::vector<float> x(rows * layer.hidden()), out(rows * tiles * experts::kTileRows);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.1f * static_cast<float>(i));
+  std::vector<const float*> row_ptrs(rows);
+  for (int64_t r = 0; r < rows; ++r) row_ptrs[r] = x.data() + r * layer.hidden();
+  ops.prepare_acts(row_ptrs.data(), rows, layer.hidden(), kp, acts.get());
+  experts::TileArgs args;
+  args.tiles = weights.get();
+  args.num_tiles = tiles;
+  args.tile_stride = tile_bytes;
+  args.supers = kp / experts::kSuperCols;
+  args.acts = acts.get();
+  args.m = rows;
+  args.out = out.data();
+  args.ldo = tiles * experts::kTileRows;
+  args.scratch = scratch.get();
+  ops.tiles(args);  // warm
+  int64_t calls = 0;
+  const auto t0 = Clock::now();
+  double s = 0;
+  while (s < seconds) {
+    for (int i = 0; i < 16; ++i) ops.tiles(args);
+    calls += 16;
+    s = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return static_cast<double>(calls * tiles * tile_bytes) / s / 1e9;
+}
+
 }  // namespace
 
 int RunExpertsBench(int argc, char** argv) {
@@ -54,9 +96,9 @@ int RunExpertsBench(int argc, char** argv) {
                    "Routed-expert kernel GB/s against the machine's streaming-read GB/s (same threads, same run).");
   std::string preset_name = "v4-flash", isa_name, precision_name = "high";
   int64_t tokens = 1, threads = 0, layers = 0, runs = 5, seed = 1, amx_min_rows = -1;
-  int64_t read_trials = 3;
+  int64_t prefetch = -1, gate_up_chunk = 0, down_chunk = 0, huge_pages = 1, read_trials = 3, spin_us = -1;
   double seconds = 1.0, max_ratio = 1.05;
-  bool json = false, peak = false;
+  bool json = false, peak = false, in_cache = false;
   parser.AddString("preset", "NAME", "expert shapes: v4-flash (4096x2048, 256 experts, top-6) or small", &preset_name);
   parser.AddInt("tokens", "T", "tokens per step (each routed to top-k random experts per layer)", &tokens, 1, 1 << 20);
   parser.AddInt("threads", "N", "kernel threads, pinned to the first N CPUs of NUMA node 0 (default: all)", &threads,
@@ -70,11 +112,22 @@ int RunExpertsBench(int argc, char** argv) {
   parser.AddInt("seed", "N", "routing and data seed", &seed);
   parser.AddInt("amx-min-rows", "N", "with --isa amx: experts with fewer rows use AVX-512 (default: MoeCompute's)",
                 &amx_min_rows, -1, 1 << 20);
+  parser.AddInt("prefetch", "BYTES", "int8 kernels' software prefetch distance, 0 = none (default: MoeCompute's)",
+                &prefetch, -1, 1 << 20);
+  parser.AddInt("gate-up-chunk", "N", "tile pairs per gate/up work unit (default: MoeCompute's)", &gate_up_chunk, 0,
+                1 << 16);
+  parser.AddInt("down-chunk", "N", "tiles per down work unit (default: MoeCompute's)", &down_chunk, 0, 1 << 16);
+  parser.AddInt("huge-pages", "0|1", "pack the weights on 2 MB pages when the system allows (default 1)", &huge_pages,
+                0, 1);
+  parser.AddInt("spin-us", "US", "how long idle pool threads poll for the next job (default: the pool's)", &spin_us,
+                -1, 1 << 20);
   parser.AddInt("read-trials", "N", "passes of each read loop when choosing the fastest (medians compared)",
                 &read_trials, 1, 100);
   parser.AddDouble("max-ratio", "R", "exit 1 when the kernel/read ratio exceeds R (a yardstick that is too slow)",
                    &max_ratio, 0.0, 1e9);
   parser.AddFlag("peak", "also measure the multiply instruction's register-resident peak on the same threads", &peak);
+  parser.AddFlag("in-cache", "also measure the decode kernel's GB/s per thread on L2-resident weights (same rows)",
+                 &in_cache);
   parser.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json);
   parser.AddEpilog("\nExample: numoe-bench experts --preset v4-flash --tokens 1 --threads 2 --runs 5\n");
   int rc = 0;
@@ -101,6 +154,9 @@ int RunExpertsBench(int argc, char** argv) {
   }
   MoeComputeOptions moe_options;
   if (amx_min_rows >= 0) moe_options.amx_min_rows = amx_min_rows;
+  if (prefetch >= 0) moe_options.prefetch_bytes = prefetch;
+  if (gate_up_chunk > 0) moe_options.gate_up_chunk = gate_up_chunk;
+  if (down_chunk > 0) moe_options.down_chunk = down_chunk;
   if (precision_name == "low") {
     moe_options.precision = ActivationPrecision::kLow;
   } else if (precision_name != "high") {
@@ -115,7 +171,9 @@ int RunExpertsBench(int argc, char** argv) {
     return fail(absl::InvalidArgumentError(absl::StrCat("--threads ", threads, " but node 0 has ",
                                                         placement->cpus.size(), " usable CPUs")));
   }
-  auto pool_or = ThreadPool::Create({.num_threads = static_cast<int>(placement->cpus.size()), .cpus = placement->cpus});
+  ThreadPool::Options pool_options{.num_threads = static_cast<int>(placement->cpus.size()), .cpus = placement->cpus};
+  if (spin_us >= 0) pool_options.spin_us = static_cast<int>(spin_us);
+  auto pool_or = ThreadPool::Create(pool_options);
   if (!pool_or.ok()) return fail(pool_or.status());
   ThreadPool& pool = **pool_or;
 
@@ -166,7 +224,9 @@ int RunExpertsBench(int argc, char** argv) {
     ThreadPool pack_pool(static_cast<int>(topo->cpus[0].size()));
     for (int64_t l = 0; l < layers; ++l) {
       auto layer = ExpertLayer::Pack(preset->hidden, preset->inter, refs, isa,
-                                     {.numa_node = placement->memory_node, .pool = &pack_pool});
+                                     {.numa_node = placement->memory_node,
+                                      .huge_pages = huge_pages != 0,
+                                      .pool = &pack_pool});
       if (!layer.ok()) return fail(layer.status());
       packed.push_back(std::move(*layer));
     }
@@ -181,7 +241,8 @@ int RunExpertsBench(int argc, char** argv) {
                 llc / 1048576.0, packed[0]->page_mode().c_str(), pack_s);
     std::printf("isa %s, precision %s, %d threads on CPUs", IsaName(isa), precision_name.c_str(), pool.size());
     for (int c : pool.cpus()) std::printf(" %d", c);
-    std::printf(", tokens %ld\n", tokens);
+    std::printf(", tokens %ld; kernel prefetch %ld bytes ahead, units of %ld gate/up tile pairs and %ld down tiles\n",
+                tokens, moe_options.prefetch_bytes, moe_options.gate_up_chunk, moe_options.down_chunk);
   }
 
   if (peak && (isa == Isa::kAmx || isa == Isa::kAvx512)) {
@@ -195,6 +256,15 @@ int RunExpertsBench(int argc, char** argv) {
       std::printf("peak %.3f TFLOP/s on %d threads (%s, register-resident)\n", total / 1e12, pool.size(),
                   isa == Isa::kAmx ? "AMX TDPBF16PS bf16" : "AVX-512 VPDPBUSD int8");
     }
+  }
+  if (in_cache && !json) {
+    const int64_t rows = std::min<int64_t>(tokens, 8);  // rows an expert gets at T tokens, about
+    const experts::KernelOps& ops = MoeCompute(&pool, isa, moe_options).OpsFor(rows, packed[0]->bf16_exact());
+    std::vector<double> per_thread(pool.size());
+    pool.RunOnAll([&](int t) { per_thread[t] = InCacheGbps(ops, *packed[0], t, rows, 0.3); });
+    std::printf("in-cache kernel (%s, %ld rows, weights in L2): %.2f GB/s per thread (median of %d), %.2f GB/s on "
+                "all\n",
+                ops.name, rows, Median(per_thread), pool.size(), Median(per_thread) * pool.size());
   }
   MoeCompute moe(&pool, isa, moe_options);
   std::vector<float> x(tokens * preset->hidden), out(tokens * preset->hidden), w(tokens * preset->top_k);
@@ -236,11 +306,12 @@ int RunExpertsBench(int argc, char** argv) {
     return fail(st);
   }
 
-  std::vector<double> kernel_gbps, read_gbps, tflops;
+  std::vector<double> kernel_gbps, read_gbps, tflops, step_ms, handoff_us;
   for (int64_t run = 0; run < runs; ++run) {
     double read_s = ReadPass(pool, reader, spans, &sink), read_bytes = SpanBytes(spans);
     double kernel_s = 0, bytes = 0, flops = 0;
     int64_t steps = 0;
+    const double handoff0 = moe.handoff_seconds();
     while (steps < 3 || kernel_s < seconds) {
       const ExpertLayer& layer = *packed[steps % layers];
       const int64_t unique = route();
@@ -257,6 +328,8 @@ int RunExpertsBench(int argc, char** argv) {
     kernel_gbps.push_back(bytes / kernel_s / 1e9);
     read_gbps.push_back(read_bytes / read_s / 1e9);
     tflops.push_back(flops / kernel_s / 1e12);
+    step_ms.push_back(1e3 * kernel_s / steps);
+    handoff_us.push_back(1e6 * (moe.handoff_seconds() - handoff0) / steps);
     if (!json) {
       std::printf("run %ld: %ld steps, %.3f ms/step, kernel %.2f GB/s, read %.2f GB/s, ratio %.3f, %.4f TFLOP/s\n",
                   run + 1, steps, 1e3 * kernel_s / steps, kernel_gbps.back(), read_gbps.back(),
@@ -270,6 +343,9 @@ int RunExpertsBench(int argc, char** argv) {
     std::printf("medians over %ld runs: kernel %.2f GB/s, read %.2f GB/s, ratio of medians %.3f (median of ratios "
                 "%.3f), %.4f TFLOP/s (checksum %llu)\n",
                 runs, k, r, k / r, Median(ratios), Median(tflops), static_cast<unsigned long long>(sink & 0xff));
+    std::printf("hand-off (a step's time outside its threads' work, median over runs): %.1f us = %.2f%% of a %.3f ms "
+                "step\n",
+                Median(handoff_us), 0.1 * Median(handoff_us) / Median(step_ms), Median(step_ms));
   }
   std::printf("{\"isa\":\"%s\",\"tokens\":%ld,\"threads\":%d,\"kernel_gbps\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.4f,"
               "\"tflops\":%.5f,\"read_method\":\"%s\"}\n",

@@ -3,7 +3,8 @@
 //
 //   1. the model's routed-expert bytes read per decoded token (ComputeFootprint: top-k experts per layer);
 //   2. streaming-read bandwidth on worker-0's CPUs and thread count (the placement `numoe serve --workers N`
-//      gives it), over a buffer far larger than the LLC, before the server starts;
+//      gives it), over a buffer far larger than the LLC, before the server starts, with the fastest of the
+//      yardstick's read loops (read_bandwidth.h; named in the output and as "read_method");
 //   3. `numoe serve` as a child process (own process group, free loopback ports, logs in --log-dir), waiting
 //      for its ready line; one warm-up request;
 //   4. for each concurrency C: C streams at once, each a different random prompt of --prompt-len token ids,
@@ -313,17 +314,32 @@ StatusOr<WorkerPlacement> Worker0Placement(int64_t workers, int64_t threads) {
   return placed.front();
 }
 
-// Streaming-read GB/s of each pass over a node-0 buffer of `bytes` (after one untimed pass that faults it in).
-StatusOr<std::vector<double>> MeasureRead(const WorkerPlacement& w, size_t bytes, int passes) {
+struct ReadResult {
+  const ReadMethod* method = nullptr;
+  std::string methods;  // every read loop's median GB/s, when this measurement chose the loop
+  std::vector<double> gbps;
+};
+
+// Streaming-read GB/s of each of `passes` passes over a node-0 buffer of `bytes`, read with `method` or, when
+// null, with the fastest read loop (ChooseReadMethod, `passes` trials of each; that also faults it in).
+StatusOr<ReadResult> MeasureRead(const WorkerPlacement& w, size_t bytes, int passes, const ReadMethod* method) {
   ASSIGN_OR_RETURN(auto pool, ThreadPool::Create({.num_threads = w.threads, .cpus = w.thread_cpus}));
   ASSIGN_OR_RETURN(NodeBuffer buf, AllocateOnNode(bytes, {.node = w.nodes.front()}));
   std::memset(buf.data(), 1, buf.size());
+  const std::vector<ReadSpan> spans = {{buf.data(), buf.size()}};
   uint64_t sink = 0;
-  ReadPass(*pool, buf.data(), buf.size(), &sink);
-  std::vector<double> gbps;
-  for (int i = 0; i < passes; ++i) gbps.push_back(static_cast<double>(buf.size()) / ReadPass(*pool, buf.data(), buf.size(), &sink) / 1e9);
+  ReadResult r;
+  if (method == nullptr) {
+    const ReadChoice choice = ChooseReadMethod(*pool, spans, passes, &sink);
+    method = choice.best;
+    r.methods = choice.Summary();
+  } else {
+    ReadPass(*pool, *method, spans, &sink);
+  }
+  r.method = method;
+  for (int i = 0; i < passes; ++i) r.gbps.push_back(SpanBytes(spans) / ReadPass(*pool, *method, spans, &sink) / 1e9);
   if (sink == 42) std::fprintf(stderr, " ");  // keeps the sums alive
-  return gbps;
+  return r;
 }
 
 // ---- numoe serve as a child ---------------------------------------------------------------------------------
@@ -509,11 +525,12 @@ int RunDecodeBench(int argc, char** argv) {
   if (!wc.ok()) return fail(wc.status());
   const size_t read_bytes = read_mib > 0 ? static_cast<size_t>(read_mib) << 20
                                          : static_cast<size_t>(std::max<int64_t>(8 * LastLevelCacheBytes(), int64_t{1} << 30));
-  auto before = MeasureRead(*wc, read_bytes, static_cast<int>(passes));
+  auto before = MeasureRead(*wc, read_bytes, static_cast<int>(passes), nullptr);
   if (!before.ok()) return fail(before.status());
-  say(absl::StrCat("read bandwidth before serving: ", Fmt(Median(*before), 2), " GB/s (", wc->threads,
-                   " threads on CPUs ", absl::StrJoin(wc->thread_cpus, ","), ", ", Fmt(read_bytes / 1e9, 2),
-                   " GB buffer, median of ", passes, " passes)"));
+  say(absl::StrCat("read loops (median of ", passes, " passes each): ", before->methods));
+  say(absl::StrCat("read bandwidth before serving: ", Fmt(Median(before->gbps), 2), " GB/s with ",
+                   before->method->name, " (", wc->threads, " threads on CPUs ", absl::StrJoin(wc->thread_cpus, ","), ", ",
+                   Fmt(read_bytes / 1e9, 2), " GB buffer, median of ", passes, " passes)"));
 
   // 3. The served stack.
   if (log_dir.empty()) {
@@ -555,13 +572,13 @@ int RunDecodeBench(int argc, char** argv) {
 
   // 5. Stop, and the bandwidth again.
   serve.Stop(30.0);
-  auto after = MeasureRead(*wc, read_bytes, static_cast<int>(passes));
+  auto after = MeasureRead(*wc, read_bytes, static_cast<int>(passes), before->method);
   if (!after.ok()) return fail(after.status());
-  std::vector<double> all = *before;
-  all.insert(all.end(), after->begin(), after->end());
+  std::vector<double> all = before->gbps;
+  all.insert(all.end(), after->gbps.begin(), after->gbps.end());
   const double read_gbps = Median(all);
   const double bound = read_gbps * 1e9 / static_cast<double>(fp.routed_bytes_per_token);
-  say(absl::StrCat("read bandwidth after serving: ", Fmt(Median(*after), 2), " GB/s; used: ", Fmt(read_gbps, 2),
+  say(absl::StrCat("read bandwidth after serving: ", Fmt(Median(after->gbps), 2), " GB/s; used: ", Fmt(read_gbps, 2),
                    " GB/s (median of all ", all.size(), " passes)"));
   say(absl::StrCat("bound: ", Fmt(read_gbps, 2), " GB/s / ", Fmt(fp.routed_bytes_per_token / 1e6, 1),
                    " MB routed-expert bytes per token = ", Fmt(bound, 2), " tok/s"));
@@ -588,6 +605,7 @@ int RunDecodeBench(int argc, char** argv) {
                     {"bound_tok_s", bound},
                     {"ratio", j_ratio},
                     {"read_gbps", read_gbps},
+                    {"read_method", before->method->name},
                     {"routed_bytes_per_token", fp.routed_bytes_per_token},
                     {"prompt_len", prompt_len},
                     {"output_len", j_out},
@@ -597,12 +615,12 @@ int RunDecodeBench(int argc, char** argv) {
   // Keys in the documented order first (nlohmann sorts objects, so print by hand).
   std::printf("{\"concurrency\": %s, \"tok_s\": %s, \"bound_tok_s\": %s, \"ratio\": %s, \"read_gbps\": %s, "
               "\"routed_bytes_per_token\": %s, \"prompt_len\": %s, \"output_len\": %s, \"ttft_s\": %s, "
-              "\"workers\": %s, \"threads\": %s}\n",
+              "\"workers\": %s, \"threads\": %s, \"read_method\": %s}\n",
               out["concurrency"].dump().c_str(), out["tok_s"].dump().c_str(), out["bound_tok_s"].dump().c_str(),
               out["ratio"].dump().c_str(), out["read_gbps"].dump().c_str(),
               out["routed_bytes_per_token"].dump().c_str(), out["prompt_len"].dump().c_str(),
               out["output_len"].dump().c_str(), out["ttft_s"].dump().c_str(), out["workers"].dump().c_str(),
-              out["threads"].dump().c_str());
+              out["threads"].dump().c_str(), out["read_method"].dump().c_str());
   return 0;
 }
 

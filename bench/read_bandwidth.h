@@ -1,17 +1,22 @@
-// Streaming-read bandwidth helpers shared by the benchmarks that compare a speed against the memory's: the
-// routed-expert kernels (experts_bench.cc) and end-to-end decode (decode_bench.cc). Moved unchanged from
-// experts_bench.cc so that both measure the machine's bandwidth the same way.
+// The read-bandwidth yardstick: every speed claim of numoe-bench (experts, decode, spec) is a ratio to it,
+// measured in the same run, on the same threads and the same memory.
+//
+// It is meant to be the fastest streaming read those threads can do, so a ratio means "fraction of what the
+// memory gives": ChooseReadMethod times every read loop this CPU can run (read/read_methods.h: the widest
+// vector loads, several accumulators, with and without software prefetch, non-temporal loads) on the
+// buffer itself and keeps the one with the highest median; the benchmarks name it ("read_method"). A
+// kernel ratio above 1 therefore means a broken yardstick, and numoe-bench experts fails on one.
+// NUMOE_ISA=generic|avx2 leaves out the wider loops (the same switch that keeps the kernels off them).
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "bench/read/read_methods.h"
 #include "common/thread_pool.h"
 
 namespace numoe::bench {
@@ -38,27 +43,34 @@ inline double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// One streaming pass over [data, data + bytes): every thread sums its contiguous share with 8 independent
-// 64-bit lanes (vectorised loads), prefetching ahead like the kernel does. Returns seconds.
-inline double ReadPass(ThreadPool& pool, const uint8_t* data, size_t bytes, uint64_t* sink) {
-  std::vector<uint64_t> sums(pool.size() * 8, 0);
-  const auto t0 = std::chrono::steady_clock::now();
-  pool.RunOnAll([&](int t) {
-    const size_t per = bytes / pool.size() / 64 * 64;
-    const uint8_t* p = data + per * t;
-    const size_t n = (t == pool.size() - 1) ? bytes - per * t : per;
-    uint64_t acc[8] = {};
-    for (size_t i = 0; i + 64 <= n; i += 64) {
-      __builtin_prefetch(p + i + 2048, 0, 3);
-      uint64_t v[8];
-      std::memcpy(v, p + i, 64);
-      for (int j = 0; j < 8; ++j) acc[j] += v[j];
-    }
-    for (int j = 0; j < 8; ++j) sums[t * 8 + j] = acc[j];
-  });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (uint64_t v : sums) *sink += v;
-  return s;
-}
+// A buffer the yardstick reads (any address and size: the read loops get its aligned whole blocks).
+struct ReadSpan {
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+// The read loops timed: those of the widest loads this CPU and OS can run (and NUMOE_ISA allows), then the
+// old yardstick's loop (which can win only where it really is the fastest read).
+const std::vector<ReadMethod>& AvailableReadMethods();
+
+// One timed pass of `method` over every span in turn: each of the pool's threads reads a contiguous
+// 1/size() share of the span (one RunOnAll per span). Returns seconds; folds the loops' results into *sink.
+double ReadPass(ThreadPool& pool, const ReadMethod& method, const std::vector<ReadSpan>& spans, uint64_t* sink);
+double SpanBytes(const std::vector<ReadSpan>& spans);
+
+struct ReadChoice {
+  struct Timing {
+    const ReadMethod* method;
+    double median_gbps;
+  };
+  const ReadMethod* best = nullptr;  // highest median
+  double best_gbps = 0;              // its median
+  std::vector<Timing> timings;       // every method, in AvailableReadMethods() order
+  std::string Summary() const;       // "avx512-x4 30.1, avx512-x4-nt 29.8, ... GB/s"
+};
+
+// Times every available method `trials` times over `spans` (round robin, so a change in the machine's load
+// hits all methods alike) after one untimed pass that faults the pages in, and picks the highest median.
+ReadChoice ChooseReadMethod(ThreadPool& pool, const std::vector<ReadSpan>& spans, int trials, uint64_t* sink);
 
 }  // namespace numoe::bench

@@ -137,14 +137,13 @@ int64_t DenseBytesPerStep(const ModelConfig& cfg, int64_t mtp_stages) {
   return params * 4;
 }
 
+// Median GB/s of the fastest of the yardstick's read loops (read_bandwidth.h), `passes` passes of each.
 double ReadGbps(ThreadPool& pool, size_t bytes, int passes) {
   std::vector<uint8_t> buf(bytes, 1);
   uint64_t sink = 0;
-  ReadPass(pool, buf.data(), buf.size(), &sink);
-  std::vector<double> gbps;
-  for (int i = 0; i < passes; ++i) gbps.push_back(static_cast<double>(bytes) / ReadPass(pool, buf.data(), bytes, &sink) / 1e9);
+  const double gbps = ChooseReadMethod(pool, {{buf.data(), buf.size()}}, passes, &sink).best_gbps;
   if (sink == 42) std::fprintf(stderr, " ");  // keeps the sums alive
-  return Median(gbps);
+  return gbps;
 }
 
 }  // namespace

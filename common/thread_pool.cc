@@ -15,13 +15,18 @@ namespace {
 
 inline void CpuRelax() { __builtin_ia32_pause(); }
 
-// Polls `word` until it differs from `old` for up to spin_us, then sleeps on it (futex).
+// Polls `word` until it differs from `old` for up to spin_us, then sleeps on it (futex). Every 16 polls it
+// offers its CPU (sched_yield, ~1 us when nobody else wants it): a pinned pool fills its CPUs, and a caller
+// woken on one of them would otherwise wait until a spinning worker's spin_us ran out before it could even
+// see that its job was done (measured with numoe-bench experts, 16 threads on 16 cores: 115 us of each
+// ~1 ms MoE step spent that way, 5-12 us with the yield).
 void SpinThenWait(const std::atomic<uint32_t>& word, uint32_t old, int spin_us) {
   if (word.load(std::memory_order_acquire) != old) return;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
   for (int i = 0;; ++i) {
     if (word.load(std::memory_order_acquire) != old) return;
     CpuRelax();
+    if ((i & 15) == 15) sched_yield();
     if ((i & 255) == 255 && std::chrono::steady_clock::now() > deadline) break;
   }
   while (word.load(std::memory_order_acquire) == old) word.wait(old, std::memory_order_acquire);

@@ -35,7 +35,8 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
     const RunResult r = RunBench(args);
     ASSERT_EQ(r.rc, 0) << r.out;
     const auto j = nlohmann::json::parse(LastLine(r.out));
-    ASSERT_EQ(j.size(), 7u) << j.dump();
+    ASSERT_EQ(j.size(), 8u) << j.dump();
+    EXPECT_TRUE(j["read_method"].is_string() && !j["read_method"].get<std::string>().empty()) << j.dump();
     EXPECT_TRUE(j["isa"].is_string());
     if (*isa != '\0') {
       EXPECT_EQ(j["isa"], isa);
@@ -48,6 +49,15 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
     EXPECT_GT(tflops, 0.0);
     EXPECT_NEAR(ratio, k / rd, 1e-3 * ratio + 1e-3);
   }
+}
+
+// A kernel ratio above --max-ratio means the yardstick read slower than a kernel streams: the run must fail,
+// loudly, after printing its figures.
+TEST(ExpertsBench, RatioAboveMaxFails) {
+  const Result r = RunBench("--preset small --tokens 3 --threads 1 --runs 1 --seconds 0.02 --max-ratio 0");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  const auto j = nlohmann::json::parse(LastLine(r.out));
+  EXPECT_GT(j["ratio"].get<double>(), 0.0);
 }
 
 TEST(ExpertsBench, BadFlagsFail) {

@@ -25,6 +25,9 @@ struct TileArgs {
   float* out = nullptr;            // [m][ldo]; tile n of this call fills columns [16n, 16n + 16)
   int64_t ldo = 0;
   uint8_t* scratch = nullptr;      // scratch_bytes(Kp) bytes, 64-byte aligned, private to the caller's thread
+  // Software prefetch of the int8 kernels (MoeComputeOptions::prefetch_bytes): bytes ahead of the super-block
+  // being read, within this call's tiles (0: none).
+  int64_t prefetch_bytes = 0;
 };
 
 struct KernelOps {

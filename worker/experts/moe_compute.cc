@@ -1,6 +1,7 @@
 #include "worker/experts/moe_compute.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,14 +20,14 @@ using experts::RoundUp;
 
 namespace {
 
-// Tiles per work unit. Gate/up: 4 tile pairs (~280 KB of V4-Flash weights); down: 8 tiles of every used
-// expert. Small enough to balance two threads when the machine is noisy, large enough to stream.
-constexpr int64_t kGateUpChunk = 4;
-constexpr int64_t kDownChunk = 8;
-
 size_t Align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 inline float Silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace
 
@@ -135,6 +136,8 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
   const int64_t hidden_p = shape.gate_up().padded_cols(), inter_p = shape.down().padded_cols();
   const int64_t inter_tiles = shape.gate_up().tiles(), hidden_tiles = shape.down().tiles();
   const int64_t ldh = inter_tiles * kTileRows;
+  const int64_t gate_up_chunk = std::max<int64_t>(1, options_.gate_up_chunk);
+  const int64_t down_chunk = std::max<int64_t>(1, options_.down_chunk);
 
   // Group routes by expert (counting sort), merging a row's duplicate ids into one route.
   counts_.assign(num_experts, 0);
@@ -202,19 +205,19 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
     kernel_scratch = std::max({kernel_scratch, p.ops->scratch_bytes(hidden_p), p.ops->scratch_bytes(inter_p)});
   }
   const size_t out_scratch =
-      static_cast<size_t>(max_rows * std::max(2 * kGateUpChunk, kDownChunk) * kTileRows) * sizeof(float);
+      static_cast<size_t>(max_rows * std::max(2 * gate_up_chunk, down_chunk) * kTileRows) * sizeof(float);
   for (ThreadScratch& s : thread_scratch_) {
     s.kernel.Reserve(kernel_scratch);
     s.out.Reserve(out_scratch);
   }
   units_.clear();
   for (size_t i = 0; i < plans_.size(); ++i) {
-    for (int64_t t = 0; t < inter_tiles; t += kGateUpChunk) {
+    for (int64_t t = 0; t < inter_tiles; t += gate_up_chunk) {
       units_.push_back(Unit{static_cast<int32_t>(i), static_cast<int32_t>(t),
-                            static_cast<int32_t>(std::min(inter_tiles, t + kGateUpChunk))});
+                            static_cast<int32_t>(std::min(inter_tiles, t + gate_up_chunk))});
     }
   }
-  const int64_t down_units = experts::CeilDiv(hidden_tiles, kDownChunk);
+  const int64_t down_units = experts::CeilDiv(hidden_tiles, down_chunk);
   for (auto& n : next_) n.store(0, std::memory_order_relaxed);
   const float limit = swiglu_limit;
 
@@ -271,6 +274,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       args.out = y;
       args.ldo = 2 * pairs * kTileRows;
       args.scratch = scratch.kernel.data();
+      args.prefetch_bytes = options_.prefetch_bytes;
       p.ops->tiles(args);
       for (int64_t i = 0; i < p.rows; ++i) {
         float* hrow = reinterpret_cast<float*>(h) + (p.first_route + i) * ldh + unit.tile_begin * kTileRows;
@@ -294,7 +298,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
     // 2. Down: each unit owns output columns [16 t0, 16 t1) of every row and adds all experts into them,
     //    in expert order (the order gate/up finishes in).
     for (int64_t u; (u = next(1)) < down_units;) {
-      const int64_t t0 = u * kDownChunk, t1 = std::min(hidden_tiles, t0 + kDownChunk);
+      const int64_t t0 = u * down_chunk, t1 = std::min(hidden_tiles, t0 + down_chunk);
       const int64_t c0 = t0 * kTileRows, c1 = std::min(hidden, t1 * kTileRows);
       for (int64_t r = 0; r < b.rows; ++r) std::memset(b.out + r * hidden + c0, 0, sizeof(float) * (c1 - c0));
       float* y = reinterpret_cast<float*>(scratch.out.data());
@@ -311,6 +315,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
         args.out = y;
         args.ldo = (t1 - t0) * kTileRows;
         args.scratch = scratch.kernel.data();
+        args.prefetch_bytes = options_.prefetch_bytes;
         p.ops->tiles(args);
         for (int64_t i = 0; i < p.rows; ++i) {
           const int64_t q = p.first_route + i;
@@ -322,12 +327,28 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       }
     }
   };
+  // Pooled runs time their threads' first start and last finish, for handoff_seconds().
+  const auto timed_body = [&](int thread) {
+    int64_t unset = 0;
+    first_enter_ns_.compare_exchange_strong(unset, NowNs(), std::memory_order_relaxed);
+    body(thread);
+    const int64_t now = NowNs();
+    for (int64_t last = last_exit_ns_.load(std::memory_order_relaxed);
+         now > last && !last_exit_ns_.compare_exchange_weak(last, now, std::memory_order_relaxed);) {
+    }
+  };
   if (work_bytes < options_.inline_max_bytes) {
     ++inline_runs_;
     body(0);
   } else {
     ++pooled_runs_;
-    pool_->RunOnAvailable(body);
+    first_enter_ns_.store(0, std::memory_order_relaxed);
+    last_exit_ns_.store(0, std::memory_order_relaxed);
+    const int64_t start = NowNs();
+    pool_->RunOnAvailable(timed_body);
+    const int64_t end = NowNs();  // RunOnAvailable's return orders the threads' stores before these loads
+    handoff_seconds_ += 1e-9 * static_cast<double>((first_enter_ns_.load(std::memory_order_relaxed) - start) +
+                                                   (end - last_exit_ns_.load(std::memory_order_relaxed)));
   }
   return absl::OkStatus();
 }

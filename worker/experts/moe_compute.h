@@ -61,6 +61,23 @@ struct MoeComputeOptions {
   // 1-row steps: tiny-v4 shapes 2.9 us inline vs p90 235 us through a sleeping 1-thread pool; demo-v4
   // shapes, 209 KB, 8.5 us either way at the median but a heavier tail through the pool).
   int64_t inline_max_bytes = 256 << 10;
+  // Software prefetch of the int8 (AVX2/AVX-512) kernels into L2: bytes ahead of the super-block being read
+  // (0 = none). Measured with numoe-bench experts on the Emerald Rapids host (V4-Flash experts, T=1, random
+  // top-6, ratio of kernel GB/s to the read yardstick, medians of 3 runs interleaved in one process):
+  //   threads            2      8      16
+  //   2 KiB, into L1   0.73     -    0.71   (the old setting, 17 prefetches at each super-block's start)
+  //   4 KiB, into L1   0.69   0.82   0.90   (these three rows: down units of 4 tiles)
+  //   4 KiB, into L2   0.73   0.82   0.91
+  //   8 KiB, into L2   0.71   0.94   0.90
+  // and none at all 0.55 at 2 threads (the rows of a column compare settings within one process). 4 and 8 KiB are within the noise of that shared host; 4 KiB wastes less
+  // at the end of short work units (the kernels never prefetch past the tiles of their call).
+  int64_t prefetch_bytes = 4096;
+  // Work units: gate/up tile pairs per unit (one expert, contiguous), down tiles per unit (of every used
+  // expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of a step when
+  // there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2 threads 0.67 ->
+  // 0.73. Gate/up units of 2 pairs instead of 4: 0.75 / 0.79 at 2 / 16 threads against 0.75 / 0.88.
+  int64_t gate_up_chunk = 4;
+  int64_t down_chunk = 4;
 };
 
 class MoeCompute {
@@ -81,6 +98,12 @@ class MoeCompute {
   // Runs so far that ran on the calling thread alone / were handed to the pool. For tests and diagnostics.
   int64_t inline_runs() const { return inline_runs_; }
   int64_t pooled_runs() const { return pooled_runs_; }
+  // Seconds that pooled Runs spent outside their threads' work (from entering Run to the first thread
+  // starting, and from the last thread finishing to returning), summed: the pool's hand-off cost.
+  double handoff_seconds() const { return handoff_seconds_; }
+  // The kernel that runs an expert with `rows` routed rows of a layer whose weights are (not) exact in bf16
+  // (ExpertLayer::bf16_exact).
+  const experts::KernelOps& OpsFor(int64_t rows, bool bf16_exact) const;
 
  private:
   class Buffer;
@@ -88,8 +111,6 @@ class MoeCompute {
   struct Unit;
   struct alignas(kCacheLine) PlanSync;
   struct alignas(kCacheLine) ThreadScratch;
-
-  const experts::KernelOps& OpsFor(int64_t rows, bool bf16_exact) const;
 
   ThreadPool* pool_;
   Isa isa_;
@@ -107,7 +128,9 @@ class MoeCompute {
   std::unique_ptr<PlanSync[]> plan_sync_;
   size_t plan_sync_capacity_ = 0;
   int64_t inline_runs_ = 0, pooled_runs_ = 0;
+  double handoff_seconds_ = 0;
   alignas(kCacheLine) std::atomic<int64_t> next_[2];
+  alignas(kCacheLine) std::atomic<int64_t> first_enter_ns_{0}, last_exit_ns_{0};
 };
 
 }  // namespace numoe

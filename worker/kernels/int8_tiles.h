@@ -30,9 +30,6 @@
 namespace numoe::experts {
 namespace {  // NOLINT(build/namespaces): see the header comment
 
-// Bytes ahead of the current super-block that the tile loop prefetches (tuned with numoe-bench experts).
-constexpr int64_t kPrefetchBytes = 2048;
-
 // Activation layout (for an ISA with group size G and L levels): rows go in groups of G; group g has rows
 // [gG, min(m, gG + G)), gs of them, and is contiguous:
 //   q    int32[Kp/4][gs]   four int8 columns per int32, the group's rows side by side, so one 4-byte
@@ -127,10 +124,14 @@ void Int8PrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp,
   }
 }
 
+// Software prefetch goes to L2 (prefetcht1), TileArgs::prefetch_bytes ahead: MoeComputeOptions::prefetch_bytes
+// has the measurements. (A function: GCC 12 drops __builtin_prefetch calls made from a lambda in these loops.)
+inline void PrefetchL2(const uint8_t* p) { __builtin_prefetch(p, 0, 2); }
+
 // One pass (S::kLanes rows of a 16-row tile) for one group of NG rows, over the whole K.
 template <class S, int NG, int kLevels>
 inline void TilePassGroup(const uint8_t* tile, int64_t supers, int pass, const GroupActs<kLevels>& ga, float* out,
-                          int64_t ldo) {
+                          int64_t ldo, int64_t prefetch_bytes, const uint8_t* prefetch_end) {
   using VI = typename S::VI;
   using VF = typename S::VF;
   const VI lut = S::WeightLut();
@@ -141,8 +142,11 @@ inline void TilePassGroup(const uint8_t* tile, int64_t supers, int pass, const G
   const int scale_off = S::kLanes * pass;
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* p = tile + s * kSuperBytes;
-#pragma GCC unroll 17
-    for (int l = 0; l < kSuperBytes / 64; ++l) __builtin_prefetch(p + kPrefetchBytes + 64 * l, 0, 3);
+    // The super-block prefetch_bytes ahead, while that is still inside this call's tiles (the next bytes
+    // usually belong to another thread's work unit); else this one again, which costs no memory traffic.
+    const uint8_t* ahead = prefetch_bytes > 0 && p + prefetch_bytes < prefetch_end ? p + prefetch_bytes : p;
+    asm("" : "+r"(ahead));  // one base register (GCC would otherwise keep 17 addresses in xmm registers)
+    PrefetchL2(ahead + kSuperNibbleBytes);  // the scale line
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
       const int64_t kb = 4 * s + b;
@@ -155,6 +159,9 @@ inline void TilePassGroup(const uint8_t* tile, int64_t supers, int pass, const G
       }
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
+        // One line per chunk, spread over the super-block rather than 17 in a burst at its start, which
+        // would take all of the core's fill buffers at once.
+        PrefetchL2(ahead + 256 * b + 64 * g);
         const VI v = S::LoadChunk(p + 256 * b + 64 * g + chunk_off);
         const VI lo = S::Lookup(lut, S::LowNibbles(v));
         const VI hi = S::Lookup(lut, S::HighNibbles(v));
@@ -186,7 +193,8 @@ void RunGroup(const TileArgs& a, int64_t g0, const uint8_t* tile, float* out_til
   const int64_t kp = a.supers * kSuperCols;
   const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), NG, kp);
   for (int pass = 0; pass < kTileRows / S::kLanes; ++pass) {
-    TilePassGroup<S, NG, kLevels>(tile, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo);
+    TilePassGroup<S, NG, kLevels>(tile, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo, a.prefetch_bytes,
+                                  a.tiles + a.num_tiles * a.tile_stride);
   }
 }
 

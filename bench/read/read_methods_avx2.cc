@@ -1,0 +1,43 @@
+// The yardstick's 256-bit read loops (compiled with -mavx2 only), for CPUs without AVX-512.
+#include <immintrin.h>
+
+#include "bench/read/read_methods.h"
+
+namespace numoe::bench {
+namespace {
+
+// kLines 64-byte lines per iteration, two 256-bit loads each, into 2 * kLines xor accumulators; kNt:
+// non-temporal loads (vmovntdqa); kAhead > 0: one prefetch per line into L1, kAhead bytes ahead.
+template <int kLines, bool kNt, int kAhead>
+uint64_t Read256(const uint8_t* p, size_t bytes) {
+  static_assert(kReadBlock % (kLines * 64) == 0);
+  __m256i acc[2 * kLines];
+  for (int j = 0; j < 2 * kLines; ++j) acc[j] = _mm256_setzero_si256();
+  for (size_t i = 0; i < bytes; i += 64 * kLines) {
+    const uint8_t* q = p + i;
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * kLines; ++j) {
+      if constexpr (kAhead > 0) {
+        if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + kAhead + 32 * j), _MM_HINT_T0);
+      }
+      const auto* v = reinterpret_cast<const __m256i*>(q + 32 * j);
+      acc[j] = _mm256_xor_si256(acc[j], kNt ? _mm256_stream_load_si256(v) : _mm256_load_si256(v));
+    }
+  }
+  for (int j = 1; j < 2 * kLines; ++j) acc[0] = _mm256_xor_si256(acc[0], acc[j]);
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[0]);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+constexpr ReadMethod kMethods[] = {
+    {"avx2-x4", Read256<4, false, 0>},
+    {"avx2-x4-pf2k", Read256<4, false, 2048>},
+    {"avx2-x4-nt", Read256<4, true, 0>},
+};
+
+}  // namespace
+
+std::span<const ReadMethod> Avx2ReadMethods() { return kMethods; }
+
+}  // namespace numoe::bench

@@ -1,0 +1,55 @@
+// The yardstick's 512-bit read loops (compiled with -mavx512f only). Why several: which read is fastest
+// depends on the CPU and on how many threads share the memory (prefetchers, fill buffers, whether vmovntdqa
+// differs from vmovdqa64 on write-back memory), so read_bandwidth.cc times them all on the buffer and keeps
+// the best. On the Emerald Rapids host the winner changed with the thread count: avx512-x8 at 2 threads
+// (25.3 GB/s against 22.2 for x4), a prefetching one at 16 (pf2k/pf4k/pf2-4k within 1% of each other).
+#include <immintrin.h>
+
+#include "bench/read/read_methods.h"
+
+namespace numoe::bench {
+namespace {
+
+enum class Hint { kNone, kL1, kL2 };
+
+// kLines lines per iteration into kLines independent xor accumulators (no dependency chain between loads);
+// kNt: non-temporal loads; kHint/kAhead: one software prefetch per line, kAhead bytes ahead.
+template <int kLines, bool kNt, Hint kHint, int kAhead>
+uint64_t Read512(const uint8_t* p, size_t bytes) {
+  static_assert(kLines * 64 <= static_cast<int>(kReadBlock) && kReadBlock % (kLines * 64) == 0);
+  __m512i acc[kLines];
+  for (int j = 0; j < kLines; ++j) acc[j] = _mm512_setzero_si512();
+  for (size_t i = 0; i < bytes; i += 64 * kLines) {
+    const uint8_t* q = p + i;
+#pragma GCC unroll 8
+    for (int j = 0; j < kLines; ++j) {
+      if constexpr (kHint == Hint::kL1) _mm_prefetch(reinterpret_cast<const char*>(q + kAhead + 64 * j), _MM_HINT_T0);
+      if constexpr (kHint == Hint::kL2) _mm_prefetch(reinterpret_cast<const char*>(q + kAhead + 64 * j), _MM_HINT_T1);
+      const void* line = q + 64 * j;
+      const __m512i v = kNt ? _mm512_stream_load_si512(const_cast<void*>(line)) : _mm512_load_si512(line);
+      acc[j] = _mm512_xor_si512(acc[j], v);
+    }
+  }
+  for (int j = 1; j < kLines; ++j) acc[0] = _mm512_xor_si512(acc[0], acc[j]);
+  alignas(64) uint64_t lanes[8];  // not _mm512_reduce_add_epi64: GCC 12's header trips -Werror=uninitialized
+  _mm512_store_si512(lanes, acc[0]);
+  uint64_t s = 0;
+  for (uint64_t v : lanes) s += v;
+  return s;
+}
+
+constexpr ReadMethod kMethods[] = {
+    {"avx512-x4", Read512<4, false, Hint::kNone, 0>},
+    {"avx512-x8", Read512<8, false, Hint::kNone, 0>},
+    {"avx512-x4-pf2k", Read512<4, false, Hint::kL1, 2048>},
+    {"avx512-x4-pf4k", Read512<4, false, Hint::kL1, 4096>},
+    {"avx512-x4-pf2-4k", Read512<4, false, Hint::kL2, 4096>},
+    {"avx512-x4-pf2-8k", Read512<4, false, Hint::kL2, 8192>},
+    {"avx512-x4-nt", Read512<4, true, Hint::kNone, 0>},
+};
+
+}  // namespace
+
+std::span<const ReadMethod> Avx512ReadMethods() { return kMethods; }
+
+}  // namespace numoe::bench

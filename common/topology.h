@@ -86,9 +86,9 @@ struct WorkerPlacement {
   // The CPU each kernel thread is pinned to, one per thread (size == threads), drawn from `cpus`; empty
   // when `cpus` is (the threads then run unpinned on the nodes' CPUs).
   std::vector<int> thread_cpus;
-  // Planner mode only (deploy/planner.h; zero in --workers N mode):
   int slot = 0;                  // this worker's slot among `slots` workers sharing one node
   int slots = 1;
+  // Planner mode only (deploy/planner.h; zero in --workers N mode, which does not check memory):
   int64_t need_bytes = 0;        // what it needs (the same for every worker)
   int64_t usable_bytes = 0;      // usable memory of its nodes (its share when several share a node)
 

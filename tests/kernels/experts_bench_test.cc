@@ -54,8 +54,8 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
 // A kernel ratio above --max-ratio means the yardstick read slower than a kernel streams: the run must fail,
 // loudly, after printing its figures.
 TEST(ExpertsBench, RatioAboveMaxFails) {
-  const Result r = RunBench("--preset small --tokens 3 --threads 1 --runs 1 --seconds 0.02 --max-ratio 0");
-  EXPECT_EQ(r.exit_code, 1) << r.out;
+  const RunResult r = RunBench("--preset small --tokens 3 --threads 1 --runs 1 --seconds 0.02 --max-ratio 0");
+  EXPECT_EQ(r.rc, 1) << r.out;
   const auto j = nlohmann::json::parse(LastLine(r.out));
   EXPECT_GT(j["ratio"].get<double>(), 0.0);
 }

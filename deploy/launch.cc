@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
+#include "gpu_service/gpu_flags.h"
 #include "model/spec_policy.h"
 
 namespace numoe::deploy {
@@ -27,6 +28,9 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
             "gpu (numoe-gpu --drafter-experts gpu: copied to the GPU, 9.6 GiB at V4-Flash width; needs --backend "
             "cuda)",
             &o->drafter_experts);
+  p.AddInt("tp", "N", "numoe-gpu --tp: tensor-parallel GPUs (--backend cuda)", &o->tp, 1, 64);
+  p.AddIntList("gpus", "LIST", "numoe-gpu --gpus: the GPUs to use, in rank order (--backend cuda; sets --tp)",
+               &o->gpus);
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &o->max_seqs, 0, 4096);
   // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
   p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &o->max_step_tokens, 0,
@@ -40,12 +44,13 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
   p.AddInt("grpc-port", "N", "the router's gRPC port", &o->router_grpc_port, 0, 65535);
 }
 
-Status CheckLaunchOptions(const LaunchOptions& o) {
+Status CheckLaunchOptions(const LaunchOptions& o, int cuda_devices) {
   RETURN_IF_ERROR(CheckDrafterExperts(o.drafter_experts, o.backend));
+  gpu::GpuAppConfig g{.backend = o.backend, .tp = o.tp, .gpus = o.gpus};
+  RETURN_IF_ERROR(gpu::ResolveGpus(&g, cuda_devices));
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model_dir));
-  // numoe serve and plan start numoe-gpu without --tp: one GPU.
   return ResolveSpec(SpecFlags{.spec = o.spec, .depth = o.spec_depth, .adaptive = o.spec_adaptive},
-                     DrafterOf(*ckpt, o.model_dir), KnownDrafterSupport(o.backend, /*tp=*/1))
+                     DrafterOf(*ckpt, o.model_dir), KnownDrafterSupport(o.backend, g.tp))
       .status();
 }
 
@@ -62,6 +67,8 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   g.port = o.gpu_port;
   g.spec = o.spec;
   g.drafter_experts = o.drafter_experts;
+  g.tp = o.tp;
+  g.gpus = o.gpus;
   // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
   g.max_sequences = std::max(g.max_sequences, o.max_seqs);
 

@@ -27,6 +27,8 @@ struct LaunchOptions {
   int64_t spec_depth = 0;               // 0 = the checkpoint's dspark_block_size, else 5
   bool spec_adaptive = false;
   DrafterExperts drafter_experts = DrafterExperts::kWorker;
+  int64_t tp = 1;                       // numoe-gpu --tp (--backend cuda)
+  std::vector<int> gpus;                // numoe-gpu --gpus (--backend cuda; sets tp)
   int64_t max_seqs = 0;                 // numoe-worker --max-seqs; 0 = its default
   int64_t max_step_tokens = 0;          // numoe-worker --max-step-tokens; 0 = its default
   int64_t prefill_chunk = -1;           // numoe-worker --prefill-chunk; -1 = its default
@@ -42,15 +44,16 @@ struct LaunchOptions {
   int router_grpc_port = 8001;
 };
 
-// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --max-seqs, --max-step-tokens,
+// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --max-seqs, --max-step-tokens,
 // --prefill-chunk, --threads-per-worker, --no-numa-bind, --host, --port and --grpc-port (the router's),
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 
 // The checks numoe-gpu and the workers would fail on, made before any child starts or any file is
-// written: --spec against the checkpoint and the backend (ResolveSpec), --drafter-experts against the
-// backend. Opens o.model_dir's checkpoint.
-Status CheckLaunchOptions(const LaunchOptions& o);
+// written: --tp / --gpus (gpu::ResolveGpus; against `cuda_devices` when it is known, >= 0, as for serve),
+// --spec against the checkpoint and the backend (ResolveSpec), --drafter-experts against the backend.
+// Opens o.model_dir's checkpoint.
+Status CheckLaunchOptions(const LaunchOptions& o, int cuda_devices = -1);
 
 struct LaunchPlan {
   gpu::GpuAppConfig gpu;

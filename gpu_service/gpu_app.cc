@@ -7,6 +7,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
@@ -14,6 +15,7 @@
 #include "model/step.h"
 #include "backends/cpu/cpu_model.h"
 #include "backends/cuda/cuda_model.h"
+#include "gpu_service/gpu_flags.h"
 #include "gpu_service/gpu_server.h"
 #include "common/process.h"
 
@@ -30,6 +32,7 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   CudaOptions o;
   o.device = static_cast<int>(c.cuda_device);
   o.tp = static_cast<int>(c.tp);
+  o.devices = c.gpus;
   o.max_sequences = c.max_sequences;
   o.drafter = drafter;
   o.drafter_experts = ChoiceName(c.drafter_experts);
@@ -53,6 +56,7 @@ int RunGpuApp(const GpuAppConfig& flags) {
     NLOG(INFO) << "numoe-gpu: --backend auto: " << ChoiceName(config.backend) << " (" << CudaDeviceCount()
                << " CUDA device(s))";
   }
+  if (Status st = ResolveGpus(&config, CudaDeviceCount()); !st.ok()) return fail(st);
   const std::string backend = ChoiceName(config.backend);
   if (Status st = CheckDrafterExperts(config.drafter_experts, config.backend); !st.ok()) return fail(st);
   const auto t0 = std::chrono::steady_clock::now();

@@ -50,7 +50,8 @@
 namespace numoe {
 
 struct CudaOptions {
-  int device = 0;    // first GPU; rank r uses device + r
+  int device = 0;    // first GPU; rank r uses device + r (when `devices` is empty)
+  std::vector<int> devices;  // the GPUs in rank order (size tp, distinct); empty = device .. device + tp - 1
   int tp = 1;        // tensor-parallel GPUs; must divide num_attention_heads, o_groups and moe_intermediate_size
   bool fp32 = false;        // see above
   bool fp8_weights = true;  // keep FP8-block weights in FP8 (else dequantize to BF16); ignored when not FP8

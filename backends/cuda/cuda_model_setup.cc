@@ -63,7 +63,24 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Checkpoint* ckpt, c
     return absl::UnavailableError("no CUDA device (cudaGetDeviceCount found none or the driver is missing)");
   }
   if (opt.tp < 1) return absl::InvalidArgumentError(absl::StrCat("CudaOptions::tp must be >= 1 (got ", opt.tp, ")"));
-  if (opt.device < 0 || opt.device + opt.tp > devices) {
+  if (!opt.devices.empty()) {
+    if (static_cast<int>(opt.devices.size()) != opt.tp) {
+      return absl::InvalidArgumentError(absl::StrCat("CudaOptions::devices lists ", opt.devices.size(),
+                                                     " GPU(s) but CudaOptions::tp = ", opt.tp));
+    }
+    for (size_t i = 0; i < opt.devices.size(); ++i) {
+      const int d = opt.devices[i];
+      if (d < 0 || d >= devices) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CudaOptions::devices: GPU ", d, " requested but ", devices, " CUDA device(s) are visible"));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (opt.devices[j] == d) {
+          return absl::InvalidArgumentError(absl::StrCat("CudaOptions::devices: GPU ", d, " listed twice"));
+        }
+      }
+    }
+  } else if (opt.device < 0 || opt.device + opt.tp > devices) {
     return absl::InvalidArgumentError(absl::StrCat("CudaOptions::device = ", opt.device, ", CudaOptions::tp = ", opt.tp,
                                                    ": devices ", opt.device, "..", opt.device + opt.tp - 1,
                                                    " requested but ", devices, " CUDA device(s) are visible"));
@@ -229,7 +246,7 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
   for (int i = 0; i < opt_.tp; ++i) {
     auto r = std::make_unique<Rank>();
     r->index = i;
-    r->device = opt_.device + i;
+    r->device = opt_.devices.empty() ? opt_.device + i : opt_.devices[i];
     ranks_.push_back(std::move(r));
   }
   for (auto& r : ranks_) RETURN_IF_ERROR(SetupRank(*r, src, seed));

@@ -461,7 +461,7 @@ std::string Fmt(double v, int digits) {
 
 int RunDecodeBench(int argc, char** argv) {
   std::string model, concurrency_text = "1,4", log_dir, backend = "cpu";
-  int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5;
+  int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5, lanes = -1;
   double startup_timeout = 1800, request_timeout = 3600;
   bool json_only = false;
   ArgParser p(argv[0],
@@ -476,6 +476,7 @@ int RunDecodeBench(int argc, char** argv) {
            1 << 20);
   p.AddInt("max-tokens", "T", "tokens generated per stream (EOS ignored)", &max_tokens, 2, 1 << 20);
   p.AddString("backend", "cpu|cuda", "numoe serve --backend", &backend);
+  p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
   p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &log_dir);
   p.AddInt("read-mib", "M", "read-bandwidth buffer in MiB (default: max(8 x LLC, 1 GiB))", &read_mib, 0, 1 << 20);
   p.AddInt("read-passes", "N", "timed read passes before and after serving", &passes, 1, 1000);
@@ -545,6 +546,7 @@ int RunDecodeBench(int argc, char** argv) {
                                          std::to_string(*port), "--grpc-port", std::to_string(*grpc_port),
                                          "--log-dir", log_dir};
   if (threads > 0) serve_argv.insert(serve_argv.end(), {"--threads-per-worker", std::to_string(threads)});
+  if (lanes >= 0) serve_argv.insert(serve_argv.end(), {"--lanes", std::to_string(lanes)});
   say("starting: " + absl::StrJoin(serve_argv, " "));
   ServeProcess serve;
   const auto t_start = Clock::now();

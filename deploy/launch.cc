@@ -31,6 +31,8 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
   p.AddInt("tp", "N", "numoe-gpu --tp: tensor-parallel GPUs (--backend cuda)", &o->tp, 1, 64);
   p.AddIntList("gpus", "LIST", "numoe-gpu --gpus: the GPUs to use, in rank order (--backend cuda; sets --tp)",
                &o->gpus);
+  p.AddInt("lanes", "N", "numoe-gpu --lanes: workers whose steps interleave on the GPU (--backend cuda; -1 = its default)",
+           &o->lanes, -1, 64);
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &o->max_seqs, 0, 4096);
   // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
   p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &o->max_step_tokens, 0,
@@ -69,6 +71,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   g.drafter_experts = o.drafter_experts;
   g.tp = o.tp;
   g.gpus = o.gpus;
+  if (o.lanes >= 0) g.lanes = o.lanes;
   // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
   g.max_sequences = std::max(g.max_sequences, o.max_seqs);
 

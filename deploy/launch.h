@@ -29,6 +29,7 @@ struct LaunchOptions {
   DrafterExperts drafter_experts = DrafterExperts::kWorker;
   int64_t tp = 1;                       // numoe-gpu --tp (--backend cuda)
   std::vector<int> gpus;                // numoe-gpu --gpus (--backend cuda; sets tp)
+  int64_t lanes = -1;                   // numoe-gpu --lanes (--backend cuda); -1 = its default
   int64_t max_seqs = 0;                 // numoe-worker --max-seqs; 0 = its default
   int64_t max_step_tokens = 0;          // numoe-worker --max-step-tokens; 0 = its default
   int64_t prefill_chunk = -1;           // numoe-worker --prefill-chunk; -1 = its default
@@ -44,7 +45,7 @@ struct LaunchOptions {
   int router_grpc_port = 8001;
 };
 
-// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --max-seqs, --max-step-tokens,
+// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs, --max-step-tokens,
 // --prefill-chunk, --threads-per-worker, --no-numa-bind, --host, --port and --grpc-port (the router's),
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);

@@ -34,6 +34,7 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   o.tp = static_cast<int>(c.tp);
   o.devices = c.gpus;
   o.max_sequences = c.max_sequences;
+  o.lanes = c.lanes;
   o.drafter = drafter;
   o.drafter_experts = ChoiceName(c.drafter_experts);
   // Without a CUDA build this is the stub's UNAVAILABLE, which says so.
@@ -87,6 +88,16 @@ int RunGpuApp(const GpuAppConfig& flags) {
              << " (" << (*ckpt)->config().num_hidden_layers << " layers, hidden " << (*ckpt)->config().hidden_size
              << ", vocab " << (*ckpt)->config().vocab_size << "); drafter " << SpecMethodName((*model)->drafter())
              << (verify ? ", verifies drafts" : ", cannot verify drafts (speculative decoding off)");
+  if (!caps.interleaved_steps) {
+    NLOG(INFO) << "numoe-gpu: workers take whole-step turns on the model"
+               << (config.backend == Backend::kCuda && config.lanes > 0 ? " (--lanes needs --tp 1 and no DSpark drafter)"
+                                                                        : "");
+  } else if (caps.lanes > 0) {
+    NLOG(INFO) << "numoe-gpu: the steps of up to " << caps.lanes - 1
+               << " workers interleave layer by layer, each on its own lane (--lanes)";
+  } else {
+    NLOG(INFO) << "numoe-gpu: the steps of every worker interleave layer by layer";
+  }
 
   GpuServerOptions opts;
   opts.backend = backend;

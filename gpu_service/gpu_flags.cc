@@ -21,6 +21,12 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
   p.AddInt("tp", "N", "--backend cuda: tensor-parallel GPUs (--cuda-device onwards, or --gpus)", &c->tp, 1, 64);
   p.AddIntList("gpus", "LIST",
                "--backend cuda: the GPUs to use, in rank order (e.g. 0,1; sets --tp to their number)", &c->gpus);
+  p.AddInt("lanes", "N",
+           "--backend cuda: workers whose steps interleave, each on its own lane (CUDA stream, activation scratch, "
+           "pinned staging, graphs: about 1.3 GiB of GPU memory per lane at V4-Flash width, taken when a worker "
+           "first steps), so the GPU runs one worker's layers while others compute their experts; further workers "
+           "take whole-step turns. 0 = every worker takes whole-step turns. Needs --tp 1 and no DSpark drafter",
+           &c->lanes, 0, 64);
   p.AddEnum("drafter-experts",
             "--backend cuda, DSpark drafter: where its stages' routed experts run: worker (the CPU worker, like the "
             "main model's) or gpu (copied to this GPU: 3.3 GB per stage at V4-Flash width; no host round trip per "

@@ -14,6 +14,7 @@ GpuServer::GpuServer(ModelBackend* model, const ModelConfig& config, const GpuSe
     : config_(config), options_(options) {
   host_.model = model;
   host_.interleaved_steps = model->capabilities().interleaved_steps;
+  host_.lanes = model->capabilities().lanes;
   // Leases start at a random point so a worker of a previous numoe-gpu run (same port) can never pass
   // for a current one: its heartbeat gets NOT_FOUND.
   std::random_device rd;

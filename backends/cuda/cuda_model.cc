@@ -493,6 +493,7 @@ Status CudaModel::ForwardGreedy(std::span<const SequenceStep> steps, ExpertBacke
 Status CudaModel::RunSteps(std::span<const SequenceStep> steps, ExpertBackend* experts,
                            std::vector<SequenceLogits>* out, std::vector<int32_t>* greedy) {
   if (experts == nullptr) return absl::InvalidArgumentError("Forward: no expert backend");
+  RETURN_IF_ERROR(UseLane(experts->lane()));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Seq*> seqs;
   RETURN_IF_ERROR(ValidateSteps(steps, &seqs));
@@ -676,6 +677,7 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
       NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r0.stream));
       req.layer = seg;
       RETURN_IF_ERROR(experts->RunRouted(req));
+      RETURN_IF_ERROR(UseLane(experts->lane()));
     }
   }
   for (const PassSeq& ps : pass) ps.seq->position += ps.count;

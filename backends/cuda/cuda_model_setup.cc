@@ -48,6 +48,16 @@ CudaModel::~CudaModel() {
   for (auto& [key, execs] : graphs_) {
     for (cudaGraphExec_t e : execs) (void)cudaGraphExecDestroy(e);
   }
+  // The inactive lanes' resources (the active lane's are in ranks_[0] and the members).
+  if (!ranks_.empty()) (void)cudaSetDevice(ranks_[0]->device);
+  for (Lane& l : lanes_) {
+    for (auto& [key, execs] : l.graphs) {
+      for (cudaGraphExec_t e : execs) (void)cudaGraphExecDestroy(e);
+    }
+    for (cudaEvent_t e : l.ev_begin) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : l.ev_end) (void)cudaEventDestroy(e);
+    if (l.stream != nullptr) (void)cudaStreamDestroy(l.stream);
+  }
   for (auto& r : ranks_) {
     (void)cudaSetDevice(r->device);
     (void)cudaStreamSynchronize(r->stream);
@@ -270,15 +280,11 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
   for (int64_t p = num_pages_ - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   for (int64_t s = opt_.max_sequences - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
 
-  const int64_t NR = rows_cap_, K = c.num_experts_per_tok;
-  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(static_cast<size_t>(9 * NR) * sizeof(int32_t), "step metadata"));
-  ASSIGN_OR_RETURN(y_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE input staging"));
-  ASSIGN_OR_RETURN(routed_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE output staging"));
-  ASSIGN_OR_RETURN(ids_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(int32_t), "expert ids"));
-  ASSIGN_OR_RETURN(wts_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(float), "expert weights"));
-  ASSIGN_OR_RETURN(logits_h_,
-                   PinnedMem::Alloc(static_cast<size_t>(logit_rows_cap_ * c.vocab_size) * sizeof(float), "logits"));
-  ASSIGN_OR_RETURN(greedy_h_, PinnedMem::Alloc(static_cast<size_t>(NR) * sizeof(uint64_t), "greedy tokens"));
+  RETURN_IF_ERROR(AllocStaging());
+  // Lane 0's resources are the ones just allocated (Capabilities::lanes); the others come on first use.
+  const bool lanes = opt_.lanes > 0 && opt_.tp == 1 && stages_ == 0;
+  lanes_.resize(lanes ? static_cast<size_t>(opt_.lanes + 1) : 1);
+  lanes_[0].ready = true;
   ASSIGN_OR_RETURN(table_h_, PinnedMem::Alloc(static_cast<size_t>(opt_.max_sequences * max_pages_) * sizeof(int32_t),
                                               "page tables"));
 
@@ -609,6 +615,34 @@ Status CudaModel::SetupState(Rank& r) {
                                                                " tokens per slot, CudaOptions::max_spec_tokens)")));
   }
 
+  if (stages_ > 0) {
+    // The DSpark drafter's per-row tensors (one set: there are no lanes with a drafter).
+    const int64_t NR = rows_cap_, LR = logit_rows_cap_, f = 4;
+    struct Piece {
+      void** ptr;
+      int64_t bytes;
+    };
+    const int64_t T = static_cast<int64_t>(target_layers_.size());
+    std::vector<Piece> dp = {{reinterpret_cast<void**>(&r.features), NR * T * D_ * f},
+                             {reinterpret_cast<void**>(&r.main_x), NR * D_ * f},
+                             {reinterpret_cast<void**>(&r.h_pre), NR * D_ * f},
+                             {reinterpret_cast<void**>(&r.mrows), LR * markov_rank_ * f},
+                             {reinterpret_cast<void**>(&r.mids), LR * 4}};
+    int64_t bytes = 0;
+    for (const Piece& p : dp) bytes += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
+    ASSIGN_OR_RETURN(r.drafter_mem, DeviceMem::Alloc(static_cast<size_t>(bytes), "DSpark drafter scratch"));
+    char* b = static_cast<char*>(r.drafter_mem.get());
+    for (const Piece& p : dp) {
+      *p.ptr = b;
+      b += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
+    }
+  }
+  return AllocScratch(r);
+}
+
+Status CudaModel::AllocScratch(Rank& r) {
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+  const int64_t tsize = bf16_cache_ ? 2 : 4;
   // Scratch for rows_cap_ rows, carved out of one allocation (256-byte aligned pieces).
   const ModelConfig& c = cfg_;
   const int64_t NR = rows_cap_, LR = logit_rows_cap_, m = (2 + hc_) * hc_;
@@ -655,22 +689,6 @@ Status CudaModel::SetupState(Rank& r) {
       {reinterpret_cast<void**>(&s.meta), 9 * NR * 4},
       {reinterpret_cast<void**>(&s.greedy), NR * 8},
   };
-  if (stages_ > 0) {
-    const int64_t T = static_cast<int64_t>(target_layers_.size());
-    std::vector<Piece> dp = {{reinterpret_cast<void**>(&r.features), NR * T * D_ * f},
-                             {reinterpret_cast<void**>(&r.main_x), NR * D_ * f},
-                             {reinterpret_cast<void**>(&r.h_pre), NR * D_ * f},
-                             {reinterpret_cast<void**>(&r.mrows), LR * markov_rank_ * f},
-                             {reinterpret_cast<void**>(&r.mids), LR * 4}};
-    int64_t bytes = 0;
-    for (const Piece& p : dp) bytes += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
-    ASSIGN_OR_RETURN(r.drafter_mem, DeviceMem::Alloc(static_cast<size_t>(bytes), "DSpark drafter scratch"));
-    char* b = static_cast<char*>(r.drafter_mem.get());
-    for (const Piece& p : dp) {
-      *p.ptr = b;
-      b += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
-    }
-  }
   int64_t total = 0;
   for (const Piece& p : pieces) total += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
   ASSIGN_OR_RETURN(r.scratch_mem, DeviceMem::Alloc(static_cast<size_t>(total),
@@ -687,6 +705,68 @@ Status CudaModel::SetupState(Rank& r) {
   for (size_t i = 0; i < segs; ++i) {
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.ev_begin[i]));
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.ev_end[i]));
+  }
+  return absl::OkStatus();
+}
+
+Status CudaModel::AllocStaging() {
+  const ModelConfig& c = cfg_;
+  const int64_t NR = rows_cap_, K = c.num_experts_per_tok;
+  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(static_cast<size_t>(9 * NR) * sizeof(int32_t), "step metadata"));
+  ASSIGN_OR_RETURN(y_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE input staging"));
+  ASSIGN_OR_RETURN(routed_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE output staging"));
+  ASSIGN_OR_RETURN(ids_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(int32_t), "expert ids"));
+  ASSIGN_OR_RETURN(wts_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(float), "expert weights"));
+  ASSIGN_OR_RETURN(logits_h_,
+                   PinnedMem::Alloc(static_cast<size_t>(logit_rows_cap_ * c.vocab_size) * sizeof(float), "logits"));
+  ASSIGN_OR_RETURN(greedy_h_, PinnedMem::Alloc(static_cast<size_t>(NR) * sizeof(uint64_t), "greedy tokens"));
+  return absl::OkStatus();
+}
+
+void CudaModel::SwapLane(Lane& l) {
+  Rank& r = *ranks_[0];
+  std::swap(r.stream, l.stream);
+  std::swap(r.sc, l.sc);
+  std::swap(r.scratch_mem, l.scratch_mem);
+  std::swap(r.ev_begin, l.ev_begin);
+  std::swap(r.ev_end, l.ev_end);
+  std::swap(meta_h_, l.meta_h);
+  std::swap(y_h_, l.y_h);
+  std::swap(routed_h_, l.routed_h);
+  std::swap(ids_h_, l.ids_h);
+  std::swap(wts_h_, l.wts_h);
+  std::swap(logits_h_, l.logits_h);
+  std::swap(greedy_h_, l.greedy_h);
+  std::swap(graphs_, l.graphs);
+}
+
+Status CudaModel::UseLane(int lane) {
+  if (lane == active_lane_) return absl::OkStatus();
+  if (lane < 0 || lane >= static_cast<int>(lanes_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("ExpertBackend::lane() = ", lane, ", but this backend has ",
+                                                   lanes_.size(), " lane(s) (CudaOptions::lanes + 1)"));
+  }
+  // The active lane's resources live in ranks_[0] and the staging members, its Lane holds nothing.
+  SwapLane(lanes_[static_cast<size_t>(active_lane_)]);
+  SwapLane(lanes_[static_cast<size_t>(lane)]);
+  active_lane_ = lane;
+  Lane& l = lanes_[static_cast<size_t>(lane)];
+  if (!l.ready) {
+    Rank& r = *ranks_[0];
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    size_t free_before = 0, total = 0;
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_before, &total));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    RETURN_IF_ERROR(AllocScratch(r));
+    RETURN_IF_ERROR(AllocStaging());
+    size_t free_after = 0;
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_after, &total));
+    l.ready = true;
+    NLOG(INFO) << "CUDA backend: lane " << lane << " ready (its own stream, "
+               << (static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after)) / (1 << 20)
+               << " MiB of device scratch and " << (meta_h_.bytes() + y_h_.bytes() + routed_h_.bytes() + ids_h_.bytes() +
+                                                     wts_h_.bytes() + logits_h_.bytes() + greedy_h_.bytes()) / (1 << 20)
+               << " MiB of pinned staging)";
   }
   return absl::OkStatus();
 }

@@ -166,6 +166,7 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   o.launch.drafter_experts = DrafterExperts::kGpu;
   o.launch.max_seqs = 300;
   o.launch.gpus = {1, 0};
+  o.launch.lanes = 2;
   o.launch.gpu_port = 7000;
   o.launch.worker_base_port = 7100;
   o.launch.router_port = 9000;
@@ -179,6 +180,7 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   EXPECT_EQ(g.drafter_experts, DrafterExperts::kGpu);
   EXPECT_EQ(g.port, 7000);
   EXPECT_EQ(g.gpus, (std::vector<int>{1, 0}));
+  EXPECT_EQ(g.lanes, 2);
   EXPECT_GE(g.max_sequences, 300);  // admits the workers' --max-seqs
   std::vector<std::string> addrs;
   for (const WorkerPlacement& p : plan.workers) {

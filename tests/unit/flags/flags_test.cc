@@ -94,6 +94,7 @@ TEST(GpuFlags, RoundTripsEveryField) {
   c.cuda_device = 1;
   c.tp = 2;
   c.gpus = {3, 1};
+  c.lanes = 2;
   c.drafter_experts = DrafterExperts::kGpu;
   c.spec = SpecChoice::kDspark;
   ExpectRoundTrip(c, gpu::GpuArgv(c), gpu::AddGpuFlags);

@@ -107,6 +107,7 @@ struct Rank {
   DeviceMem snap, spec_log;
   Scratch sc;
   std::vector<cudaEvent_t> ev_begin, ev_end;
+  cudaEvent_t ev_hop = nullptr;  // a layer's MoE rows reached the host (RunSegment; the lane's)
   int64_t weight_bytes = 0;  // read per decode step
   ~Rank();
 };
@@ -124,6 +125,7 @@ struct Lane {
   Scratch sc;
   DeviceMem scratch_mem;
   std::vector<cudaEvent_t> ev_begin, ev_end;
+  cudaEvent_t ev_hop = nullptr;
   PinnedMem meta_h, y_h, routed_h, ids_h, wts_h, logits_h, greedy_h;
   std::map<std::pair<int64_t, bool>, std::vector<cudaGraphExec_t>> graphs;
 };
@@ -235,7 +237,12 @@ class CudaModel final : public CudaBackend {
   template <typename T>
   void PhaseAttention(Rank& r, int l, const PassDims& d);
   void PhaseFfnPre(Rank& r, int l, const PassDims& d);
-  void PhaseSharedAndRouted(Rank& r, int l, const PassDims& d);
+  void PhaseSharedAndRouted(Rank& r, int l, const PassDims& d);  // PhaseShared + PhaseAddRouted
+  void PhaseShared(Rank& r, int l, const PassDims& d);            // the shared expert into sc.sh
+  void PhaseAddRouted(Rank& r, int l, const PassDims& d);         // sc.sh += the routed experts' sum
+  // What runs on the GPU after segment `seg` hands its MoE rows to the host (RunSegment records ev_hop
+  // before it): the shared expert of layer seg, overlapping the worker's routed experts.
+  void EnqueueTail(Rank& r, int seg, const PassDims& d);
   void PhaseFfnPost(Rank& r, const PassDims& d);
   void PhaseHead(Rank& r, const PassDims& d, int64_t row0, int64_t rows);
   Status AllReduce(float* Scratch::*buf, int64_t count);

@@ -38,6 +38,7 @@ Rank::~Rank() {
   (void)cudaSetDevice(device);
   for (cudaEvent_t e : ev_begin) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : ev_end) (void)cudaEventDestroy(e);
+  if (ev_hop != nullptr) (void)cudaEventDestroy(ev_hop);
   if (comm != nullptr) (void)ncclCommDestroy(comm);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
 }
@@ -56,6 +57,7 @@ CudaModel::~CudaModel() {
     }
     for (cudaEvent_t e : l.ev_begin) (void)cudaEventDestroy(e);
     for (cudaEvent_t e : l.ev_end) (void)cudaEventDestroy(e);
+    if (l.ev_hop != nullptr) (void)cudaEventDestroy(l.ev_hop);
     if (l.stream != nullptr) (void)cudaStreamDestroy(l.stream);
   }
   for (auto& r : ranks_) {
@@ -706,6 +708,7 @@ Status CudaModel::AllocScratch(Rank& r) {
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.ev_begin[i]));
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.ev_end[i]));
   }
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.ev_hop, cudaEventDisableTiming));
   return absl::OkStatus();
 }
 
@@ -730,6 +733,7 @@ void CudaModel::SwapLane(Lane& l) {
   std::swap(r.scratch_mem, l.scratch_mem);
   std::swap(r.ev_begin, l.ev_begin);
   std::swap(r.ev_end, l.ev_end);
+  std::swap(r.ev_hop, l.ev_hop);
   std::swap(meta_h_, l.meta_h);
   std::swap(y_h_, l.y_h);
   std::swap(routed_h_, l.routed_h);

@@ -328,6 +328,14 @@ StatusOr<MessagesRequest> ParseMessagesRequest(const Json& body, bool count_toke
   // Anthropic semantics: a final assistant message is a prefill the answer continues.
   if (req.messages.back().role == "assistant") req.messages.back().prefix = true;
 
+  // Features that would change the answer and that this server does not have.
+  if (const Json* m = Field(body, "mcp_servers"); m != nullptr && !(m->is_array() && m->empty())) {
+    return InvalidParam("mcp_servers", "'mcp_servers' is not supported by this server (no MCP connector)");
+  }
+  if (Field(body, "output_format") != nullptr) {
+    return InvalidParam("output_format",
+                        "'output_format' (structured outputs) is not supported by this server on /v1/messages");
+  }
   RETURN_IF_ERROR(ParseTools(body, &req));
   RETURN_IF_ERROR(ParseToolChoice(body, &out));
   RETURN_IF_ERROR(ParseThinking(body, &req));

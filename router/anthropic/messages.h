@@ -22,7 +22,8 @@
 //   max_tokens (required), temperature, top_p, top_k, stop_sequences, stream -> as on the OpenAI path
 //   metadata ({user_id}) is checked and ignored; cache_control and citations on blocks are ignored.
 // Refused by name: image / document / other non-text blocks, server tools (typed tools such as
-// web_search_*), redacted_thinking, tool_choice any / tool.
+// web_search_*), redacted_thinking, tool_choice any / tool, mcp_servers, output_format. Other fields
+// (service_tier, ...) are ignored, as on the OpenAI path.
 //
 // Thread-safety: the functions are pure; a MessageBuilder is per-request state.
 #pragma once

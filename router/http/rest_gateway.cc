@@ -536,12 +536,12 @@ void RestGateway::Tokenize(const HttpRequest& request, const std::shared_ptr<Htt
   auto fail = [&](const Status& s) { RespondError(*exchange, s); };
   auto body = oa::ParseJsonBody(request.body);
   if (!body.ok()) return fail(body.status());
-  std::string model = frontend_.model().id;
+  std::string model;
   bool return_strs = false;
   for (Status s : {oa::ReadString(*body, "model", &model), oa::ReadBool(*body, "return_token_strs", &return_strs)}) {
     if (!s.ok()) return fail(s);
   }
-  if (Status s = frontend_.CheckModel(model); !s.ok()) return fail(s);
+  if (Status s = frontend_.CheckModel(model.empty() ? frontend_.model().id : model); !s.ok()) return fail(s);
   const oa::Json* messages = oa::Field(*body, "messages");
   const oa::Json* prompt = oa::Field(*body, "prompt");
   StatusOr<std::vector<int32_t>> ids;
@@ -578,9 +578,9 @@ void RestGateway::Detokenize(const HttpRequest& request, const std::shared_ptr<H
   auto fail = [&](const Status& s) { RespondError(*exchange, s); };
   auto body = oa::ParseJsonBody(request.body);
   if (!body.ok()) return fail(body.status());
-  std::string model = frontend_.model().id;
+  std::string model;
   if (Status s = oa::ReadString(*body, "model", &model); !s.ok()) return fail(s);
-  if (Status s = frontend_.CheckModel(model); !s.ok()) return fail(s);
+  if (Status s = frontend_.CheckModel(model.empty() ? frontend_.model().id : model); !s.ok()) return fail(s);
   const oa::Json* tokens = oa::Field(*body, "tokens");
   if (tokens == nullptr) return fail(InvalidParam("tokens", "'tokens' (an array of token ids) is required"));
   if (!tokens->is_array()) return fail(oa::TypeError("tokens", "an array of token ids", *tokens));

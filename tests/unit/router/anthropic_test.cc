@@ -173,6 +173,10 @@ TEST_F(MessagesTest, ErrorsNameTheAnthropicField) {
        "stop_sequences", "an array"},
       {R"({"max_tokens": 5, "metadata": {"user_id": 7}, "messages": [{"role": "user", "content": "Q"}]})",
        "metadata.user_id", "a string"},
+      {R"({"max_tokens": 5, "mcp_servers": [{"type": "url"}], "messages": [{"role": "user", "content": "Q"}]})",
+       "mcp_servers", "not supported"},
+      {R"({"max_tokens": 5, "output_format": {"type": "json_schema"}, "messages": [{"role": "user", "content": "Q"}]})",
+       "output_format", "not supported"},
       // The chat encoder's own checks name the Anthropic message.
       {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a<｜end▁of▁sentence｜>"}]})",
        "messages[0].content", "special token"},

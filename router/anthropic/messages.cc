@@ -215,7 +215,8 @@ Status ParseToolChoice(const Json& body, MessagesRequest* out) {
                                      "decides) or \"none\""));
   } else if (t != "auto") {
     return InvalidParam("tool_choice.type",
-                        absl::StrCat("tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\" (got \"", t, "\")"));
+                        absl::StrCat("tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\" (got \"", t,
+                                     "\")"));
   }
   if (const Json* d = Field(*tc, "disable_parallel_tool_use")) {
     if (!d->is_boolean()) return TypeError("tool_choice.disable_parallel_tool_use", "a boolean", *d);

@@ -378,7 +378,9 @@ constexpr Route kRoutes[] = {{"/v1/completions", "POST"},
                              {"/metrics", "GET"}};
 
 // The Anthropic surface answers errors in Anthropic's shape.
-bool IsAnthropicPath(const std::string& path) { return path == "/v1/messages" || absl::StartsWith(path, "/v1/messages/"); }
+bool IsAnthropicPath(const std::string& path) {
+  return path == "/v1/messages" || absl::StartsWith(path, "/v1/messages/");
+}
 
 }  // namespace
 

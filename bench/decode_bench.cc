@@ -5,8 +5,9 @@
 //   2. streaming-read bandwidth on worker-0's CPUs and thread count (the placement `numoe serve --workers N`
 //      gives it), over a buffer far larger than the LLC, before the server starts, with the fastest of the
 //      yardstick's read loops (read_bandwidth.h; named in the output and as "read_method");
-//   3. `numoe serve` as a child process (own process group, free loopback ports, logs in --log-dir), waiting
-//      for its ready line; one warm-up request;
+//   3. `numoe serve` as a child process (own process group, free loopback ports, logs in --log-dir, --spec
+//      passed through, the router's prefix affinity off: the prompts share no prefix, so C streams spread
+//      evenly over the workers by outstanding work), waiting for its ready line; one warm-up request;
 //   4. for each concurrency C: C streams at once, each a different random prompt of --prompt-len token ids,
 //      `ignore_eos`, `max_tokens` = --max-tokens, greedy. Every SSE event is timestamped on arrival, so
 //      prefill (up to each stream's first token) is excluded: the decode rate is the tokens that arrived while

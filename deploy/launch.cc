@@ -6,6 +6,7 @@
 #include "common/checkpoint.h"
 #include "gpu_service/gpu_flags.h"
 #include "model/spec_policy.h"
+#include "worker/service/worker_flags.h"
 
 namespace numoe::deploy {
 
@@ -41,9 +42,15 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
   p.AddInt("threads-per-worker", "N", "expert kernel threads per worker (0 = its CPUs)", &o->threads_per_worker, 0,
            4096);
   p.AddFlag("no-numa-bind", "start workers with --no-numa-bind (no NUMA rights, e.g. containers)", &o->no_numa_bind);
+  worker::AddSimExpertGbpsFlag(p, absl::StrCat("numoe-worker --sim-expert-gbps for every worker: ", worker::kSimExpertGbpsHelp),
+                               &o->sim_expert_gbps);
   p.AddString("host", "ADDR", "address the router binds (REST and gRPC)", &o->router_host);
   p.AddInt("port", "N", "the router's REST port", &o->router_port, 0, 65535);
   p.AddInt("grpc-port", "N", "the router's gRPC port", &o->router_grpc_port, 0, 65535);
+  p.AddInt("affinity-prefix-tokens", "N",
+           "numoe-router --affinity-prefix-tokens: leading prompt tokens hashed for prefix affinity (-1 = the "
+           "router's default; 0 = off, least outstanding work only)",
+           &o->affinity_prefix_tokens, -1, 1 << 20);
 }
 
 Status CheckLaunchOptions(const LaunchOptions& o, int cuda_devices) {
@@ -80,6 +87,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   r.host = o.router_host;
   r.http_port = o.router_port;
   r.grpc_port = o.router_grpc_port;
+  if (o.affinity_prefix_tokens >= 0) r.balancer.policy.prefix_tokens = static_cast<int>(o.affinity_prefix_tokens);
 
   const std::string gpu_address = absl::StrCat(o.host, ":", o.gpu_port);
   for (size_t i = 0; i < placements.size(); ++i) {
@@ -102,6 +110,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
     w.spec_depth = o.spec_depth;
     w.spec_adaptive = o.spec_adaptive;
     w.drafter_experts = o.drafter_experts;
+    w.sim_expert_gbps = o.sim_expert_gbps;
     r.balancer.workers.push_back(absl::StrCat(o.host, ":", w.port));
     plan.workers.push_back(std::move(w));
   }

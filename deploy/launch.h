@@ -35,6 +35,7 @@ struct LaunchOptions {
   int64_t prefill_chunk = -1;           // numoe-worker --prefill-chunk; -1 = its default
   int64_t threads_per_worker = 0;       // 0 = the placement's
   bool no_numa_bind = false;            // workers get --no-numa-bind (and the launch files no numactl)
+  double sim_expert_gbps = 0;           // numoe-worker --sim-expert-gbps (every worker); 0 = real experts
   // Addresses. numoe-gpu and the workers listen on `host` and reach each other there.
   std::string host = "127.0.0.1";
   int gpu_port = 50051;
@@ -43,10 +44,12 @@ struct LaunchOptions {
   std::string router_host = "127.0.0.1";
   int router_port = 8000;               // REST
   int router_grpc_port = 8001;
+  int64_t affinity_prefix_tokens = -1;  // numoe-router --affinity-prefix-tokens; -1 = its default
 };
 
-// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs, --max-step-tokens,
-// --prefill-chunk, --threads-per-worker, --no-numa-bind, --host, --port and --grpc-port (the router's),
+// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs,
+// --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --host, --port,
+// --grpc-port and --affinity-prefix-tokens (the router's),
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 

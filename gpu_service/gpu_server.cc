@@ -126,6 +126,7 @@ v1::GpuStats GpuServer::Stats() const {
   s.set_steps(host_.steps.load());
   s.set_tokens(host_.tokens.load());
   s.set_layer_hops(host_.hops.count());
+  s.set_overlapped_steps(host_.overlapped_steps.load());
   s.set_layer_hop_p50_us(host_.hops.Percentile(50));
   s.set_layer_hop_p99_us(host_.hops.Percentile(99));
   const int64_t now = SteadyMillis();

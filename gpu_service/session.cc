@@ -199,6 +199,11 @@ Status WorkerSession::HandleStep() {
   }
 
   std::lock_guard<FifoMutex> lk(host_->forward_mu);
+  if (host_->steps_in_progress.fetch_add(1) > 0) host_->overlapped_steps.fetch_add(1);
+  struct InProgress {
+    std::atomic<int64_t>* n;
+    ~InProgress() { n->fetch_sub(1); }
+  } in_progress{&host_->steps_in_progress};
   for (int64_t i = 0; i < n; ++i) {
     const shm::StepEntry& e = entries_[i];
     if ((e.flags & shm::kEntryOpen) == 0) continue;

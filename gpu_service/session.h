@@ -51,6 +51,10 @@ struct ModelHost {
   LatencyRecorder hops;
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> tokens{0};
+  // Steps between their start and end (a yielded one included), and the steps that started while another
+  // was in progress (interleaved at its expert calls).
+  std::atomic<int64_t> steps_in_progress{0};
+  std::atomic<uint64_t> overlapped_steps{0};
   // Speculative decoding: verify steps (entries with drafts), drafts verified, drafts accepted.
   std::atomic<uint64_t> spec_steps{0};
   std::atomic<uint64_t> spec_drafted{0};

@@ -450,6 +450,7 @@ void Engine::UpdateRateLocked() {
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s = stats_;
+  s.expert_seconds = executor_->expert_seconds();
   s.decode_tokens_per_s = 0.0;
   if (rate_window_.size() >= 2) {
     const double now = NowSeconds();

@@ -105,6 +105,8 @@ struct EngineStats {
   int64_t spec_verify_steps = 0;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
+  // Seconds inside the routed experts (computed or simulated) since start (Executor::expert_seconds).
+  double expert_seconds = 0;
 };
 
 // What one step carried (tests and debug logs).

@@ -55,6 +55,9 @@ class Executor {
   // False once the executor can no longer run steps (e.g. numoe-gpu went away).
   virtual bool healthy() const { return true; }
   virtual ExecutorLimits limits() const = 0;
+  // Seconds this process has spent inside its ExpertBackend (the routed experts, computed or simulated)
+  // since construction; 0 where the executor does not measure it. Safe to call from any thread.
+  virtual double expert_seconds() const { return 0; }
 };
 
 }  // namespace numoe::engine

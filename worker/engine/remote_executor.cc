@@ -132,7 +132,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
     const shm::MsgHeader& in = ch_->incoming();
     switch (*type) {
       case shm::MsgType::kMoeRequest: {
-        ++moe_requests_;
+        moe_requests_.fetch_add(1, std::memory_order_relaxed);
         Status st;
         if (in.rows < 0 || in.rows > g.max_rows || in.top_k < 1 || in.top_k > g.top_k || in.layer < 0) {
           st = absl::InvalidArgumentError(absl::StrCat("MoeRequest: layer ", in.layer, " rows ", in.rows, " top_k ",
@@ -148,7 +148,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
           const int64_t t0 = NowNs();
           st = in.rows == 0 ? absl::OkStatus() : experts_->RunRouted(req);
           const int64_t dt = NowNs() - t0;
-          expert_ns_ += dt;
+          expert_ns_.fetch_add(dt, std::memory_order_relaxed);
           ch_->outgoing().compute_ns = dt;
         }
         if (st.ok()) {

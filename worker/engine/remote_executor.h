@@ -13,6 +13,7 @@
 // unhealthy for good: the worker should exit and be restarted, re-registering with a fresh channel.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <vector>
 
@@ -34,9 +35,9 @@ class RemoteExecutor final : public Executor {
   bool healthy() const override { return broken_.ok(); }
   ExecutorLimits limits() const override;
 
-  // Seconds spent in the expert backend and MoE requests served, since construction.
-  double expert_seconds() const { return expert_ns_ * 1e-9; }
-  int64_t moe_requests() const { return moe_requests_; }
+  // Seconds spent in the expert backend and MoE requests served, since construction (any thread).
+  double expert_seconds() const override { return static_cast<double>(expert_ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  int64_t moe_requests() const { return moe_requests_.load(std::memory_order_relaxed); }
 
  private:
   Status Exchange(std::span<const StepItem> items, StepOutput* out);
@@ -52,8 +53,8 @@ class RemoteExecutor final : public Executor {
   std::vector<ExecSeq> releases_;                   // closed here, not yet released on the gpu
   ExecSeq next_ = 1;
   Status broken_;
-  int64_t expert_ns_ = 0;
-  int64_t moe_requests_ = 0;
+  std::atomic<int64_t> expert_ns_{0};
+  std::atomic<int64_t> moe_requests_{0};
 };
 
 }  // namespace numoe::engine

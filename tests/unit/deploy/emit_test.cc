@@ -156,7 +156,7 @@ TEST(EmitSystemd, QuotesAndEscapesPaths) {
 }
 
 // Every unit's ExecStart parses with its daemon's own flags, carries the launch options (backend, spec,
-// drafter experts) and wires the daemons to each other's addresses.
+// drafter experts, simulated experts) and wires the daemons to each other's addresses.
 TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   EmitOptions o;
   o.launch.model_dir = "/models/v4";
@@ -167,9 +167,11 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   o.launch.max_seqs = 300;
   o.launch.gpus = {1, 0};
   o.launch.lanes = 2;
+  o.launch.sim_expert_gbps = 0.0026;  // not exact in binary: every digit must survive the unit file
   o.launch.gpu_port = 7000;
   o.launch.worker_base_port = 7100;
   o.launch.router_port = 9000;
+  o.launch.affinity_prefix_tokens = 0;
   const Plan plan = UnevenPlan();
   auto files = RenderSystemd(plan, o);
   ASSERT_TRUE(files.ok()) << files.status();
@@ -196,11 +198,13 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
     EXPECT_EQ(w.spec_depth, 3);
     EXPECT_EQ(w.max_seqs, 300);
     EXPECT_EQ(w.drafter_experts, DrafterExperts::kGpu);
+    EXPECT_EQ(w.sim_expert_gbps, 0.0026);
     addrs.push_back(absl::StrCat(w.host, ":", w.port));
   }
   const router::RouterAppConfig r = RouterOf(Find(*files, "numoe-router.service")->content);
   EXPECT_EQ(r.router.balancer.workers, addrs);
   EXPECT_EQ(r.router.http_port, 9000);
+  EXPECT_EQ(r.router.balancer.policy.prefix_tokens, 0);
 }
 
 TEST(EmitSystemd, NoNumaBindDropsNumactlAndBindsNothing) {

@@ -68,7 +68,28 @@ TEST(WorkerFlags, RoundTripsEveryField) {
   c.spec_depth = 3;
   c.spec_adaptive = true;
   c.drafter_experts = DrafterExperts::kGpu;
+  c.sim_expert_gbps = 0.0026;  // not exact in binary: the writer must keep every digit
   ExpectRoundTrip(c, worker::WorkerArgv(c), worker::AddWorkerFlags);
+}
+
+TEST(WorkerFlags, SimExpertGbpsMustBeAPositiveFiniteRate) {
+  for (const char* bad : {"0", "-1", "nan", "inf", "1e6", "fast"}) {
+    worker::WorkerAppConfig c;
+    ArgParser p("numoe-worker", "");
+    worker::AddWorkerFlags(p, &c);
+    const Status st = ParseWords(p, {"--model", "m", "--sim-expert-gbps", bad});
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("--sim-expert-gbps")) << bad;
+    EXPECT_EQ(c.sim_expert_gbps, 0) << bad;
+  }
+  worker::WorkerAppConfig c;
+  ArgParser p("numoe-worker", "");
+  worker::AddWorkerFlags(p, &c);
+  ASSERT_TRUE(ParseWords(p, {"--model", "m", "--sim-expert-gbps", "100"}).ok());
+  EXPECT_EQ(c.sim_expert_gbps, 100);
+  EXPECT_THAT(p.Help(), HasSubstr("--sim-expert-gbps G"));
+  // Off by default, and then not written.
+  EXPECT_TRUE(worker::WorkerArgv(worker::WorkerAppConfig{}).empty());
 }
 
 TEST(WorkerFlags, WritesOnlyWhatDiffersFromTheDefaults) {

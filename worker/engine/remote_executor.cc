@@ -1,19 +1,10 @@
 #include "worker/engine/remote_executor.h"
 
-#include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
+
 namespace numoe::engine {
-
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts) : ch_(channel), experts_(experts) {}
 
@@ -145,9 +136,9 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
                          .expert_ids = ch_->moe_ids(),
                          .expert_weights = ch_->moe_weights(),
                          .out = ch_->moe_out()};
-          const int64_t t0 = NowNs();
+          const int64_t t0 = SteadyNanos();
           st = in.rows == 0 ? absl::OkStatus() : experts_->RunRouted(req);
-          const int64_t dt = NowNs() - t0;
+          const int64_t dt = SteadyNanos() - t0;
           expert_ns_ += dt;
           ch_->outgoing().compute_ns = dt;
         }

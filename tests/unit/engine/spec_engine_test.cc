@@ -15,11 +15,8 @@
 //   - CheckSpec and LocalExecutor refuse bad settings and items with clear errors.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,8 +27,6 @@
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "common/shm_channel.h"
-#include "common/synthetic/presets.h"
-#include "common/synthetic/synthetic.h"
 #include "model/generation.h"
 #include "gpu_service/session.h"
 #include "tests/support/fixtures.h"
@@ -301,51 +296,12 @@ TEST(SpecEngine, SampledTokensEqualGenerateBatchWithTheSameSpec) {
   }
 }
 
-// The synthetic tiny checkpoint with one MTP block (numoe mkmodel --preset tiny --drafter mtp), written
-// to a temporary directory once and removed once loaded.
-struct Mtp {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-};
-
+// The synthetic tiny checkpoint with one MTP block and its drafter (the shared tests/support fixture).
+using Mtp = test::TinyModel;
 Mtp* LoadMtp() {
-  static std::unique_ptr<Mtp> cached;
-  if (cached) return cached.get();
-  auto preset = numoe::synthetic::MakePreset({.preset = "tiny", .drafter = "mtp"});
-  if (!preset.ok()) {
-    ADD_FAILURE() << preset.status();
-    return nullptr;
-  }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("numoe-spec-engine-mtp-" + std::to_string(::getpid()));
-  numoe::synthetic::SyntheticOptions opt;
-  opt.seed = 5;
-  opt.mtp_stages = preset->mtp_stages;
-  Status st = numoe::synthetic::MakeSyntheticCheckpoint(preset->config, dir.string(), opt);
-  auto m = std::make_unique<Mtp>();
-  if (st.ok()) {
-    auto ck = Checkpoint::Open(dir.string());
-    st = ck.status();
-    if (ck.ok()) m->ckpt = std::move(*ck);
-  }
-  if (st.ok()) {
-    auto model = cpu::CpuModel::Create(*m->ckpt, nullptr, {.drafter = true});
-    auto ex = cpu::ReferenceExperts::Load(*m->ckpt, /*include_drafter=*/true);
-    st = !model.ok() ? model.status() : ex.status();
-    if (model.ok() && ex.ok()) {
-      m->model = std::move(*model);
-      m->experts = std::move(*ex);
-    }
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  if (!st.ok()) {
-    ADD_FAILURE() << st;
-    return nullptr;
-  }
-  cached = std::move(m);
-  return cached.get();
+  auto m = test::TinyModel::Get({.model = test::kTinyMtp, .drafter = true});
+  if (!m.ok()) ADD_FAILURE() << m.status();
+  return m.ok() ? *m : nullptr;
 }
 
 TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {

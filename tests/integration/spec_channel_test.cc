@@ -103,12 +103,12 @@ int32_t Prefill(Rig& r, ExecSeq seq, const std::vector<int32_t>& prompt) {
 TEST(SpecChannel, LimitsReportTheGpusDrafter) {
   auto r = MakeRig(/*drafter=*/true, /*verify=*/true);
   ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->remote->limits().drafter, SpecMethod::kDspark);
-  EXPECT_EQ(r->remote->limits().max_model_drafts, 16);
+  EXPECT_EQ(r->remote->limits().drafter(), SpecMethod::kDspark);
+  EXPECT_EQ(r->remote->limits().max_model_drafts(), 16);
   auto plain = MakeRig(/*drafter=*/false, /*verify=*/false);
   ASSERT_NE(plain, nullptr);
-  EXPECT_EQ(plain->remote->limits().drafter, SpecMethod::kNone);
-  EXPECT_EQ(plain->remote->limits().max_model_drafts, 0);
+  EXPECT_EQ(plain->remote->limits().drafter(), SpecMethod::kNone);
+  EXPECT_EQ(plain->remote->limits().max_model_drafts(), 0);
 }
 
 struct SpecCounts {

@@ -10,13 +10,11 @@ RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts) : 
 
 ExecutorLimits RemoteExecutor::limits() const {
   const shm::Geometry& g = ch_->geometry();
-  const bool model = g.drafter == SpecMethod::kDspark || g.drafter == SpecMethod::kMtp;
   return ExecutorLimits{.vocab_size = g.vocab,
                         .max_step_tokens = g.max_rows,
                         .max_seqs = g.max_seqs,
                         .logits = g.logits_rows > 0,
-                        .drafter = model ? g.drafter : SpecMethod::kNone,
-                        .max_model_drafts = model ? static_cast<int64_t>(g.max_model_drafts) : 0};
+                        .model = ChannelCapabilities(g)};
 }
 
 Status RemoteExecutor::Broken(const Status& st) {

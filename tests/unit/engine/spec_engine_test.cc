@@ -310,7 +310,7 @@ TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {
   ASSERT_EQ(m->model->drafter(), SpecMethod::kMtp);
   const int64_t V = m->ckpt->config().vocab_size;
   LocalExecutor local(m->model.get(), m->experts.get());
-  EXPECT_EQ(local.limits().drafter, SpecMethod::kMtp);
+  EXPECT_EQ(local.limits().drafter(), SpecMethod::kMtp);
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kMtp, .depth = 7}, local.limits()));
   EXPECT_EQ(CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, local.limits()).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -460,7 +460,8 @@ class ScriptedExecutor final : public Executor {
     return absl::OkStatus();
   }
   ExecutorLimits limits() const override {
-    return ExecutorLimits{.vocab_size = 1024, .drafter = SpecMethod::kDspark, .max_model_drafts = 16};
+    return ExecutorLimits{.vocab_size = 1024,
+                          .model = {.verify = true, .drafter = SpecMethod::kDspark, .max_spec_tokens = 17}};
   }
 
   int32_t extra_count = 0;  // > 0: a broken executor that claims more tokens than it could emit
@@ -582,8 +583,10 @@ TEST(SpecEngine, StopInsideAnAcceptedRunDropsTheRest) {
 }
 
 TEST(SpecEngine, CheckSpecSaysWhatToChange) {
-  const ExecutorLimits none{.vocab_size = 1024};
-  const ExecutorLimits dspark{.vocab_size = 1024, .drafter = SpecMethod::kDspark, .max_model_drafts = 8};
+  // Executors that verify drafts: one without a model drafter, one with DSpark and 8 drafts per step.
+  const ExecutorLimits none{.vocab_size = 1024, .model = {.verify = true}};
+  const ExecutorLimits dspark{.vocab_size = 1024,
+                              .model = {.verify = true, .drafter = SpecMethod::kDspark, .max_spec_tokens = 9}};
   EXPECT_OK(CheckSpec(SpecConfig{}, none));
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kNgram, .depth = 16}, none));
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 5}, dspark));
@@ -591,8 +594,8 @@ TEST(SpecEngine, CheckSpecSaysWhatToChange) {
   Status st = CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, none);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(st.message(),
-            "--spec dspark: numoe-gpu has no DSpark drafter loaded; start it with --spec dspark or use --spec "
-            "ngram|none");
+            "--spec dspark: numoe-gpu drafts with none; start numoe-gpu with --spec dspark (or this worker with "
+            "--spec ngram or none)");
   st = CheckSpec(SpecConfig{.method = SpecMethod::kMtp}, dspark);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("--spec mtp"), std::string::npos) << st;
@@ -614,14 +617,14 @@ TEST(SpecEngine, CheckSpecSaysWhatToChange) {
   Tiny* t = LoadTiny();
   ASSERT_NE(t, nullptr);
   LocalExecutor with(t->model.get(), t->experts.get());
-  EXPECT_EQ(with.limits().drafter, SpecMethod::kDspark);
-  EXPECT_EQ(with.limits().max_model_drafts, 16);
+  EXPECT_EQ(with.limits().drafter(), SpecMethod::kDspark);
+  EXPECT_EQ(with.limits().max_model_drafts(), 16);
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 7}, with.limits()));
   auto plain = cpu::CpuModel::Create(*t->ckpt, nullptr);
   ASSERT_OK(plain);
   LocalExecutor without(plain->get(), t->experts.get());
-  EXPECT_EQ(without.limits().drafter, SpecMethod::kNone);
-  EXPECT_EQ(without.limits().max_model_drafts, 0);
+  EXPECT_EQ(without.limits().drafter(), SpecMethod::kNone);
+  EXPECT_EQ(without.limits().max_model_drafts(), 0);
   EXPECT_EQ(CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, without.limits()).code(),
             absl::StatusCode::kFailedPrecondition);
   // An engine given a spec its executor cannot serve runs without speculation (and stays correct).

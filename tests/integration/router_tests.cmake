@@ -14,7 +14,7 @@ add_test(NAME router_openai_node
           $<TARGET_FILE:router_fake_worker> ${NUMOE_TEST_DATA}/tiny-v4 ${CMAKE_CURRENT_BINARY_DIR}/node)
 set_tests_properties(router_openai_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)
 
-# Issue #4's end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
+# The end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
 numoe_add_test(router_e2e_test
   SOURCES router_e2e_test.cc
   LIBS numoe_proto numoe_common nlohmann_json::nlohmann_json

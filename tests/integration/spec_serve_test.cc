@@ -1,4 +1,4 @@
-// Issue #9's start-up matrix: `numoe serve` (numoe-gpu on the CPU backend, 1 numoe-worker, numoe-router) on
+// The speculative start-up matrix: `numoe serve` (numoe-gpu on the CPU backend, 1 numoe-worker, numoe-router) on
 // tiny-v4 over --max-seqs x --spec-depth x --max-step-tokens, with --spec dspark (the checkpoint's random
 // DSpark stages: acceptance near zero, so rollback runs all the time) and --spec ngram. The seed system
 // crashed at start-up whenever max sequences x (depth + 1) > 32; here every cell

@@ -46,7 +46,7 @@ class Loop {
 
   StatusOr<std::vector<GenerateResult>> Run() {
     for (const auto& r : reqs_) RETURN_IF_ERROR(ValidateRequest(r, V_));
-    RETURN_IF_ERROR(CheckSpecAgainstModel(spec_, model_.capabilities(), ModelHost::kThisProcess));
+    RETURN_IF_ERROR(CheckSpecAgainstModel(spec_, model_.capabilities(), ModelSide::kThisProcess));
     for (size_t i = 0; i < reqs_.size(); ++i) {
       auto seq = model_.CreateSequence();
       if (!seq.ok()) {

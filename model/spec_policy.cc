@@ -97,9 +97,9 @@ Status CheckLoadedDrafter(const SpecPlan& plan, const Capabilities& caps, const 
   return absl::OkStatus();
 }
 
-Status CheckSpecAgainstModel(const SpecConfig& s, const Capabilities& model, ModelHost host) {
+Status CheckSpecAgainstModel(const SpecConfig& s, const Capabilities& model, ModelSide side) {
   if (s.method == SpecMethod::kNone) return absl::OkStatus();
-  const bool gpu = host == ModelHost::kNumoeGpu;
+  const bool gpu = side == ModelSide::kNumoeGpu;
   const char* who = gpu ? "numoe-gpu" : "the model";
   const char* name = SpecMethodName(s.method);
   if (Status st = ValidateSpec(s); !st.ok()) {
@@ -130,7 +130,7 @@ Status CheckSpecAgainstGpu(SpecPlan* plan, const Capabilities& gpu) {
   if (plan->requested == SpecChoice::kAuto) {
     s.method = plan->load != SpecMethod::kNone && IsModelDrafter(gpu.drafter) ? gpu.drafter : SpecMethod::kNone;
   }
-  return CheckSpecAgainstModel(s, gpu, ModelHost::kNumoeGpu);
+  return CheckSpecAgainstModel(s, gpu, ModelSide::kNumoeGpu);
 }
 
 Status CheckDrafterExperts(DrafterExperts where, Backend backend) {

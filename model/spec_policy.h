@@ -64,7 +64,7 @@ StatusOr<SpecPlan> ResolveSpec(const SpecFlags& flags, const CheckpointDrafter& 
 Status CheckLoadedDrafter(const SpecPlan& plan, const Capabilities& caps, const std::string& backend);
 
 // Who runs the model a spec is checked against: what CheckSpecAgainstModel's messages name and tell to change.
-enum class ModelHost {
+enum class ModelSide {
   kNumoeGpu,     // a worker's engine: numoe-gpu runs the model (its declared capabilities)
   kThisProcess,  // the backend in this process (numoe generate, numoe-bench spec)
 };
@@ -74,7 +74,7 @@ enum class ModelHost {
 // kMtp need that drafter loaded (Capabilities::drafter) and depth <= MaxDraftsPerItem (model/step.h).
 // kNone always passes. Codes: InvalidArgument for a bad depth, FailedPrecondition for what the model side
 // lacks. CheckSpecAgainstGpu, the worker's engine (engine::CheckSpec) and GenerateBatch call it.
-Status CheckSpecAgainstModel(const SpecConfig& spec, const Capabilities& model, ModelHost host);
+Status CheckSpecAgainstModel(const SpecConfig& spec, const Capabilities& model, ModelSide side);
 
 // numoe-worker, after registering: the plan against numoe-gpu's declared capabilities (from the channel's
 // geometry, ChannelCapabilities). Resolves --spec auto to numoe-gpu's drafter when this worker loaded the

@@ -58,7 +58,7 @@ Status ValidateEngineOptions(const EngineOptions& o) {
 }
 
 Status CheckSpec(const SpecConfig& spec, const ExecutorLimits& limits) {
-  return CheckSpecAgainstModel(spec, limits.model, ModelHost::kNumoeGpu);
+  return CheckSpecAgainstModel(spec, limits.model, ModelSide::kNumoeGpu);
 }
 
 Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(executor), options_(options) {

@@ -17,7 +17,7 @@ foreach(client openai anthropic)
   set_tests_properties(router_${client}_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)
 endforeach()
 
-# Issue #4's end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
+# The end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
 numoe_add_test(router_e2e_test
   SOURCES router_e2e_test.cc
   LIBS numoe_proto numoe_common nlohmann_json::nlohmann_json

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "common/log.h"
+#include "model/spec_policy.h"
 
 namespace numoe::engine {
 
@@ -57,28 +58,7 @@ Status ValidateEngineOptions(const EngineOptions& o) {
 }
 
 Status CheckSpec(const SpecConfig& spec, const ExecutorLimits& limits) {
-  if (spec.method == SpecMethod::kNone) return absl::OkStatus();
-  const char* name = SpecMethodName(spec.method);
-  if (Status st = ValidateSpec(spec); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec ", name, ": ", st.message(), " (set --spec-depth)"));
-  }
-  if (spec.method == SpecMethod::kNgram) return absl::OkStatus();  // drafts in the worker, needs no weights
-  if (limits.drafter != spec.method) {
-    const char* what = spec.method == SpecMethod::kDspark ? "DSpark" : "MTP";
-    if (limits.drafter == SpecMethod::kNone) {
-      return absl::FailedPreconditionError(absl::StrCat("--spec ", name, ": numoe-gpu has no ", what,
-                                                        " drafter loaded; start it with --spec ", name,
-                                                        " or use --spec ngram|none"));
-    }
-    return absl::FailedPreconditionError(absl::StrCat("--spec ", name, ": numoe-gpu's drafter is ",
-                                                      SpecMethodName(limits.drafter), ", not ", what, "; use --spec ",
-                                                      SpecMethodName(limits.drafter), ", ngram or none"));
-  }
-  if (limits.max_model_drafts > 0 && spec.depth > limits.max_model_drafts) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec-depth ", spec.depth, ": numoe-gpu's drafter proposes at most ",
-                                                   limits.max_model_drafts, " tokens per step"));
-  }
-  return absl::OkStatus();
+  return CheckSpecAgainstModel(spec, limits.model, ModelSide::kNumoeGpu);
 }
 
 Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(executor), options_(options) {
@@ -89,8 +69,8 @@ Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(exe
   options_.max_seqs = std::max<int64_t>(options_.max_seqs, 1);
   options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, 1);
   stats_.max_seqs = options_.max_seqs;
-  // The worker refuses a bad spec at start-up (CheckSpec); an engine built without that check serves
-  // without speculation rather than asking the executor for something it cannot do.
+  // The worker refuses a bad spec at start-up (CheckSpecAgainstGpu); an engine given a spec its executor
+  // cannot serve runs without speculation rather than asking the executor for something it cannot do.
   if (options_.spec.method != SpecMethod::kNone) {
     if (Status st = CheckSpec(options_.spec, lim); !st.ok()) {
       NLOG(WARNING) << "speculative decoding off: " << st;
@@ -98,8 +78,8 @@ Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(exe
     }
   }
   max_drafts_ = options_.spec.depth;
-  if (options_.spec.method != SpecMethod::kNgram && lim.max_model_drafts > 0) {
-    max_drafts_ = std::min(max_drafts_, lim.max_model_drafts);
+  if (options_.spec.method != SpecMethod::kNgram && lim.max_model_drafts() > 0) {
+    max_drafts_ = std::min(max_drafts_, lim.max_model_drafts());
   }
   stats_.spec_method = options_.spec.method;
 }

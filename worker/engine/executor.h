@@ -34,10 +34,14 @@ struct ExecutorLimits {
   int64_t max_step_tokens = 0;  // tokens per Step (sum over items); 0 = unbounded
   int64_t max_seqs = 0;         // open sequences at once; 0 = unbounded
   bool logits = false;          // StepItem::logits is supported
-  // The model drafter StepItem::model_drafts uses (kNone: model_drafts must be 0) and the most drafts
-  // one item may ask for (0 = no limit beyond max_step_tokens).
-  SpecMethod drafter = SpecMethod::kNone;
-  int64_t max_model_drafts = 0;
+  // What the model behind the executor declares: verification, the model drafter StepItem::model_drafts
+  // uses (kNone: model_drafts must be 0), the most tokens of a speculative step. A speculative setting is
+  // checked against it (CheckSpecAgainstModel, model/spec_policy.h).
+  Capabilities model;
+
+  SpecMethod drafter() const { return model.drafter; }
+  // The most drafts one item may ask the model drafter for: 0 without one, else MaxDraftsPerItem(model).
+  int64_t max_model_drafts() const { return drafter() == SpecMethod::kNone ? 0 : MaxDraftsPerItem(model); }
 };
 
 class Executor {

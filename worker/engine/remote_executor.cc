@@ -1,31 +1,20 @@
 #include "worker/engine/remote_executor.h"
 
-#include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
+
 namespace numoe::engine {
-
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts) : ch_(channel), experts_(experts) {}
 
 ExecutorLimits RemoteExecutor::limits() const {
   const shm::Geometry& g = ch_->geometry();
-  const bool model = g.drafter == SpecMethod::kDspark || g.drafter == SpecMethod::kMtp;
   return ExecutorLimits{.vocab_size = g.vocab,
                         .max_step_tokens = g.max_rows,
                         .max_seqs = g.max_seqs,
                         .logits = g.logits_rows > 0,
-                        .drafter = model ? g.drafter : SpecMethod::kNone,
-                        .max_model_drafts = model ? static_cast<int64_t>(g.max_model_drafts) : 0};
+                        .model = ChannelCapabilities(g)};
 }
 
 Status RemoteExecutor::Broken(const Status& st) {
@@ -145,9 +134,9 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
                          .expert_ids = ch_->moe_ids(),
                          .expert_weights = ch_->moe_weights(),
                          .out = ch_->moe_out()};
-          const int64_t t0 = NowNs();
+          const int64_t t0 = SteadyNanos();
           st = in.rows == 0 ? absl::OkStatus() : experts_->RunRouted(req);
-          const int64_t dt = NowNs() - t0;
+          const int64_t dt = SteadyNanos() - t0;
           expert_ns_.fetch_add(dt, std::memory_order_relaxed);
           ch_->outgoing().compute_ns = dt;
         }

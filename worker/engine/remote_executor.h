@@ -4,7 +4,7 @@
 // gpu's per-layer MoeRequests with this worker's ExpertBackend (the drafter stages' too, as layers
 // num_hidden_layers + s, when numoe-gpu drafts), reading x from and writing the expert sum into the
 // channel in place, until the StepResult (per entry: emitted tokens, drafts verified and accepted) or an
-// Error arrives. limits() reports numoe-gpu's model drafter and max model drafts from the geometry.
+// Error arrives. limits() reports what numoe-gpu declared in the geometry (ChannelCapabilities).
 // Open() only reserves a key: the sequence is created on the gpu by the first step that carries it
 // (kEntryOpen + sampling parameters). Close() is deferred: releases ride on the next StepRequest, or go
 // alone on Flush().

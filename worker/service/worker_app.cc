@@ -154,10 +154,6 @@ int RunWorkerApp(const WorkerAppConfig& c) {
                            .max_context = (*ckpt)->config().max_position_embeddings,
                            .spec = spec->config};
   if (Status st = engine::ValidateEngineOptions(eo); !st.ok()) return fail(st);
-  if (Status st = engine::CheckSpec(eo.spec, executor.limits()); !st.ok()) {
-    (void)(*gpu)->Release();
-    return fail(st);
-  }
   engine::Engine engine(&executor, eo);
   engine.Start();
 

@@ -11,6 +11,7 @@
 #include "router/router_flags.h"
 #include "tests/unit/deploy/full_size_model.h"
 #include "worker/service/worker_flags.h"
+#include "tests/support/files.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe::deploy {
@@ -260,8 +261,8 @@ TEST(EmitKubernetes, PodPerWorkerGpuPerHostRouterService) {
 }
 
 TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
-  fs::path dir = fs::temp_directory_path() / "numoe_emit_test";
-  fs::remove_all(dir);
+  const test::TempDir tmp("numoe-emit");
+  const fs::path& dir = tmp.path();
   auto files = RenderSystemd(UnevenPlan(), EmitOptions{});
   ASSERT_OK(files);
   auto written = WriteEmittedFiles(*files, (dir / "units").string(), false);
@@ -285,7 +286,6 @@ TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
   // A file where the directory should be.
   std::ofstream(dir / "file") << "x";
   EXPECT_FALSE(WriteEmittedFiles(*files, (dir / "file").string(), false).ok());
-  fs::remove_all(dir);
 }
 
 TEST(Emit, NothingToEmitWithoutWorkers) {

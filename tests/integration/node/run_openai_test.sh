@@ -10,8 +10,11 @@ ROUTER=$(abs "$1") FAKE=$(abs "$2") MODEL=$(abs "$3") WORK=$(cd "$4" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
 
-# Install the client into the build tree once (package.json pins the major version).
-if [ ! -f "$WORK/node_modules/openai/package.json" ]; then
+# Install the client into the build tree (package.json pins the exact version).
+want=$(node -e 'console.log(require(process.argv[1]).devDependencies.openai)' "$HERE/package.json")
+have=$(node -e 'try{console.log(require(process.argv[1]).version)}catch{console.log("")}' \
+         "$WORK/node_modules/openai/package.json")
+if [ "$have" != "$want" ]; then
   cp "$HERE/package.json" "$WORK/package.json"
   if ! (cd "$WORK" && timeout 120 npm install --no-audit --no-fund --loglevel=error >"$WORK/npm-install.log" 2>&1); then
     echo "SKIP: 'npm install openai' failed (registry unreachable?):"; tail -5 "$WORK/npm-install.log"; exit 77

@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "backends/cpu/cpu_model.h"
 #include "common/shm_channel.h"
 #include "gpu_service/session.h"
@@ -22,6 +23,7 @@
 #include "worker/engine/local_executor.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/engine/stream.h"
+#include "worker/experts/reference_experts.h"
 
 namespace numoe::engine {
 namespace {
@@ -78,7 +80,7 @@ EngineRequest Greedy(const test::GoldenPrompt& g, int64_t new_tokens, int32_t lo
 }
 
 // Every request of `reqs` through one engine, all at once; each request's choices.
-std::vector<std::vector<RequestStream::Result>> Run(Executor* ex, const EngineOptions& o,
+std::vector<std::vector<RequestStream::Result>> RunAll(Executor* ex, const EngineOptions& o,
                                                     const std::vector<EngineRequest>& reqs, EngineStats* stats = nullptr) {
   Engine engine(ex, o);
   std::vector<std::unique_ptr<RequestStream>> streams;
@@ -135,13 +137,15 @@ TEST(SamplingEngine, LogprobsOfGreedyTokensEqualGoldenLogSoftmax) {
     EngineOptions o{.max_seqs = 8, .max_step_tokens = 96, .prefill_chunk = 32};
     o.spec = SpecConfig{.method = spec, .depth = 4};
     EngineStats stats;
-    auto out = Run(&local, o, reqs, &stats);
+    auto out = RunAll(&local, o, reqs, &stats);
     ASSERT_EQ(out.size(), t->goldens.size());
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_EQ(out[i].size(), 1u);
       ExpectGoldenLogprobs(t->goldens[i], V, out[i][0], 5, absl::StrCat(SpecMethodName(spec), " ", t->goldens[i].name));
     }
-    if (spec == SpecMethod::kNgram) EXPECT_GT(stats.spec_accepted, 0) << "no accepted drafts: their log-probs untested";
+    if (spec == SpecMethod::kNgram) {
+      EXPECT_GT(stats.spec_accepted, 0) << "no accepted drafts: their log-probs untested";
+    }
   }
 }
 
@@ -164,11 +168,11 @@ TEST(SamplingEngine, NChoicesEqualSeparateRequestsAndForkPrefillsOnce) {
   }
   const EngineOptions o{.max_seqs = 8, .max_step_tokens = 64, .prefill_chunk = 16};
   ForkCounter plain(&local, /*allow_fork=*/true);
-  auto separate = Run(&plain, o, singles);
+  auto separate = RunAll(&plain, o, singles);
   for (bool fork : {true, false}) {
     ForkCounter ex(&local, fork);
     EngineStats stats;
-    auto out = Run(&ex, o, {r}, &stats);
+    auto out = RunAll(&ex, o, {r}, &stats);
     ASSERT_EQ(out.size(), 1u);
     ASSERT_EQ(out[0].size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
@@ -189,13 +193,13 @@ TEST(SamplingEngine, NChoicesEqualSeparateRequestsAndForkPrefillsOnce) {
   // max_new_tokens 0 ends every choice at once; a one-token prompt cannot be forked (nothing to share).
   EngineRequest zero = r;
   zero.max_new_tokens = 0;
-  auto z = Run(&local, o, {zero});
+  auto z = RunAll(&local, o, {zero});
   ASSERT_EQ(z[0].size(), 3u);
   for (const auto& c : z[0]) EXPECT_EQ(c.finish_reason, "length");
   EngineRequest one_token = Greedy(t->goldens[2], 4);
   one_token.n = 2;
   ForkCounter ex(&local, true);
-  auto o1 = Run(&ex, o, {one_token});
+  auto o1 = RunAll(&ex, o, {one_token});
   EXPECT_EQ(ex.forks, 0);
   ASSERT_EQ(o1[0].size(), 2u);
   EXPECT_EQ(o1[0][0].tokens, std::vector<int32_t>(t->goldens[2].greedy.begin(), t->goldens[2].greedy.begin() + 4));
@@ -223,7 +227,7 @@ TEST(SamplingEngine, GreedyPenaltiesAreTheSameWithSpeculation) {
     reqs.push_back(r);
   }
   const EngineOptions plain{.max_seqs = 8, .max_step_tokens = 96, .prefill_chunk = 32};
-  auto want = Run(&local, plain, reqs);
+  auto want = RunAll(&local, plain, reqs);
   size_t differs = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const auto& g = t->goldens[i].greedy;
@@ -234,7 +238,7 @@ TEST(SamplingEngine, GreedyPenaltiesAreTheSameWithSpeculation) {
     for (int64_t depth : {1, 3, 5}) {
       EngineOptions o = plain;
       o.spec = SpecConfig{.method = spec, .depth = depth};
-      auto got = Run(&local, o, reqs);
+      auto got = RunAll(&local, o, reqs);
       for (size_t i = 0; i < want.size(); ++i) {
         EXPECT_EQ(got[i][0].tokens, want[i][0].tokens) << SpecMethodName(spec) << " depth " << depth << " request " << i;
         for (size_t k = 0; k < got[i][0].logprobs.size(); ++k) {
@@ -285,10 +289,10 @@ TEST(SamplingEngine, ExtrasCrossTheChannelWithTheInProcessResults) {
 
   const EngineOptions o{.max_seqs = 8, .max_step_tokens = 64, .prefill_chunk = 32};
   LocalExecutor local(t->model.get(), t->experts.get());
-  auto want = Run(&local, o, reqs);
+  auto want = RunAll(&local, o, reqs);
   ForkCounter counted(&remote, true);
   EngineStats stats;
-  auto got = Run(&counted, o, reqs, &stats);
+  auto got = RunAll(&counted, o, reqs, &stats);
   EXPECT_EQ(counted.forks, 2);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {

@@ -5,8 +5,9 @@
 //   2. streaming-read bandwidth on worker-0's CPUs and thread count (the placement `numoe serve --workers N`
 //      gives it), over a buffer far larger than the LLC, before the server starts, with the fastest of the
 //      yardstick's read loops (read_bandwidth.h; named in the output and as "read_method");
-//   3. `numoe serve` as a child process (own process group, free loopback ports, logs in --log-dir), waiting
-//      for its ready line; one warm-up request;
+//   3. `numoe serve` as a child process (own process group, free loopback ports, logs in --log-dir, --spec
+//      passed through, the router's prefix affinity off: the prompts share no prefix, so C streams spread
+//      evenly over the workers by outstanding work), waiting for its ready line; one warm-up request;
 //   4. for each concurrency C: C streams at once, each a different random prompt of --prompt-len token ids,
 //      `ignore_eos`, `max_tokens` = --max-tokens, greedy. Every SSE event is timestamped on arrival, so
 //      prefill (up to each stream's first token) is excluded: the decode rate is the tokens that arrived while
@@ -15,7 +16,13 @@
 //   5. the server is stopped (SIGTERM, then SIGKILL of its group) and the bandwidth measured again.
 //   bound_tok_s = read bandwidth (median of both measurements' passes) / routed bytes per token; ratio =
 //   tok_s / bound_tok_s. Batching lets C streams share expert reads, so an aggregate ratio may exceed 1.
-// The last line is one JSON object: {"concurrency", "tok_s", "bound_tok_s", "ratio", ...}.
+// Expert-busy: while serving, every worker's Stats (worker.proto: expert_seconds, the time inside its MoE
+// calls) is polled over gRPC (the addresses from the router's /health); a worker's expert-busy fraction in a
+// round is its expert seconds over the decode window (the counter interpolated at the window's ends) divided
+// by the window. The JSON's "expert_busy" is the least busy worker's, per concurrency.
+// --sim-expert-gbps G: every worker simulates its experts at G GB/s (numoe-worker --sim-expert-gbps); no read
+// bandwidth is measured and the bound is workers x G / routed bytes per token ("read_gbps" = workers x G).
+// The last line is one JSON object: {"concurrency", "tok_s", "bound_tok_s", "ratio", "expert_busy", ...}.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -29,15 +36,20 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -50,6 +62,8 @@
 #include "common/topology.h"
 #include "deploy/placement.h"
 #include "nlohmann/json.hpp"
+#include "numoe/v1/worker.grpc.pb.h"
+#include "worker/service/worker_flags.h"
 
 namespace numoe::bench {
 namespace {
@@ -68,8 +82,10 @@ class SseClient {
     if (fd_ >= 0) ::close(fd_);
   }
 
-  // Connects, sends the request and reads the response head. Non-2xx: the body is in the error.
-  Status Open(int port, const std::string& path, const std::string& body, Clock::time_point deadline) {
+  // Connects, sends the request (POST `body`, or GET when `method` says so) and reads the response head.
+  // Non-2xx: the body is in the error.
+  Status Open(int port, const std::string& path, const std::string& body, Clock::time_point deadline,
+              const std::string& method = "POST") {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) return absl::InternalError("socket() failed");
     const int one = 1;
@@ -80,7 +96,7 @@ class SseClient {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
       return absl::UnavailableError(absl::StrCat("connect to 127.0.0.1:", port, ": ", std::strerror(errno)));
-    const std::string req = absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1:", port,
+    const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1:", port,
                                          "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
                                          "Connection: close\r\nContent-Length: ",
                                          body.size(), "\r\n\r\n", body);
@@ -106,6 +122,13 @@ class SseClient {
       return absl::FailedPreconditionError(absl::StrCat("HTTP ", status, ": ", body_.substr(0, 500)));
     }
     return absl::OkStatus();
+  }
+
+  // The whole (rest of the) body, to the end of the response.
+  StatusOr<std::string> ReadAll(Clock::time_point deadline) {
+    while (!eof_) RETURN_IF_ERROR(Fill(deadline));
+    Decode();
+    return std::move(body_);
   }
 
   // The next SSE "data:" payload, or nullopt at the end of the stream.
@@ -230,6 +253,112 @@ StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int6
   return r;
 }
 
+// ---- the workers' expert time ---------------------------------------------------------------------------
+
+// The router's workers (GET /health: worker_list[].address).
+StatusOr<std::vector<std::string>> WorkerAddresses(int port) {
+  SseClient client;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  RETURN_IF_ERROR(client.Open(port, "/health", "", deadline, "GET"));
+  ASSIGN_OR_RETURN(std::string body, client.ReadAll(deadline));
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("worker_list") || !j["worker_list"].is_array()) {
+    return absl::DataLossError("the router's /health has no worker_list: " + body.substr(0, 200));
+  }
+  std::vector<std::string> out;
+  for (const json& w : j["worker_list"]) {
+    if (w.contains("address") && w["address"].is_string()) out.push_back(w["address"]);
+  }
+  if (out.empty()) return absl::DataLossError("the router's /health lists no worker");
+  return out;
+}
+
+// Polls every worker's Stats (expert_seconds) from its own thread, every `interval`, and keeps the samples,
+// so that a round can read each worker's expert time at any instant of it (ExpertSecondsAt).
+class ExpertTimePoller {
+ public:
+  ExpertTimePoller(const std::vector<std::string>& addresses, std::chrono::milliseconds interval)
+      : interval_(interval), samples_(addresses.size()) {
+    for (const std::string& a : addresses) {
+      stubs_.push_back(v1::Worker::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials())));
+    }
+  }
+  ~ExpertTimePoller() { Stop(); }
+
+  // One poll of every worker now (the first one fails on a worker that does not answer), then the thread.
+  Status Start() {
+    for (size_t w = 0; w < stubs_.size(); ++w) RETURN_IF_ERROR(Poll(w));
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lk(mu_);
+      while (!stop_) {
+        lk.unlock();
+        for (size_t w = 0; w < stubs_.size(); ++w) (void)Poll(w);
+        lk.lock();
+        cv_.wait_for(lk, interval_, [&] { return stop_; });
+      }
+    });
+    return absl::OkStatus();
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Takes one more sample of every worker now (the end of a round).
+  void PollNow() {
+    for (size_t w = 0; w < stubs_.size(); ++w) (void)Poll(w);
+  }
+  size_t workers() const { return stubs_.size(); }
+
+  // Worker w's expert seconds at `t`, interpolated between the samples around it (the nearest one outside
+  // them).
+  double ExpertSecondsAt(size_t w, Clock::time_point t) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::vector<Sample>& v = samples_[w];
+    if (v.empty()) return 0;
+    if (t <= v.front().t) return v.front().seconds;
+    if (t >= v.back().t) return v.back().seconds;
+    auto hi = std::lower_bound(v.begin(), v.end(), t, [](const Sample& s, Clock::time_point x) { return s.t < x; });
+    auto lo = hi - 1;
+    const double span = Since(lo->t, hi->t);
+    return span <= 0 ? hi->seconds : lo->seconds + (hi->seconds - lo->seconds) * Since(lo->t, t) / span;
+  }
+
+ private:
+  struct Sample {
+    Clock::time_point t;  // the middle of the call
+    double seconds = 0;
+  };
+  Status Poll(size_t w) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::WorkerStats stats;
+    const auto t0 = Clock::now();
+    const grpc::Status st = stubs_[w]->Stats(&ctx, v1::WorkerStatsRequest(), &stats);
+    const auto t1 = Clock::now();
+    if (!st.ok()) {
+      return absl::UnavailableError(absl::StrCat("worker ", w, " Stats: ", st.error_message()));
+    }
+    const Sample sample{t0 + (t1 - t0) / 2, stats.expert_seconds()};
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<Sample>& v = samples_[w];  // in time order (PollNow and the thread may overlap)
+    v.insert(std::upper_bound(v.begin(), v.end(), sample.t, [](Clock::time_point x, const Sample& s) { return x < s.t; }),
+             sample);
+    return absl::OkStatus();
+  }
+
+  std::chrono::milliseconds interval_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::vector<Sample>> samples_;  // per worker, in time order
+  std::thread thread_;
+};
+
 struct RoundResult {
   int concurrency = 0;
   double decode_tok_s = 0;    // aggregate, prefill excluded
@@ -237,6 +366,8 @@ struct RoundResult {
   double per_stream_tok_s = 0;  // mean of each stream's own decode rate
   int64_t min_tokens = 0, max_tokens = 0;
   double window_s = 0;
+  Clock::time_point window_start, window_end;
+  std::vector<double> expert_busy;  // per worker: expert seconds in the window / window
 };
 
 // splitmix64, for prompts that are the same on every run.
@@ -288,6 +419,8 @@ StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, in
     if (own > 0) rr.per_stream_tok_s += (r.tokens - r.events.front().second) / own / concurrency;
   }
   rr.window_s = Since(window_start, window_end);
+  rr.window_start = window_start;
+  rr.window_end = window_end;
   if (rr.window_s <= 0) {
     return absl::FailedPreconditionError(
         "no time when every stream was decoding (streams too short or too staggered); raise --max-tokens");
@@ -461,9 +594,10 @@ std::string Fmt(double v, int digits) {
 
 int RunDecodeBench(int argc, char** argv) {
   std::string model, concurrency_text = "1,4", log_dir, backend = "cpu";
-  int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5;
-  double startup_timeout = 1800, request_timeout = 3600;
+  int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5, lanes = -1;
+  double startup_timeout = 1800, request_timeout = 3600, sim_gbps = 0;
   bool json_only = false;
+  SpecChoice spec = SpecChoice::kAuto;
   ArgParser p(argv[0],
               "End-to-end decode tokens/s through `numoe serve` (REST, streaming, prefill excluded) for one stream\n"
               "and each concurrency, next to the bound of this machine: streaming-read bandwidth on the worker's\n"
@@ -476,16 +610,27 @@ int RunDecodeBench(int argc, char** argv) {
            1 << 20);
   p.AddInt("max-tokens", "T", "tokens generated per stream (EOS ignored)", &max_tokens, 2, 1 << 20);
   p.AddString("backend", "cpu|cuda", "numoe serve --backend", &backend);
+  p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
+  p.AddEnum("spec", "numoe serve --spec (auto: the checkpoint's drafter; none: one token per sequence per step)", &spec);
   p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &log_dir);
   p.AddInt("read-mib", "M", "read-bandwidth buffer in MiB (default: max(8 x LLC, 1 GiB))", &read_mib, 0, 1 << 20);
   p.AddInt("read-passes", "N", "timed read passes before and after serving", &passes, 1, 1000);
   p.AddDouble("startup-timeout", "S", "give up when serve is not ready after this long", &startup_timeout, 1, 86400);
   p.AddDouble("request-timeout", "S", "give up on a stream after this long", &request_timeout, 1, 86400);
+  worker::AddSimExpertGbpsFlag(
+      p,
+      "numoe serve --sim-expert-gbps: every worker simulates its routed experts at G GB/s (sleeps, returns zeros); "
+      "the bound is then workers x G / routed bytes per token, and no read bandwidth is measured",
+      &sim_gbps);
   p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json_only);
   p.AddEpilog(
       "\nExample (a full-width 2-layer V4-Flash, ~7.5 GB):\n"
       "  numoe mkmodel --preset v4-flash --layers 2 --out /tmp/v4f-2l\n"
-      "  numoe-bench decode --model /tmp/v4f-2l --workers 1 --concurrency 1,4 --prompt-len 64 --max-tokens 32\n");
+      "  numoe-bench decode --model /tmp/v4f-2l --workers 1 --concurrency 1,4 --prompt-len 64 --max-tokens 32\n"
+      "Four simulated 100 GB/s workers in front of this machine's numoe-gpu:\n"
+      "  numoe-bench decode --model /tmp/v4f-2l --workers 4 --sim-expert-gbps 100 --concurrency 1,4,8,16\n"
+      "Each round also reports every worker's expert-busy fraction (time inside its MoE calls over the decode\n"
+      "window; the JSON's \"expert_busy\" is the least busy worker's).\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   const auto fail = [&](const Status& st) {
@@ -525,12 +670,19 @@ int RunDecodeBench(int argc, char** argv) {
   if (!wc.ok()) return fail(wc.status());
   const size_t read_bytes = read_mib > 0 ? static_cast<size_t>(read_mib) << 20
                                          : static_cast<size_t>(std::max<int64_t>(8 * LastLevelCacheBytes(), int64_t{1} << 30));
-  auto before = MeasureRead(*wc, read_bytes, static_cast<int>(passes), nullptr);
-  if (!before.ok()) return fail(before.status());
-  say(absl::StrCat("read loops (median of ", passes, " passes each): ", before->methods));
-  say(absl::StrCat("read bandwidth before serving: ", Fmt(Median(before->gbps), 2), " GB/s with ",
-                   before->method->name, " (", wc->threads, " threads on CPUs ", absl::StrJoin(wc->thread_cpus, ","), ", ",
-                   Fmt(read_bytes / 1e9, 2), " GB buffer, median of ", passes, " passes)"));
+  const bool sim = sim_gbps > 0;
+  StatusOr<ReadResult> before = ReadResult{};
+  if (sim) {
+    say(absl::StrCat("simulated experts: every worker sleeps for its MoE calls' expert bytes at ", sim_gbps,
+                     " GB/s (no read bandwidth measured)"));
+  } else {
+    before = MeasureRead(*wc, read_bytes, static_cast<int>(passes), nullptr);
+    if (!before.ok()) return fail(before.status());
+    say(absl::StrCat("read loops (median of ", passes, " passes each): ", before->methods));
+    say(absl::StrCat("read bandwidth before serving: ", Fmt(Median(before->gbps), 2), " GB/s with ",
+                     before->method->name, " (", wc->threads, " threads on CPUs ", absl::StrJoin(wc->thread_cpus, ","),
+                     ", ", Fmt(read_bytes / 1e9, 2), " GB buffer, median of ", passes, " passes)"));
+  }
 
   // 3. The served stack.
   if (log_dir.empty()) {
@@ -543,8 +695,13 @@ int RunDecodeBench(int argc, char** argv) {
   std::vector<std::string> serve_argv = {BinDir() + "/numoe", "serve", "--model", model, "--workers",
                                          std::to_string(workers), "--backend", backend, "--port",
                                          std::to_string(*port), "--grpc-port", std::to_string(*grpc_port),
-                                         "--log-dir", log_dir};
+                                         "--log-dir", log_dir, "--spec", std::string(ChoiceName(spec)),
+                                         // The streams' prompts share no prefix: balance by outstanding work
+                                         // alone, so C streams spread evenly over the workers.
+                                         "--affinity-prefix-tokens", "0"};
   if (threads > 0) serve_argv.insert(serve_argv.end(), {"--threads-per-worker", std::to_string(threads)});
+  if (lanes >= 0) serve_argv.insert(serve_argv.end(), {"--lanes", std::to_string(lanes)});
+  if (sim) serve_argv.insert(serve_argv.end(), {"--sim-expert-gbps", absl::StrCat(sim_gbps)});
   say("starting: " + absl::StrJoin(serve_argv, " "));
   ServeProcess serve;
   const auto t_start = Clock::now();
@@ -552,6 +709,10 @@ int RunDecodeBench(int argc, char** argv) {
   auto ready = serve.WaitReady(startup_timeout);
   if (!ready.ok()) return fail(ready.status());
   say(absl::StrCat("ready in ", Fmt(Since(t_start, Clock::now()), 1), " s: ", *ready));
+  auto worker_addrs = WorkerAddresses(*port);
+  if (!worker_addrs.ok()) return fail(worker_addrs.status());
+  ExpertTimePoller poller(*worker_addrs, std::chrono::milliseconds(50));
+  if (Status st = poller.Start(); !st.ok()) return fail(st);
 
   // 4. Warm-up, then the rounds.
   const auto t_warm = Clock::now();
@@ -564,36 +725,60 @@ int RunDecodeBench(int argc, char** argv) {
     auto r = RunRound(*port, static_cast<int>((*levels)[i]), prompt_len, max_tokens, cfg.vocab_size, i + 1,
                       request_timeout);
     if (!r.ok()) return fail(Status(r.status().code(), absl::StrCat("concurrency ", (*levels)[i], ": ", r.status().message())));
+    poller.PollNow();  // a sample after the window's end
+    std::vector<std::string> busy_text;
+    for (size_t w = 0; w < poller.workers(); ++w) {
+      const double busy =
+          (poller.ExpertSecondsAt(w, r->window_end) - poller.ExpertSecondsAt(w, r->window_start)) / r->window_s;
+      r->expert_busy.push_back(busy);
+      busy_text.push_back(Fmt(busy, 2));
+    }
     rounds.push_back(*r);
     say(absl::StrCat("  concurrency ", r->concurrency, ": ", Fmt(r->decode_tok_s, 3), " tok/s aggregate decode (",
                      Fmt(r->per_stream_tok_s, 3), " per stream), first token after ", Fmt(r->mean_ttft_s, 2),
-                     " s on average, window ", Fmt(r->window_s, 1), " s"));
+                     " s on average, window ", Fmt(r->window_s, 1), " s; expert-busy per worker ",
+                     absl::StrJoin(busy_text, " ")));
   }
+  poller.Stop();
 
   // 5. Stop, and the bandwidth again.
   serve.Stop(30.0);
-  auto after = MeasureRead(*wc, read_bytes, static_cast<int>(passes), before->method);
-  if (!after.ok()) return fail(after.status());
-  std::vector<double> all = before->gbps;
-  all.insert(all.end(), after->gbps.begin(), after->gbps.end());
-  const double read_gbps = Median(all);
+  double read_gbps = 0;
+  std::string read_method;
+  if (sim) {
+    read_gbps = sim_gbps * static_cast<double>(workers);
+    read_method = "sim-expert-gbps";
+    say(absl::StrCat("bound bandwidth: ", workers, " simulated worker(s) x ", sim_gbps, " GB/s = ", read_gbps,
+                     " GB/s"));
+  } else {
+    auto after = MeasureRead(*wc, read_bytes, static_cast<int>(passes), before->method);
+    if (!after.ok()) return fail(after.status());
+    std::vector<double> all = before->gbps;
+    all.insert(all.end(), after->gbps.begin(), after->gbps.end());
+    read_gbps = Median(all);
+    read_method = before->method->name;
+    say(absl::StrCat("read bandwidth after serving: ", Fmt(Median(after->gbps), 2), " GB/s; used: ",
+                     Fmt(read_gbps, 2), " GB/s (median of all ", all.size(), " passes)"));
+  }
   const double bound = read_gbps * 1e9 / static_cast<double>(fp.routed_bytes_per_token);
-  say(absl::StrCat("read bandwidth after serving: ", Fmt(Median(after->gbps), 2), " GB/s; used: ", Fmt(read_gbps, 2),
-                   " GB/s (median of all ", all.size(), " passes)"));
-  say(absl::StrCat("bound: ", Fmt(read_gbps, 2), " GB/s / ", Fmt(fp.routed_bytes_per_token / 1e6, 1),
-                   " MB routed-expert bytes per token = ", Fmt(bound, 2), " tok/s"));
+  say(absl::StrCat("bound: ", sim ? absl::StrCat(read_gbps) : Fmt(read_gbps, 2), " GB/s / ",
+                   Fmt(fp.routed_bytes_per_token / 1e6, 3), " MB routed-expert bytes per token = ", Fmt(bound, 2),
+                   " tok/s"));
   say("");
-  say("concurrency  prompt_len  output_len  ttft_s    decode_tok_s  bound_tok_s  ratio");
+  say("concurrency  prompt_len  output_len  ttft_s    decode_tok_s  bound_tok_s  ratio   expert_busy (min)");
   json j_conc = json::array(), j_tok = json::array(), j_ratio = json::array(), j_out = json::array(),
-       j_ttft = json::array();
+       j_ttft = json::array(), j_busy = json::array(), j_busy_workers = json::array();
   for (const RoundResult& r : rounds) {
     const std::string out_len = r.min_tokens == r.max_tokens ? std::to_string(r.min_tokens)
                                                              : absl::StrCat(r.min_tokens, "-", r.max_tokens);
+    const double busy = r.expert_busy.empty() ? 0 : *std::min_element(r.expert_busy.begin(), r.expert_busy.end());
     char line[256];
-    std::snprintf(line, sizeof(line), "%-12d %-11lld %-11s %-9.2f %-13.3f %-12.2f %.4f", r.concurrency,
+    std::snprintf(line, sizeof(line), "%-12d %-11lld %-11s %-9.2f %-13.3f %-12.2f %-7.4f %.3f", r.concurrency,
                   static_cast<long long>(prompt_len), out_len.c_str(), r.mean_ttft_s, r.decode_tok_s, bound,
-                  r.decode_tok_s / bound);
+                  r.decode_tok_s / bound, busy);
     say(line);
+    j_busy.push_back(busy);
+    j_busy_workers.push_back(r.expert_busy);
     j_conc.push_back(r.concurrency);
     j_tok.push_back(r.decode_tok_s);
     j_ratio.push_back(r.decode_tok_s / bound);
@@ -605,7 +790,10 @@ int RunDecodeBench(int argc, char** argv) {
                     {"bound_tok_s", bound},
                     {"ratio", j_ratio},
                     {"read_gbps", read_gbps},
-                    {"read_method", before->method->name},
+                    {"read_method", read_method},
+                    {"expert_busy", j_busy},
+                    {"expert_busy_workers", j_busy_workers},
+                    {"sim_expert_gbps", sim_gbps},
                     {"routed_bytes_per_token", fp.routed_bytes_per_token},
                     {"prompt_len", prompt_len},
                     {"output_len", j_out},
@@ -613,11 +801,13 @@ int RunDecodeBench(int argc, char** argv) {
                     {"workers", workers},
                     {"threads", wc->threads}};
   // Keys in the documented order first (nlohmann sorts objects, so print by hand).
-  std::printf("{\"concurrency\": %s, \"tok_s\": %s, \"bound_tok_s\": %s, \"ratio\": %s, \"read_gbps\": %s, "
+  std::printf("{\"concurrency\": %s, \"tok_s\": %s, \"bound_tok_s\": %s, \"ratio\": %s, \"expert_busy\": %s, "
+              "\"expert_busy_workers\": %s, \"read_gbps\": %s, \"sim_expert_gbps\": %s, "
               "\"routed_bytes_per_token\": %s, \"prompt_len\": %s, \"output_len\": %s, \"ttft_s\": %s, "
               "\"workers\": %s, \"threads\": %s, \"read_method\": %s}\n",
               out["concurrency"].dump().c_str(), out["tok_s"].dump().c_str(), out["bound_tok_s"].dump().c_str(),
-              out["ratio"].dump().c_str(), out["read_gbps"].dump().c_str(),
+              out["ratio"].dump().c_str(), out["expert_busy"].dump().c_str(), out["expert_busy_workers"].dump().c_str(),
+              out["read_gbps"].dump().c_str(), out["sim_expert_gbps"].dump().c_str(),
               out["routed_bytes_per_token"].dump().c_str(), out["prompt_len"].dump().c_str(),
               out["output_len"].dump().c_str(), out["ttft_s"].dump().c_str(), out["workers"].dump().c_str(),
               out["threads"].dump().c_str(), out["read_method"].dump().c_str());

@@ -32,7 +32,9 @@
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
+#include "model/spec_policy.h"
 #include "worker/experts/inprocess.h"
+#include "worker/service/worker_app.h"
 
 namespace numoe::bench {
 namespace {
@@ -149,7 +151,9 @@ double ReadGbps(ThreadPool& pool, size_t bytes, int passes) {
 }  // namespace
 
 int RunSpecBench(int argc, char** argv) {
-  std::string model = "tests/data/demo-v4", spec_name = "ngram", prompt_file, experts_kind = "kernels";
+  std::string model = "tests/data/demo-v4", prompt_file;
+  SpecChoice spec_choice = SpecChoice::kNgram;
+  worker::ExpertsImpl experts_kind = worker::ExpertsImpl::kKernels;
   int64_t depth = 0, prompt_len = 0, max_tokens = 64, batch = 1, runs = 3, threads = 0, read_mib = 0;
   int64_t ngram_max = 4, ngram_min = 1;
   bool json_only = false;
@@ -158,7 +162,10 @@ int RunSpecBench(int argc, char** argv) {
               "mean accepted length, and what the union of routed experts read per step predicts at this machine's\n"
               "read bandwidth. Greedy outputs of both modes must be identical (else exit 1).");
   p.AddString("model", "DIR", "checkpoint directory (with tokenizer.json)", &model);
-  p.AddString("spec", "ngram|dspark|mtp", "drafter of the speculative runs", &spec_name);
+  p.AddEnum("spec",
+            "drafter of the speculative runs (auto = the checkpoint's own, as numoe serve resolves it; none is "
+            "refused: the bench compares a drafter against plain decoding)",
+            &spec_choice);
   p.AddInt("depth", "K", "drafts per verify step (default: the checkpoint's DSpark block size, else 5)", &depth, 1, 16);
   p.AddString("prompt", "FILE", "prompt text file (default: a built-in repetitive code + text prompt)", &prompt_file);
   p.AddInt("prompt-len", "N", "prompt tokens incl. BOS: the encoded text is repeated or cut to N (0 = as encoded)",
@@ -168,8 +175,7 @@ int RunSpecBench(int argc, char** argv) {
            256);
   p.AddInt("runs", "R", "runs of each mode, interleaved (the median tok/s is reported)", &runs, 1, 1000);
   p.AddInt("threads", "N", "compute threads (0 = all cores)", &threads, 0, 4096);
-  p.AddString("experts", "kernels|reference", "routed experts on the packed kernels or the fp32 reference",
-              &experts_kind);
+  p.AddEnum("experts", "routed experts on the packed kernels or the fp32 reference", &experts_kind);
   p.AddInt("ngram-max", "N", "n-gram drafter: longest suffix matched", &ngram_max, 1, 64);
   p.AddInt("ngram-min", "N", "n-gram drafter: shortest suffix matched", &ngram_min, 1, 64);
   p.AddInt("read-mib", "M", "read-bandwidth buffer in MiB (default: max(8 x LLC, 512 MiB))", &read_mib, 0, 1 << 20);
@@ -181,12 +187,7 @@ int RunSpecBench(int argc, char** argv) {
       "  numoe-bench spec --model /tmp/v4f-1l --spec ngram --depth 4 --max-tokens 32 --runs 3\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
-  if (experts_kind != "kernels" && experts_kind != "reference") {
-    return Fail(absl::InvalidArgumentError("--experts must be kernels or reference (got '" + experts_kind + "')"));
-  }
-  auto method = ParseSpecMethod(spec_name);
-  if (!method.ok()) return Fail(method.status());
-  if (*method == SpecMethod::kNone) {
+  if (spec_choice == SpecChoice::kNone) {
     return Fail(absl::InvalidArgumentError("--spec none: the bench compares a drafter against plain decoding; "
                                            "give ngram, dspark or mtp"));
   }
@@ -195,19 +196,15 @@ int RunSpecBench(int argc, char** argv) {
   if (!ck.ok()) return Fail(ck.status());
   const ModelConfig& cfg = (*ck)->config();
   const int64_t stages = (*ck)->mtp_stages();
-  const bool has_dspark = stages > 0 && cfg.dspark_block_size > 0;
-  const bool has_mtp = stages > 0 && cfg.dspark_block_size <= 0;
-  if (*method == SpecMethod::kDspark && !has_dspark) {
-    return Fail(absl::FailedPreconditionError("--spec dspark: " + model + " has no DSpark stages" +
-                                              (has_mtp ? " (it has an MTP block: use --spec mtp)" : "")));
+  // The one --spec policy (model/spec_policy.h) on the CPU backend, which runs both model drafters.
+  auto plan = ResolveSpec(SpecFlags{.spec = spec_choice, .depth = depth}, DrafterOf(**ck, model),
+                          KnownDrafterSupport(Backend::kCpu, /*tp=*/1));
+  if (!plan.ok()) return Fail(plan.status());
+  SpecConfig spec = plan->config;
+  if (spec.method == SpecMethod::kNone) {
+    return Fail(absl::FailedPreconditionError("--spec auto: " + model + " has no drafter stages; give --spec ngram"));
   }
-  if (*method == SpecMethod::kMtp && !has_mtp) {
-    return Fail(absl::FailedPreconditionError("--spec mtp: " + model + " has no MTP block" +
-                                              (has_dspark ? " (its mtp.* stages are DSpark: use --spec dspark)" : "")));
-  }
-  SpecConfig spec;
-  spec.method = *method;
-  spec.depth = depth > 0 ? depth : (cfg.dspark_block_size > 0 ? cfg.dspark_block_size : 5);
+  const std::string spec_name = SpecMethodName(spec.method);
   spec.ngram_max = static_cast<int>(ngram_max);
   spec.ngram_min = static_cast<int>(ngram_min);
   if (Status s = ValidateSpec(spec); !s.ok()) return Fail(s);
@@ -243,7 +240,7 @@ int RunSpecBench(int argc, char** argv) {
   const int nthreads =
       threads > 0 ? static_cast<int>(threads) : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   ThreadPool pool(nthreads);
-  const bool drafter = *method == SpecMethod::kDspark || *method == SpecMethod::kMtp;
+  const bool drafter = plan->load != SpecMethod::kNone;
   auto t_load = std::chrono::steady_clock::now();
   // The plain runs use a model without the drafter: with it loaded, every step also feeds the drafter's state,
   // which plain decoding would not pay. With DSpark/MTP the model is reloaded with its drafter for the spec runs.
@@ -255,7 +252,7 @@ int RunSpecBench(int argc, char** argv) {
   }
   std::unique_ptr<ExpertBackend> experts;
   std::string isa = "fp32-reference";
-  if (experts_kind == "kernels") {
+  if (experts_kind == worker::ExpertsImpl::kKernels) {
     auto ex = InProcessExperts::Load(**ck, &pool, {.include_drafter = drafter});
     if (!ex.ok()) return Fail(ex.status());
     isa = IsaName((*ex)->isa());

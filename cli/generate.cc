@@ -15,9 +15,11 @@
 #include "common/tokenizer/tokenizer.h"
 #include "backends/cpu/cpu_model.h"
 #include "model/generation.h"
+#include "model/spec_policy.h"
 #include "common/thread_pool.h"
 #include "worker/experts/reference_experts.h"
 #include "worker/experts/inprocess.h"
+#include "worker/service/worker_app.h"
 
 namespace numoe::cli {
 namespace {
@@ -37,10 +39,8 @@ struct Flags {
   std::string logits_out;
   int64_t threads = 0;
   bool quiet = false;
-  std::string experts = "kernels";
-  std::string spec = "default";
-  int64_t spec_depth = 0;
-  bool spec_adaptive = false;
+  worker::ExpertsImpl experts = worker::ExpertsImpl::kKernels;
+  SpecFlags spec;  // resolved by the one --spec policy (model/spec_policy.h), as numoe serve's
 };
 
 Status WriteLogits(const std::string& path, const GenerateRequest& req, const GenerateResult& res, int64_t vocab) {
@@ -82,20 +82,20 @@ int RunGenerate(int argc, char** argv) {
               &f.logits_out);
   p.AddInt("threads", "N", "compute threads (0 = all cores of this machine)", &f.threads, 0, 4096);
   p.AddFlag("quiet", "print only the generated text", &f.quiet);
-  p.AddString("experts", "kernels|reference",
-              "routed experts on the packed MXFP4 kernels (ISA from NUMOE_ISA or the best available) or the fp32 "
-              "reference",
-              &f.experts);
-  p.AddString("spec", "none|dspark|mtp|ngram",
-              "speculative decoding drafter (default: the checkpoint's own drafter: dspark when it has DSpark stages, "
-              "mtp when it has an MTP block (mtp.0 without a DSpark config), else none)",
-              &f.spec);
+  p.AddEnum("experts",
+            "routed experts on the packed MXFP4 kernels (ISA from NUMOE_ISA or the best available) or the fp32 "
+            "reference",
+            &f.experts);
+  p.AddEnum("spec",
+            "speculative decoding: auto = the checkpoint's drafter (dspark with DSpark stages, mtp with MTP stages, "
+            "else none); ngram drafts from the prompt and generated text (no weights); none turns it off",
+            &f.spec.spec);
   p.AddInt("spec-depth", "K",
-           "draft tokens per step (default: the checkpoint's dspark_block_size, else 5; mtp applies its one "
-           "block recursively)",
-           &f.spec_depth, 0, 16);
+           "draft tokens per step (0 = the checkpoint's dspark_block_size, else 5; mtp applies its one block "
+           "recursively)",
+           &f.spec.depth, 0, 16);
   p.AddFlag("spec-adaptive", "adapt the depth per sequence from recent acceptance (up to --spec-depth)",
-            &f.spec_adaptive);
+            &f.spec.adaptive);
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   if (f.prompt.empty() == f.prompt_ids.empty()) {
@@ -137,33 +137,11 @@ int RunGenerate(int argc, char** argv) {
   req.keep_logits = !f.logits_out.empty();
   if (Status s = ValidateRequest(req, cfg.vocab_size); !s.ok()) return Fail(s);
 
-  SpecConfig spec;
-  const bool has_dspark = (*ckpt)->mtp_stages() > 0 && cfg.dspark_block_size > 0;
-  const bool has_mtp = (*ckpt)->mtp_stages() > 0 && cfg.dspark_block_size <= 0;
-  if (f.spec == "default") {
-    spec.method = has_dspark ? SpecMethod::kDspark : has_mtp ? SpecMethod::kMtp : SpecMethod::kNone;
-  } else {
-    auto m = ParseSpecMethod(f.spec);
-    if (!m.ok()) return Fail(m.status());
-    spec.method = *m;
-  }
-  // The same default as numoe serve's --spec-depth.
-  spec.depth = f.spec_depth > 0 ? f.spec_depth : (cfg.dspark_block_size > 0 ? cfg.dspark_block_size : 5);
-  if (spec.method == SpecMethod::kDspark && !has_dspark) {
-    return Fail(absl::FailedPreconditionError(
-        has_mtp ? "--spec dspark: this checkpoint has no DSpark stages (it has an MTP block: use --spec mtp)"
-                : "--spec dspark: this checkpoint has no DSpark stages"));
-  }
-  if (spec.method == SpecMethod::kMtp && !has_mtp) {
-    return Fail(absl::FailedPreconditionError(
-        has_dspark ? "--spec mtp: this checkpoint has no MTP block (its mtp.* stages are DSpark: use --spec dspark)"
-                   : "--spec mtp: this checkpoint has no MTP block (no mtp.* tensors)"));
-  }
-  spec.adaptive = f.spec_adaptive;
-  if (spec.method != SpecMethod::kNone) {
-    if (Status s = ValidateSpec(spec); !s.ok()) return Fail(s);
-  }
-  const bool drafter = spec.method == SpecMethod::kDspark || spec.method == SpecMethod::kMtp;
+  // This process runs the CPU backend, which runs both model drafters.
+  auto plan = ResolveSpec(f.spec, DrafterOf(**ckpt, f.model), KnownDrafterSupport(Backend::kCpu, /*tp=*/1));
+  if (!plan.ok()) return Fail(plan.status());
+  const SpecConfig& spec = plan->config;
+  const bool drafter = plan->load != SpecMethod::kNone;
 
   const int nthreads = f.threads > 0 ? static_cast<int>(f.threads)
                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -172,16 +150,14 @@ int RunGenerate(int argc, char** argv) {
   auto model = cpu::CpuModel::Create(**ckpt, &pool, {.drafter = drafter});
   if (!model.ok()) return Fail(model.status());
   std::unique_ptr<ExpertBackend> experts;
-  if (f.experts == "kernels") {
+  if (f.experts == worker::ExpertsImpl::kKernels) {
     auto e = InProcessExperts::Load(**ckpt, &pool, {.include_drafter = drafter});
     if (!e.ok()) return Fail(e.status());
     experts = std::move(*e);
-  } else if (f.experts == "reference") {
+  } else {
     auto e = cpu::ReferenceExperts::Load(**ckpt, drafter);
     if (!e.ok()) return Fail(e.status());
     experts = std::move(*e);
-  } else {
-    return Fail(absl::InvalidArgumentError("--experts must be kernels or reference"));
   }
   auto t1 = std::chrono::steady_clock::now();
   if (!f.quiet) {

@@ -157,7 +157,7 @@ int Serve(ServeConfig c) {
                                   cuda_devices == 1 ? "" : "s", ")")
                    : absl::StrCat(ChoiceName(o.backend), " backend");
   o.model_dir = std::filesystem::absolute(c.model_dir).string();
-  if (Status st = deploy::CheckLaunchOptions(o); !st.ok()) return fail(st);
+  if (Status st = deploy::CheckLaunchOptions(o, cuda_devices); !st.ok()) return fail(st);
   if (!c.supervisor.log_dir.empty()) std::filesystem::create_directories(c.supervisor.log_dir);
   auto slots = PlaceWorkers(c);
   if (!slots.ok()) return fail(slots.status());

@@ -645,11 +645,4 @@ const char* SpecMethodName(SpecMethod m) {
   return "?";
 }
 
-StatusOr<SpecMethod> ParseSpecMethod(const std::string& name) {
-  for (SpecMethod m : {SpecMethod::kNone, SpecMethod::kDspark, SpecMethod::kMtp, SpecMethod::kNgram}) {
-    if (name == SpecMethodName(m)) return m;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("--spec: '", name, "' is not one of none, dspark, mtp, ngram"));
-}
-
 }  // namespace numoe

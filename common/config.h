@@ -34,8 +34,8 @@ enum class ScoringFunc { kSqrtSoftplus, kSoftmax, kSigmoid };
 // block), a weightless prompt-lookup drafter (kNgram), or none. The numeric values travel in the
 // shared-memory channel's Geometry::drafter (common/shm_channel.h): do not renumber.
 enum class SpecMethod : uint32_t { kNone = 0, kDspark = 1, kMtp = 2, kNgram = 3 };
-const char* SpecMethodName(SpecMethod m);  // "none", "dspark", "mtp", "ngram"
-StatusOr<SpecMethod> ParseSpecMethod(const std::string& name);
+// "none", "dspark", "mtp", "ngram". The --spec flag parses through SpecChoice (common/choices.h).
+const char* SpecMethodName(SpecMethod m);
 
 const char* AttnTypeName(AttnType t);  // "sliding" / "csa" / "hca"
 const char* MoeTypeName(MoeType t);    // "hash" / "scored"

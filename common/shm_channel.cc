@@ -12,8 +12,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
+
+#include "common/clock.h"
 
 namespace numoe::shm {
 
@@ -63,12 +64,6 @@ inline void CpuRelax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
-}
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 Status ErrnoError(const std::string& what) {
@@ -450,7 +445,7 @@ Status Channel::PeerStatus() const {
 StatusOr<MsgType> Channel::Receive(int64_t timeout_ms) {
   Doorbell* in = inbound();
   const uint32_t last = received_;
-  const int64_t start = NowNs();
+  const int64_t start = SteadyNanos();
   const int64_t deadline = timeout_ms < 0 ? INT64_MAX : start + timeout_ms * 1'000'000;
   auto arrived = [&] { return in->posted.load(std::memory_order_acquire) != last; };
 
@@ -463,7 +458,7 @@ StatusOr<MsgType> Channel::Receive(int64_t timeout_ms) {
   for (int i = 0; !(got = arrived()); ++i) {
     CpuRelax();
     if ((i & 63) == 63) {
-      const int64_t now = NowNs();
+      const int64_t now = SteadyNanos();
       if (now >= spin_end) break;
       if (now >= yield_after) sched_yield();
     }
@@ -472,7 +467,7 @@ StatusOr<MsgType> Channel::Receive(int64_t timeout_ms) {
   while (!got) {
     if (interrupted_.load()) return absl::CancelledError("shm: receive interrupted");
     RETURN_IF_ERROR(CheckPeer());
-    const int64_t now = NowNs();
+    const int64_t now = SteadyNanos();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("shm: no message from the peer within ", timeout_ms, " ms"));
     }

@@ -4,7 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
+#include "gpu_service/gpu_flags.h"
 #include "model/spec_policy.h"
+#include "worker/service/worker_flags.h"
 
 namespace numoe::deploy {
 
@@ -27,6 +29,11 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
             "gpu (numoe-gpu --drafter-experts gpu: copied to the GPU, 9.6 GiB at V4-Flash width; needs --backend "
             "cuda)",
             &o->drafter_experts);
+  p.AddInt("tp", "N", "numoe-gpu --tp: tensor-parallel GPUs (--backend cuda)", &o->tp, 1, 64);
+  p.AddIntList("gpus", "LIST", "numoe-gpu --gpus: the GPUs to use, in rank order (--backend cuda; sets --tp)",
+               &o->gpus);
+  p.AddInt("lanes", "N", "numoe-gpu --lanes: workers whose steps interleave on the GPU (--backend cuda; -1 = its default)",
+           &o->lanes, -1, 64);
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &o->max_seqs, 0, 4096);
   // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
   p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &o->max_step_tokens, 0,
@@ -35,17 +42,24 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
   p.AddInt("threads-per-worker", "N", "expert kernel threads per worker (0 = its CPUs)", &o->threads_per_worker, 0,
            4096);
   p.AddFlag("no-numa-bind", "start workers with --no-numa-bind (no NUMA rights, e.g. containers)", &o->no_numa_bind);
+  worker::AddSimExpertGbpsFlag(p, absl::StrCat("numoe-worker --sim-expert-gbps for every worker: ", worker::kSimExpertGbpsHelp),
+                               &o->sim_expert_gbps);
   p.AddString("host", "ADDR", "address the router binds (REST and gRPC)", &o->router_host);
   p.AddInt("port", "N", "the router's REST port", &o->router_port, 0, 65535);
   p.AddInt("grpc-port", "N", "the router's gRPC port", &o->router_grpc_port, 0, 65535);
+  p.AddInt("affinity-prefix-tokens", "N",
+           "numoe-router --affinity-prefix-tokens: leading prompt tokens hashed for prefix affinity (-1 = the "
+           "router's default; 0 = off, least outstanding work only)",
+           &o->affinity_prefix_tokens, -1, 1 << 20);
 }
 
-Status CheckLaunchOptions(const LaunchOptions& o) {
+Status CheckLaunchOptions(const LaunchOptions& o, int cuda_devices) {
   RETURN_IF_ERROR(CheckDrafterExperts(o.drafter_experts, o.backend));
+  gpu::GpuAppConfig g{.backend = o.backend, .tp = o.tp, .gpus = o.gpus};
+  RETURN_IF_ERROR(gpu::ResolveGpus(&g, cuda_devices));
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(o.model_dir));
-  // numoe serve and plan start numoe-gpu without --tp: one GPU.
   return ResolveSpec(SpecFlags{.spec = o.spec, .depth = o.spec_depth, .adaptive = o.spec_adaptive},
-                     DrafterOf(*ckpt, o.model_dir), KnownDrafterSupport(o.backend, /*tp=*/1))
+                     DrafterOf(*ckpt, o.model_dir), KnownDrafterSupport(o.backend, g.tp))
       .status();
 }
 
@@ -62,6 +76,9 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   g.port = o.gpu_port;
   g.spec = o.spec;
   g.drafter_experts = o.drafter_experts;
+  g.tp = o.tp;
+  g.gpus = o.gpus;
+  if (o.lanes >= 0) g.lanes = o.lanes;
   // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
   g.max_sequences = std::max(g.max_sequences, o.max_seqs);
 
@@ -70,6 +87,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   r.host = o.router_host;
   r.http_port = o.router_port;
   r.grpc_port = o.router_grpc_port;
+  if (o.affinity_prefix_tokens >= 0) r.balancer.policy.prefix_tokens = static_cast<int>(o.affinity_prefix_tokens);
 
   const std::string gpu_address = absl::StrCat(o.host, ":", o.gpu_port);
   for (size_t i = 0; i < placements.size(); ++i) {
@@ -92,6 +110,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
     w.spec_depth = o.spec_depth;
     w.spec_adaptive = o.spec_adaptive;
     w.drafter_experts = o.drafter_experts;
+    w.sim_expert_gbps = o.sim_expert_gbps;
     r.balancer.workers.push_back(absl::StrCat(o.host, ":", w.port));
     plan.workers.push_back(std::move(w));
   }

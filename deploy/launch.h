@@ -27,11 +27,15 @@ struct LaunchOptions {
   int64_t spec_depth = 0;               // 0 = the checkpoint's dspark_block_size, else 5
   bool spec_adaptive = false;
   DrafterExperts drafter_experts = DrafterExperts::kWorker;
+  int64_t tp = 1;                       // numoe-gpu --tp (--backend cuda)
+  std::vector<int> gpus;                // numoe-gpu --gpus (--backend cuda; sets tp)
+  int64_t lanes = -1;                   // numoe-gpu --lanes (--backend cuda); -1 = its default
   int64_t max_seqs = 0;                 // numoe-worker --max-seqs; 0 = its default
   int64_t max_step_tokens = 0;          // numoe-worker --max-step-tokens; 0 = its default
   int64_t prefill_chunk = -1;           // numoe-worker --prefill-chunk; -1 = its default
   int64_t threads_per_worker = 0;       // 0 = the placement's
   bool no_numa_bind = false;            // workers get --no-numa-bind (and the launch files no numactl)
+  double sim_expert_gbps = 0;           // numoe-worker --sim-expert-gbps (every worker); 0 = real experts
   // Addresses. numoe-gpu and the workers listen on `host` and reach each other there.
   std::string host = "127.0.0.1";
   int gpu_port = 50051;
@@ -40,17 +44,20 @@ struct LaunchOptions {
   std::string router_host = "127.0.0.1";
   int router_port = 8000;               // REST
   int router_grpc_port = 8001;
+  int64_t affinity_prefix_tokens = -1;  // numoe-router --affinity-prefix-tokens; -1 = its default
 };
 
-// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --max-seqs, --max-step-tokens,
-// --prefill-chunk, --threads-per-worker, --no-numa-bind, --host, --port and --grpc-port (the router's),
+// --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs,
+// --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --host, --port,
+// --grpc-port and --affinity-prefix-tokens (the router's),
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 
 // The checks numoe-gpu and the workers would fail on, made before any child starts or any file is
-// written: --spec against the checkpoint and the backend (ResolveSpec), --drafter-experts against the
-// backend. Opens o.model_dir's checkpoint.
-Status CheckLaunchOptions(const LaunchOptions& o);
+// written: --tp / --gpus (gpu::ResolveGpus; against `cuda_devices` when it is known, >= 0, as for serve),
+// --spec against the checkpoint and the backend (ResolveSpec), --drafter-experts against the backend.
+// Opens o.model_dir's checkpoint.
+Status CheckLaunchOptions(const LaunchOptions& o, int cuda_devices = -1);
 
 struct LaunchPlan {
   gpu::GpuAppConfig gpu;

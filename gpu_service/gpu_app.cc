@@ -7,6 +7,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
@@ -14,6 +15,7 @@
 #include "model/step.h"
 #include "backends/cpu/cpu_model.h"
 #include "backends/cuda/cuda_model.h"
+#include "gpu_service/gpu_flags.h"
 #include "gpu_service/gpu_server.h"
 #include "common/process.h"
 
@@ -30,7 +32,9 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   CudaOptions o;
   o.device = static_cast<int>(c.cuda_device);
   o.tp = static_cast<int>(c.tp);
+  o.devices = c.gpus;
   o.max_sequences = c.max_sequences;
+  o.lanes = c.lanes;
   o.drafter = drafter;
   o.drafter_experts = ChoiceName(c.drafter_experts);
   // Without a CUDA build this is the stub's UNAVAILABLE, which says so.
@@ -53,6 +57,7 @@ int RunGpuApp(const GpuAppConfig& flags) {
     NLOG(INFO) << "numoe-gpu: --backend auto: " << ChoiceName(config.backend) << " (" << CudaDeviceCount()
                << " CUDA device(s))";
   }
+  if (Status st = ResolveGpus(&config, CudaDeviceCount()); !st.ok()) return fail(st);
   const std::string backend = ChoiceName(config.backend);
   if (Status st = CheckDrafterExperts(config.drafter_experts, config.backend); !st.ok()) return fail(st);
   const auto t0 = std::chrono::steady_clock::now();
@@ -83,6 +88,16 @@ int RunGpuApp(const GpuAppConfig& flags) {
              << " (" << (*ckpt)->config().num_hidden_layers << " layers, hidden " << (*ckpt)->config().hidden_size
              << ", vocab " << (*ckpt)->config().vocab_size << "); drafter " << SpecMethodName((*model)->drafter())
              << (verify ? ", verifies drafts" : ", cannot verify drafts (speculative decoding off)");
+  if (!caps.interleaved_steps) {
+    NLOG(INFO) << "numoe-gpu: workers take whole-step turns on the model"
+               << (config.backend == Backend::kCuda && config.lanes > 0 ? " (--lanes needs --tp 1 and no DSpark drafter)"
+                                                                        : "");
+  } else if (caps.lanes > 0) {
+    NLOG(INFO) << "numoe-gpu: the steps of up to " << caps.lanes - 1
+               << " workers interleave layer by layer, each on its own lane (--lanes)";
+  } else {
+    NLOG(INFO) << "numoe-gpu: the steps of every worker interleave layer by layer";
+  }
 
   GpuServerOptions opts;
   opts.backend = backend;

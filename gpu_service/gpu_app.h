@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/choices.h"
 #include "common/status.h"
@@ -23,6 +24,8 @@ struct GpuAppConfig {
   int64_t max_sequences = 256;        // per worker channel, and live sequences of the CUDA backend
   int64_t cuda_device = 0;            // --backend cuda: first GPU
   int64_t tp = 1;                     // --backend cuda: tensor-parallel GPUs
+  std::vector<int> gpus;              // --backend cuda: the GPUs, in rank order (empty: cuda_device onwards)
+  int64_t lanes = 4;                  // --backend cuda: workers whose steps interleave (CudaOptions::lanes)
   // --backend cuda: where the DSpark stages' routed experts run.
   DrafterExperts drafter_experts = DrafterExperts::kWorker;
   // Speculative decoding (model/spec_policy.h): auto (the checkpoint's drafter when the backend runs it:

@@ -1,5 +1,7 @@
 #include "gpu_service/gpu_flags.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace numoe::gpu {
 
 void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
@@ -16,7 +18,15 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
   p.AddInt("threads", "N", "--backend cpu: threads for the model's matmuls (0 = every usable CPU)", &c->threads, 0,
            4096);
   p.AddInt("cuda-device", "N", "--backend cuda: first GPU", &c->cuda_device, 0, 1024);
-  p.AddInt("tp", "N", "--backend cuda: tensor-parallel GPUs", &c->tp, 1, 64);
+  p.AddInt("tp", "N", "--backend cuda: tensor-parallel GPUs (--cuda-device onwards, or --gpus)", &c->tp, 1, 64);
+  p.AddIntList("gpus", "LIST",
+               "--backend cuda: the GPUs to use, in rank order (e.g. 0,1; sets --tp to their number)", &c->gpus);
+  p.AddInt("lanes", "N",
+           "--backend cuda: workers whose steps interleave, each on its own lane (CUDA stream, activation scratch, "
+           "pinned staging, graphs: about 1.3 GiB of GPU memory per lane at V4-Flash width, taken when a worker "
+           "first steps), so the GPU runs one worker's layers while others compute their experts; further workers "
+           "take whole-step turns. 0 = every worker takes whole-step turns. Needs --tp 1 and no DSpark drafter",
+           &c->lanes, 0, 64);
   p.AddEnum("drafter-experts",
             "--backend cuda, DSpark drafter: where its stages' routed experts run: worker (the CPU worker, like the "
             "main model's) or gpu (copied to this GPU: 3.3 GB per stage at V4-Flash width; no host round trip per "
@@ -27,6 +37,42 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
             "mtp with MTP stages, else none; --backend cuda runs dspark with --tp 1 and no mtp). ngram and none load "
             "no drafter; the drafts of workers started with --spec ngram are verified whatever this says",
             &c->spec);
+}
+
+Status ResolveGpus(GpuAppConfig* c, int cuda_devices) {
+  if (!c->gpus.empty()) {
+    const int64_t n = static_cast<int64_t>(c->gpus.size());
+    if (c->tp != 1 && c->tp != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tp ", c->tp, " disagrees with --gpus, which lists ", n, " GPU(s): give one of them"));
+    }
+    if (c->cuda_device != 0) {
+      return absl::InvalidArgumentError("--cuda-device and --gpus both pick GPUs: give only --gpus");
+    }
+    for (size_t i = 0; i < c->gpus.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (c->gpus[j] == c->gpus[i]) {
+          return absl::InvalidArgumentError(absl::StrCat("--gpus lists GPU ", c->gpus[i], " twice"));
+        }
+      }
+    }
+    for (size_t i = 0; i < c->gpus.size(); ++i) {
+      if (cuda_devices >= 0 && c->gpus[i] >= cuda_devices) {
+        return absl::InvalidArgumentError(absl::StrCat("--gpus: GPU ", c->gpus[i], " requested but this machine has ",
+                                                       cuda_devices, " CUDA device(s)"));
+      }
+    }
+    c->tp = n;
+  } else if (cuda_devices >= 0 && c->backend == Backend::kCuda && c->tp > 1 && c->cuda_device + c->tp > cuda_devices) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp ", c->tp, " from --cuda-device ", c->cuda_device,
+                                                   " needs GPUs ", c->cuda_device, "..", c->cuda_device + c->tp - 1,
+                                                   " but this machine has ", cuda_devices, " CUDA device(s)"));
+  }
+  if (c->backend != Backend::kCuda && (c->tp != 1 || !c->gpus.empty() || c->cuda_device != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp, --gpus and --cuda-device choose GPUs for --backend cuda; ",
+                                                   "the backend is ", ChoiceName(c->backend)));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<std::string> GpuArgv(const GpuAppConfig& c) { return ArgvOf(c, AddGpuFlags); }

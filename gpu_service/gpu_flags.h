@@ -17,4 +17,10 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c);
 // The flags of the fields of `c` that differ from a default GpuAppConfig (the binary name not included).
 std::vector<std::string> GpuArgv(const GpuAppConfig& c);
 
+// Settles tp and gpus, the same way for numoe-gpu and for the launchers that start it: --gpus LIST gives
+// tp its size (a --tp other than 1 must agree); both need --backend cuda (past auto) when they ask for more
+// than the default GPU; ids are distinct, and below `cuda_devices` when that is known (>= 0). Errors name
+// the flags.
+Status ResolveGpus(GpuAppConfig* c, int cuda_devices);
+
 }  // namespace numoe::gpu

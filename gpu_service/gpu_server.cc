@@ -14,6 +14,7 @@ GpuServer::GpuServer(ModelBackend* model, const ModelConfig& config, const GpuSe
     : config_(config), options_(options) {
   host_.model = model;
   host_.interleaved_steps = model->capabilities().interleaved_steps;
+  host_.lanes = model->capabilities().lanes;
   // Leases start at a random point so a worker of a previous numoe-gpu run (same port) can never pass
   // for a current one: its heartbeat gets NOT_FOUND.
   std::random_device rd;
@@ -126,6 +127,7 @@ v1::GpuStats GpuServer::Stats() const {
   s.set_steps(host_.steps.load());
   s.set_tokens(host_.tokens.load());
   s.set_layer_hops(host_.hops.count());
+  s.set_overlapped_steps(host_.overlapped_steps.load());
   s.set_layer_hop_p50_us(host_.hops.Percentile(50));
   s.set_layer_hop_p99_us(host_.hops.Percentile(99));
   const int64_t now = SteadyMillis();

@@ -14,12 +14,36 @@ int64_t SteadyMillis() {
       .count();
 }
 
+int ModelHost::AcquireLane() {
+  std::lock_guard<std::mutex> lk(lanes_mu);
+  lane_taken.resize(static_cast<size_t>(std::max<int64_t>(lanes, 0)), false);
+  for (size_t i = 1; i < lane_taken.size(); ++i) {
+    if (!lane_taken[i]) {
+      lane_taken[i] = true;
+      return static_cast<int>(i);
+    }
+  }
+  return 0;
+}
+
+void ModelHost::ReleaseLane(int lane) {
+  std::lock_guard<std::mutex> lk(lanes_mu);
+  if (lane > 0 && static_cast<size_t>(lane) < lane_taken.size()) lane_taken[static_cast<size_t>(lane)] = false;
+}
+
 WorkerSession::WorkerSession(ModelHost* host, SessionInfo info, std::unique_ptr<shm::Channel> channel)
-    : host_(host), info_(std::move(info)), channel_(std::move(channel)), experts_(channel_.get(), &host->hops) {
+    : host_(host),
+      info_(std::move(info)),
+      channel_(std::move(channel)),
+      lane_(host->AcquireLane()),
+      experts_(channel_.get(), &host->hops, lane_) {
   Touch();
 }
 
-WorkerSession::~WorkerSession() { Stop(); }
+WorkerSession::~WorkerSession() {
+  Stop();
+  host_->ReleaseLane(lane_);
+}
 
 void WorkerSession::Touch() { last_heartbeat_ms_.store(SteadyMillis()); }
 
@@ -228,6 +252,11 @@ Status WorkerSession::HandleStep() {
   }
 
   std::lock_guard<FifoMutex> lk(host_->forward_mu);
+  if (host_->steps_in_progress.fetch_add(1) > 0) host_->overlapped_steps.fetch_add(1);
+  struct InProgress {
+    std::atomic<int64_t>* n;
+    ~InProgress() { n->fetch_sub(1); }
+  } in_progress{&host_->steps_in_progress};
   for (int64_t i = 0; i < n; ++i) {
     const shm::StepEntry& e = entries_[i];
     if ((e.flags & shm::kEntryOpen) == 0) continue;
@@ -243,7 +272,9 @@ Status WorkerSession::HandleStep() {
   }
   // The model drafter's MoE goes over the channel as the stage layers num_hidden_layers + s. While the
   // worker computes a layer's experts, other sessions may use the model (ModelHost::interleaved_steps).
-  experts_.set_yield(host_->interleaved_steps ? &host_->forward_mu : nullptr);
+  // With lanes (the CUDA backend) only a session that holds a lane of its own interleaves.
+  const bool interleave = host_->interleaved_steps && (host_->lanes == 0 || lane_ > 0);
+  experts_.set_yield(interleave ? &host_->forward_mu : nullptr);
   RETURN_IF_ERROR(RunModelStep(*host_->model, experts_, items_, samplers_, &scratch_, &out_));
 
   int64_t drafted_total = 0, accepted_total = 0, spec_steps = 0;

@@ -41,9 +41,21 @@ struct ModelHost {
   // holds it from start to end.
   FifoMutex forward_mu;
   bool interleaved_steps = false;
+  // Capabilities::lanes: 0 = every session interleaves; N > 0 = sessions holding one of lanes 1..N-1
+  // interleave, the others share lane 0 and hold the model for whole steps.
+  int64_t lanes = 0;
+  // Takes a free lane in 1..lanes-1 (0 when none is free or the backend has no lanes); ReleaseLane gives it back.
+  int AcquireLane();
+  void ReleaseLane(int lane);
+  std::mutex lanes_mu;
+  std::vector<bool> lane_taken;  // [lanes]
   LatencyRecorder hops;
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> tokens{0};
+  // Steps between their start and end (a yielded one included), and the steps that started while another
+  // was in progress (interleaved at its expert calls).
+  std::atomic<int64_t> steps_in_progress{0};
+  std::atomic<uint64_t> overlapped_steps{0};
   // Speculative decoding: verify steps (entries with drafts), drafts verified, drafts accepted.
   std::atomic<uint64_t> spec_steps{0};
   std::atomic<uint64_t> spec_drafted{0};
@@ -93,6 +105,7 @@ class WorkerSession {
   ModelHost* host_;
   SessionInfo info_;
   std::unique_ptr<shm::Channel> channel_;
+  int lane_ = 0;  // ModelHost::AcquireLane, before experts_
   ShmExpertBackend experts_;
   std::map<int64_t, Seq> seqs_;  // serving thread only (and Stop after the join)
   std::atomic<int64_t> num_seqs_{0};

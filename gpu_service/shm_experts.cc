@@ -1,17 +1,10 @@
 #include "gpu_service/shm_experts.h"
 
-#include <chrono>
 #include <cstring>
 
-namespace numoe::gpu {
+#include "common/clock.h"
 
-namespace {
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
+namespace numoe::gpu {
 
 Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
   RETURN_IF_ERROR(broken_);
@@ -31,11 +24,11 @@ Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
   m.layer = r.layer;
   m.rows = r.rows;
   m.top_k = r.top_k;
-  const int64_t t0 = NowNs();
+  const int64_t t0 = SteadyNanos();
   if (Status st = ch_->Send(shm::MsgType::kMoeRequest); !st.ok()) return broken_ = st;
   if (yield_ != nullptr) yield_->unlock();
   auto type = ch_->Receive(-1);
-  const int64_t rtt = NowNs() - t0;
+  const int64_t rtt = SteadyNanos() - t0;
   if (yield_ != nullptr) yield_->lock();
   if (!type.ok()) return broken_ = type.status();
   const shm::MsgHeader& in = ch_->incoming();

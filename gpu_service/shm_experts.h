@@ -14,8 +14,10 @@ namespace numoe::gpu {
 class ShmExpertBackend final : public ExpertBackend {
  public:
   // Not owned; `channel` is the gpu side.
-  ShmExpertBackend(shm::Channel* channel, LatencyRecorder* hops) : ch_(channel), hops_(hops) {}
+  ShmExpertBackend(shm::Channel* channel, LatencyRecorder* hops, int lane = 0)
+      : ch_(channel), hops_(hops), lane_(lane) {}
   Status RunRouted(const MoeRequest& request) override;
+  int lane() const override { return lane_; }
   // While waiting for the worker's answer, unlock `held` (the caller holds it) and lock it again before
   // returning: other lanes use the model meanwhile. nullptr = keep holding.
   void set_yield(FifoMutex* held) { yield_ = held; }
@@ -28,6 +30,7 @@ class ShmExpertBackend final : public ExpertBackend {
   LatencyRecorder* hops_;
   Status broken_;
   FifoMutex* yield_ = nullptr;
+  int lane_ = 0;
 };
 
 }  // namespace numoe::gpu

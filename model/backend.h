@@ -35,6 +35,8 @@ class ExpertBackend {
   virtual ~ExpertBackend() = default;
   // Computes one layer's routed experts. Must not retain the pointers after returning.
   virtual Status RunRouted(const MoeRequest& request) = 0;
+  // The lane the caller's steps run on, for a backend with Capabilities::lanes > 0 (0 otherwise).
+  virtual int lane() const { return 0; }
 };
 
 using SequenceId = int64_t;
@@ -114,6 +116,11 @@ struct Capabilities {
   // thread computing at a time (the backend keeps no step state outside the call's own locals and the
   // sequences): numoe-gpu then runs other workers' steps while one worker computes its experts.
   bool interleaved_steps = false;
+  // With interleaved_steps: 0 = any number of callers may interleave (the backend keeps no per-caller step
+  // state: the CPU backend). N > 0 = the backend keeps step resources per lane (the CUDA backend: a stream,
+  // scratch, staging and graphs each); callers interleave only on distinct lanes 1..N-1 (their
+  // ExpertBackend::lane()), and every caller on lane 0 holds the model for whole steps.
+  int64_t lanes = 0;
   // ForkSequence copies a sequence's state (n choices of one prompt prefill it once).
   bool fork = false;
 };

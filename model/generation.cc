@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/spec_policy.h"
 #include "model/step.h"
 
 namespace numoe {
@@ -45,13 +46,7 @@ class Loop {
 
   StatusOr<std::vector<GenerateResult>> Run() {
     for (const auto& r : reqs_) RETURN_IF_ERROR(ValidateRequest(r, V_));
-    if (spec_.method != SpecMethod::kNone) RETURN_IF_ERROR(ValidateSpec(spec_));
-    if ((spec_.method == SpecMethod::kDspark || spec_.method == SpecMethod::kMtp) && model_.drafter() != spec_.method) {
-      return absl::FailedPreconditionError(absl::StrCat("--spec ", SpecMethodName(spec_.method), ": the model has no ",
-                                                        spec_.method == SpecMethod::kMtp ? "MTP" : "DSpark",
-                                                        " drafter loaded (its drafter: ",
-                                                        SpecMethodName(model_.drafter()), ")"));
-    }
+    RETURN_IF_ERROR(CheckSpecAgainstModel(spec_, model_.capabilities(), ModelSide::kThisProcess));
     for (size_t i = 0; i < reqs_.size(); ++i) {
       auto seq = model_.CreateSequence();
       if (!seq.ok()) {

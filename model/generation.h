@@ -39,7 +39,8 @@ using TokenCallback = std::function<void(size_t, int32_t)>;
 Status ValidateRequest(const GenerateRequest& r, int64_t vocab_size);
 
 // With `spec.method` != kNone, decode steps verify drafts (see spec.h); kDspark and kMtp need a model whose
-// drafter() is that method (the drafts come from ModelBackend::Draft); kNgram needs no weights.
+// drafter() is that method (the drafts come from ModelBackend::Draft); kNgram needs no weights. The spec is
+// checked against model.capabilities() first (CheckSpecAgainstModel, model/spec_policy.h).
 StatusOr<std::vector<GenerateResult>> GenerateBatch(ModelBackend& model, ExpertBackend& experts,
                                                     const std::vector<GenerateRequest>& requests,
                                                     const TokenCallback& on_token = nullptr,

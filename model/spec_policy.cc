@@ -1,6 +1,7 @@
 #include "model/spec_policy.h"
 
 #include "absl/strings/str_cat.h"
+#include "model/step.h"
 
 namespace numoe {
 namespace {
@@ -96,27 +97,40 @@ Status CheckLoadedDrafter(const SpecPlan& plan, const Capabilities& caps, const 
   return absl::OkStatus();
 }
 
-Status CheckSpecAgainstGpu(SpecPlan* plan, const Capabilities& gpu) {
-  SpecConfig& s = plan->config;
-  const SpecMethod gpu_drafter = IsModelDrafter(gpu.drafter) ? gpu.drafter : SpecMethod::kNone;
-  if (plan->requested == SpecChoice::kAuto) s.method = plan->load != SpecMethod::kNone ? gpu_drafter : SpecMethod::kNone;
+Status CheckSpecAgainstModel(const SpecConfig& s, const Capabilities& model, ModelSide side) {
   if (s.method == SpecMethod::kNone) return absl::OkStatus();
+  const bool gpu = side == ModelSide::kNumoeGpu;
+  const char* who = gpu ? "numoe-gpu" : "the model";
   const char* name = SpecMethodName(s.method);
-  if (IsModelDrafter(s.method) && gpu_drafter != s.method) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--spec ", name, ": numoe-gpu drafts with ", SpecMethodName(gpu_drafter), "; start numoe-gpu with --spec ",
-        name, " (or this worker with --spec ",
-        gpu_drafter == SpecMethod::kNone ? "ngram or none" : SpecMethodName(gpu_drafter), ")"));
+  if (Status st = ValidateSpec(s); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec ", name, ": ", st.message(), " (set --spec-depth)"));
   }
-  if (!gpu.verify) {
+  const SpecMethod drafter = IsModelDrafter(model.drafter) ? model.drafter : SpecMethod::kNone;
+  if (IsModelDrafter(s.method) && drafter != s.method) {
+    const std::string other = drafter == SpecMethod::kNone ? "ngram or none" : SpecMethodName(drafter);
     return absl::FailedPreconditionError(
-        absl::StrCat("--spec ", name, ": numoe-gpu's backend cannot verify drafts; use --spec none"));
+        gpu ? absl::StrCat("--spec ", name, ": numoe-gpu drafts with ", SpecMethodName(drafter),
+                           "; start numoe-gpu with --spec ", name, " (or this worker with --spec ", other, ")")
+            : absl::StrCat("--spec ", name, ": the model drafts with ", SpecMethodName(drafter), " (load it with its ",
+                           name, " drafter, or use --spec ", other, ")"));
   }
-  if (IsModelDrafter(s.method) && gpu.max_spec_tokens > 0 && s.depth > gpu.max_spec_tokens - 1) {
-    return absl::FailedPreconditionError(absl::StrCat("--spec-depth ", s.depth, ": numoe-gpu drafts at most ",
-                                                      gpu.max_spec_tokens - 1, " tokens per step; lower --spec-depth"));
+  if (!model.verify) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--spec ", name, ": ", who, "'s backend cannot verify drafts; use --spec none"));
+  }
+  if (const int64_t most = MaxDraftsPerItem(model); IsModelDrafter(s.method) && s.depth > most) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec-depth ", s.depth, ": ", who, " drafts at most ", most,
+                                                   " tokens per step; lower --spec-depth"));
   }
   return absl::OkStatus();
+}
+
+Status CheckSpecAgainstGpu(SpecPlan* plan, const Capabilities& gpu) {
+  SpecConfig& s = plan->config;
+  if (plan->requested == SpecChoice::kAuto) {
+    s.method = plan->load != SpecMethod::kNone && IsModelDrafter(gpu.drafter) ? gpu.drafter : SpecMethod::kNone;
+  }
+  return CheckSpecAgainstModel(s, gpu, ModelSide::kNumoeGpu);
 }
 
 Status CheckDrafterExperts(DrafterExperts where, Backend backend) {

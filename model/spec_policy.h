@@ -63,9 +63,22 @@ StatusOr<SpecPlan> ResolveSpec(const SpecFlags& flags, const CheckpointDrafter& 
 // the plan drafts at all (Capabilities::verify). `backend` is named in the messages.
 Status CheckLoadedDrafter(const SpecPlan& plan, const Capabilities& caps, const std::string& backend);
 
+// Who runs the model a spec is checked against: what CheckSpecAgainstModel's messages name and tell to change.
+enum class ModelSide {
+  kNumoeGpu,     // a worker's engine: numoe-gpu runs the model (its declared capabilities)
+  kThisProcess,  // the backend in this process (numoe generate, numoe-bench spec)
+};
+
+// The rules a resolved spec config (config.method, never auto) must meet against the model's declared
+// capabilities, checked once here: ValidateSpec; a drafting method needs Capabilities::verify; kDspark /
+// kMtp need that drafter loaded (Capabilities::drafter) and depth <= MaxDraftsPerItem (model/step.h).
+// kNone always passes. Codes: InvalidArgument for a bad depth, FailedPrecondition for what the model side
+// lacks. CheckSpecAgainstGpu, the worker's engine (engine::CheckSpec) and GenerateBatch call it.
+Status CheckSpecAgainstModel(const SpecConfig& spec, const Capabilities& model, ModelSide side);
+
 // numoe-worker, after registering: the plan against numoe-gpu's declared capabilities (from the channel's
 // geometry, ChannelCapabilities). Resolves --spec auto to numoe-gpu's drafter when this worker loaded the
-// drafter's experts (else none).
+// drafter's experts (else none), then CheckSpecAgainstModel.
 Status CheckSpecAgainstGpu(SpecPlan* plan, const Capabilities& gpu);
 
 // --drafter-experts gpu needs the CUDA backend (the CPU backend runs the drafter's experts on the workers).

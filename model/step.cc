@@ -16,7 +16,8 @@ int64_t MaxDraftsPerItem(const Capabilities& caps) {
 Capabilities ChannelCapabilities(const shm::Geometry& g) {
   return Capabilities{.verify = g.verify != 0,
                       .drafter = g.drafter,
-                      .max_spec_tokens = g.max_model_drafts > 0 ? int64_t{g.max_model_drafts} + 1 : 0};
+                      .max_spec_tokens = g.max_model_drafts > 0 ? int64_t{g.max_model_drafts} + 1 : 0,
+                      .fork = g.fork != 0};
 }
 
 shm::WireSampling ToWireSampling(const SamplingParams& p) {

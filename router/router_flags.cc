@@ -41,7 +41,8 @@ void AddRouterFlags(ArgParser& p, RouterAppConfig* c) {
   p.AddDouble("health-timeout", "S", "deadline of one health check", &b.health_timeout_s, 0.05, 3600);
   p.AddInt("affinity-prefix-tokens", "N", "leading prompt tokens hashed for prefix affinity (0 = off)",
            &b.policy.prefix_tokens, 0, 1 << 20);
-  p.AddString("api-key", "KEY", "require 'Authorization: Bearer KEY' (default: $NUMOE_API_KEY; /health is open)",
+  p.AddString("api-key", "KEY",
+              "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (default: $NUMOE_API_KEY; /health is open)",
               &r.api_key);
   p.AddInt("max-body-bytes", "N", "largest request body; larger ones get 413", &r.max_body_bytes, 1024,
            int64_t{1} << 32);

@@ -46,6 +46,7 @@ Status CudaModel::Draft(std::span<const DraftRequest> requests, ExpertBackend* e
                         std::vector<DraftResult>* out) {
   if (stages_ == 0) return absl::UnimplementedError("this CUDA backend has no DSpark drafter loaded");
   if (experts == nullptr && !gpu_dx_) return absl::InvalidArgumentError("Draft: no expert backend");
+  RETURN_IF_ERROR(UseLane(experts != nullptr ? experts->lane() : 0));
   RETURN_IF_ERROR(FlushRollbacks());  // the stages' rings of rolled-back sequences
   return bf16_cache_ ? RunDraft<__nv_bfloat16>(requests, experts, out) : RunDraft<float>(requests, experts, out);
 }

@@ -245,6 +245,11 @@ void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
 }
 
 void CudaModel::PhaseSharedAndRouted(Rank& r, int l, const PassDims& d) {
+  PhaseShared(r, l, d);
+  PhaseAddRouted(r, l, d);
+}
+
+void CudaModel::PhaseShared(Rank& r, int l, const PassDims& d) {
   const LayerDev& L = LayerOf(r, l);
   Scratch& s = r.sc;
   const int64_t n = d.n;
@@ -252,6 +257,11 @@ void CudaModel::PhaseSharedAndRouted(Rank& r, int l, const PassDims& d) {
   if (!L.sh_fused) Gemm(r, L.sh_w3, s.xn, D_, n, s.shg + Il_, s.shg_ld);
   SwiGlu(s.shg, s.shg + Il_, s.shg_ld, s.shh, n, Il_, static_cast<float>(cfg_.swiglu_limit), r.stream);
   Gemm(r, L.sh_w2, s.shh, Il_, n, s.sh, D_);
+}
+
+void CudaModel::PhaseAddRouted(Rank& r, int l, const PassDims& d) {
+  Scratch& s = r.sc;
+  const int64_t n = d.n;
   if (r.index == 0) {
     if (!GpuStageExperts(l)) {  // else PhaseFfnPre computed s.routed on the device
       cudaMemcpyAsync(s.routed, routed_h_.as<float>(), static_cast<size_t>(n * D_) * sizeof(float),
@@ -333,7 +343,7 @@ void CudaModel::EnqueueSegment(Rank& r, int seg, const PassDims& d) {
   if (seg == 0) {
     Embed(r.embed, r.sc.meta, d.n, static_cast<int>(hc_), r.sc.X, r.stream);
   } else {
-    PhaseSharedAndRouted(r, seg - 1, d);
+    PhaseAddRouted(r, seg - 1, d);  // the shared expert ran during the expert hop (EnqueueTail)
     PhaseFfnPost(r, d);
   }
   if (hidden_hook_) EmitHidden(r, seg - 1, d);
@@ -350,6 +360,8 @@ void CudaModel::EnqueueSegment(Rank& r, int seg, const PassDims& d) {
     PhaseHead(r, d, 0, std::min(d.logit_rows, logit_rows_cap_));
   }
 }
+
+void CudaModel::EnqueueTail(Rank& r, int seg, const PassDims& d) { PhaseShared(r, seg, d); }
 
 void CudaModel::EmitHidden(Rank& r, int64_t layer, const PassDims& d) {
   std::vector<float> x(static_cast<size_t>(d.n * hc_ * D_));
@@ -374,13 +386,25 @@ Status CudaModel::RunSegment(int seg, const PassDims& d, bool use_graph) {
   const int L = static_cast<int>(cfg_.num_hidden_layers);
   NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r0.device));
   if (collect_stats_) NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r0.ev_begin[static_cast<size_t>(seg)], r0.stream));
+  // Layer seg's MoE rows are on the host once ev_hop fires; the tail (the shared expert) runs on the GPU
+  // while the worker computes the routed experts.
+  const bool tail = seg < L;
   if (use_graph) {
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graphs_.at({d.n, d.greedy})[static_cast<size_t>(seg)], r0.stream));
+    const auto& execs = graphs_.at({d.n, d.greedy});
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(execs[static_cast<size_t>(seg)], r0.stream));
+    if (tail) {
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r0.ev_hop, r0.stream));
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(execs[static_cast<size_t>(L + 1 + seg)], r0.stream));
+    }
   } else if (ranks_.size() == 1) {
     if (bf16_cache_) {
       EnqueueSegment<__nv_bfloat16>(r0, seg, d);
     } else {
       EnqueueSegment<float>(r0, seg, d);
+    }
+    if (tail) {
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r0.ev_hop, r0.stream));
+      EnqueueTail(r0, seg, d);
     }
   } else {
     // Tensor parallel: the same phases on every rank, all-reduces in between.
@@ -393,7 +417,7 @@ Status CudaModel::RunSegment(int seg, const PassDims& d, bool use_graph) {
     if (seg == 0) {
       each([&](Rank& r) { Embed(r.embed, r.sc.meta, d.n, static_cast<int>(hc_), r.sc.X, r.stream); });
     } else {
-      each([&](Rank& r) { PhaseSharedAndRouted(r, seg - 1, d); });
+      each([&](Rank& r) { PhaseAddRouted(r, seg - 1, d); });
       RETURN_IF_ERROR(AllReduce(&Scratch::sh, d.n * D_));
       each([&](Rank& r) { PhaseFfnPost(r, d); });
     }
@@ -407,6 +431,9 @@ Status CudaModel::RunSegment(int seg, const PassDims& d, bool use_graph) {
       });
       RETURN_IF_ERROR(AllReduce(&Scratch::y, d.n * D_));
       each([&](Rank& r) { PhaseFfnPre(r, seg, d); });
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r0.device));
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(r0.ev_hop, r0.stream));
+      each([&](Rank& r) { EnqueueTail(r, seg, d); });
     } else {
       (void)cudaSetDevice(r0.device);
       PhaseHead(r0, d, 0, std::min(d.logit_rows, logit_rows_cap_));
@@ -493,6 +520,7 @@ Status CudaModel::ForwardGreedy(std::span<const SequenceStep> steps, ExpertBacke
 Status CudaModel::RunSteps(std::span<const SequenceStep> steps, ExpertBackend* experts,
                            std::vector<SequenceLogits>* out, std::vector<int32_t>* greedy) {
   if (experts == nullptr) return absl::InvalidArgumentError("Forward: no expert backend");
+  RETURN_IF_ERROR(UseLane(experts->lane()));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Seq*> seqs;
   RETURN_IF_ERROR(ValidateSteps(steps, &seqs));
@@ -626,15 +654,18 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
     NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r0.device));
     std::vector<cudaGraphExec_t> execs;
     Status st = absl::OkStatus();
-    for (int seg = 0; seg <= L && st.ok(); ++seg) {
+    // Segments 0..L, then the tails of segments 0..L-1 (RunSegment launches tail L + 1 + seg after seg).
+    for (int g = 0; g <= 2 * L && st.ok(); ++g) {
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
       cudaError_t e = cudaStreamBeginCapture(r0.stream, cudaStreamCaptureModeThreadLocal);
       if (e == cudaSuccess) {
-        if (bf16_cache_) {
-          EnqueueSegment<__nv_bfloat16>(r0, seg, d);
+        if (g > L) {
+          EnqueueTail(r0, g - L - 1, d);
+        } else if (bf16_cache_) {
+          EnqueueSegment<__nv_bfloat16>(r0, g, d);
         } else {
-          EnqueueSegment<float>(r0, seg, d);
+          EnqueueSegment<float>(r0, g, d);
         }
         e = cudaStreamEndCapture(r0.stream, &graph);
       }
@@ -673,9 +704,10 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
     RETURN_IF_ERROR(RunSegment(seg, d, use_graph));
     if (seg < L) {
       NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r0.device));
-      NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r0.stream));
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r0.ev_hop));  // the rows are on the host
       req.layer = seg;
       RETURN_IF_ERROR(experts->RunRouted(req));
+      RETURN_IF_ERROR(UseLane(experts->lane()));
     }
   }
   for (const PassSeq& ps : pass) ps.seq->position += ps.count;

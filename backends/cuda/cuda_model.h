@@ -50,7 +50,8 @@
 namespace numoe {
 
 struct CudaOptions {
-  int device = 0;    // first GPU; rank r uses device + r
+  int device = 0;    // first GPU; rank r uses device + r (when `devices` is empty)
+  std::vector<int> devices;  // the GPUs in rank order (size tp, distinct); empty = device .. device + tp - 1
   int tp = 1;        // tensor-parallel GPUs; must divide num_attention_heads, o_groups and moe_intermediate_size
   bool fp32 = false;        // see above
   bool fp8_weights = true;  // keep FP8-block weights in FP8 (else dequantize to BF16); ignored when not FP8
@@ -86,6 +87,11 @@ struct CudaOptions {
   // 3 stages, depth 5, worker = 16 AMX cores in-process): Draft 7.2 vs 15.8 ms at batch 1, 65 vs 101 ms at
   // batch 8, 214 vs 402 ms at batch 32, for 9.6 GiB of device memory.
   std::string drafter_experts = "worker";
+  // Callers whose steps may interleave at their ExpertBackend calls (Capabilities::interleaved_steps), each on
+  // its own lane 1..lanes (ExpertBackend::lane()): a stream, activation scratch, pinned staging and graphs,
+  // allocated on a lane's first step (about as much as lane 0's, logged). Lane 0 is for callers that hold
+  // the model for whole steps. tp == 1 and no DSpark drafter only (else there is only lane 0); 0 = none.
+  int64_t lanes = 0;
 };
 
 // Timings of the last Forward (filled when CudaBackend::set_collect_stats(true)).

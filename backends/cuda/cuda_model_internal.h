@@ -107,6 +107,7 @@ struct Rank {
   DeviceMem snap, spec_log;
   Scratch sc;
   std::vector<cudaEvent_t> ev_begin, ev_end;
+  cudaEvent_t ev_hop = nullptr;  // a layer's MoE rows reached the host (RunSegment; the lane's)
   int64_t weight_bytes = 0;  // read per decode step
   ~Rank();
 };
@@ -114,6 +115,20 @@ struct Rank {
 }  // namespace numoe::cuda
 
 namespace numoe::cuda {
+
+// One lane's step resources (CudaOptions::lanes): what a caller's step writes outside the sequences' state.
+// The active lane's live in ranks_[0] (stream, sc, scratch_mem, events) and CudaModel's staging members and
+// graph cache; its Lane is then empty. UseLane swaps them.
+struct Lane {
+  bool ready = false;  // allocated (lane 0 at Setup, the others on their first step)
+  cudaStream_t stream = nullptr;
+  Scratch sc;
+  DeviceMem scratch_mem;
+  std::vector<cudaEvent_t> ev_begin, ev_end;
+  cudaEvent_t ev_hop = nullptr;
+  PinnedMem meta_h, y_h, routed_h, ids_h, wts_h, logits_h, greedy_h;
+  std::map<std::pair<int64_t, bool>, std::vector<cudaGraphExec_t>> graphs;
+};
 
 // Sizes of one device pass (either the real ones, or capacity-based ones for a CUDA graph).
 struct PassDims {
@@ -150,10 +165,15 @@ class CudaModel final : public CudaBackend {
   StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   // Speculative steps need CudaOptions::max_spec_tokens > 0 (the snapshot and log are sized by it).
+  // Lanes (CudaOptions::lanes; tp == 1, no drafter): steps of callers on different lanes interleave at
+  // their ExpertBackend calls.
   Capabilities capabilities() const override {
+    const bool lanes = lanes_.size() > 1;
     return Capabilities{.verify = spec_tokens_ > 0,
                         .drafter = stages_ > 0 ? SpecMethod::kDspark : SpecMethod::kNone,
                         .max_spec_tokens = spec_tokens_,
+                        .interleaved_steps = lanes,
+                        .lanes = lanes ? static_cast<int64_t>(lanes_.size()) : 0,
                         .fork = true};
   }
   Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
@@ -197,6 +217,14 @@ class CudaModel final : public CudaBackend {
   Status SetupRank(Rank& r, const WeightSource& src, uint64_t seed);
   Status SetupLayer(Rank& r, const WeightSource& src, int64_t l, uint64_t seed);
   Status SetupState(Rank& r);
+  // The active lane's step resources: activation scratch + segment events on `r`, pinned host staging.
+  Status AllocScratch(Rank& r);
+  Status AllocStaging();
+  // Makes `lane` the active one (allocating its resources on first use); every call that enqueues device
+  // work or uses the staging runs on the active lane, so Forward/Draft re-activate theirs after each
+  // ExpertBackend call (another lane's step may have run meanwhile).
+  Status UseLane(int lane);
+  void SwapLane(Lane& l);
   void ComputeLayout();
   int64_t PagesFor(int64_t position) const;
 
@@ -212,7 +240,12 @@ class CudaModel final : public CudaBackend {
   template <typename T>
   void PhaseAttention(Rank& r, int l, const PassDims& d);
   void PhaseFfnPre(Rank& r, int l, const PassDims& d);
-  void PhaseSharedAndRouted(Rank& r, int l, const PassDims& d);
+  void PhaseSharedAndRouted(Rank& r, int l, const PassDims& d);  // PhaseShared + PhaseAddRouted
+  void PhaseShared(Rank& r, int l, const PassDims& d);            // the shared expert into sc.sh
+  void PhaseAddRouted(Rank& r, int l, const PassDims& d);         // sc.sh += the routed experts' sum
+  // What runs on the GPU after segment `seg` hands its MoE rows to the host (RunSegment records ev_hop
+  // before it): the shared expert of layer seg, overlapping the worker's routed experts.
+  void EnqueueTail(Rank& r, int seg, const PassDims& d);
   void PhaseFfnPost(Rank& r, const PassDims& d);
   void PhaseHead(Rank& r, const PassDims& d, int64_t row0, int64_t rows);
   Status AllReduce(float* Scratch::*buf, int64_t count);
@@ -277,6 +310,8 @@ class CudaModel final : public CudaBackend {
   PinnedMem meta_h_, y_h_, ids_h_, wts_h_, routed_h_, logits_h_, greedy_h_, table_h_;
   // CUDA graphs of decode passes: key (rows, greedy) -> one executable per segment.
   std::map<std::pair<int64_t, bool>, std::vector<cudaGraphExec_t>> graphs_;
+  std::vector<Lane> lanes_;  // [1 + CudaOptions::lanes] with lanes, else [1]
+  int active_lane_ = 0;
   bool graphs_broken_ = false;
   bool collect_stats_ = false;
   HiddenHook hidden_hook_;

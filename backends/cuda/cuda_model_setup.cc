@@ -38,6 +38,7 @@ Rank::~Rank() {
   (void)cudaSetDevice(device);
   for (cudaEvent_t e : ev_begin) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : ev_end) (void)cudaEventDestroy(e);
+  if (ev_hop != nullptr) (void)cudaEventDestroy(ev_hop);
   if (comm != nullptr) (void)ncclCommDestroy(comm);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
 }
@@ -47,6 +48,17 @@ CudaModel::CudaModel(const ModelConfig& cfg, const CudaOptions& opt) : cfg_(cfg)
 CudaModel::~CudaModel() {
   for (auto& [key, execs] : graphs_) {
     for (cudaGraphExec_t e : execs) (void)cudaGraphExecDestroy(e);
+  }
+  // The inactive lanes' resources (the active lane's are in ranks_[0] and the members).
+  if (!ranks_.empty()) (void)cudaSetDevice(ranks_[0]->device);
+  for (Lane& l : lanes_) {
+    for (auto& [key, execs] : l.graphs) {
+      for (cudaGraphExec_t e : execs) (void)cudaGraphExecDestroy(e);
+    }
+    for (cudaEvent_t e : l.ev_begin) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : l.ev_end) (void)cudaEventDestroy(e);
+    if (l.ev_hop != nullptr) (void)cudaEventDestroy(l.ev_hop);
+    if (l.stream != nullptr) (void)cudaStreamDestroy(l.stream);
   }
   for (auto& r : ranks_) {
     (void)cudaSetDevice(r->device);
@@ -63,7 +75,24 @@ StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Checkpoint* ckpt, c
     return absl::UnavailableError("no CUDA device (cudaGetDeviceCount found none or the driver is missing)");
   }
   if (opt.tp < 1) return absl::InvalidArgumentError(absl::StrCat("CudaOptions::tp must be >= 1 (got ", opt.tp, ")"));
-  if (opt.device < 0 || opt.device + opt.tp > devices) {
+  if (!opt.devices.empty()) {
+    if (static_cast<int>(opt.devices.size()) != opt.tp) {
+      return absl::InvalidArgumentError(absl::StrCat("CudaOptions::devices lists ", opt.devices.size(),
+                                                     " GPU(s) but CudaOptions::tp = ", opt.tp));
+    }
+    for (size_t i = 0; i < opt.devices.size(); ++i) {
+      const int d = opt.devices[i];
+      if (d < 0 || d >= devices) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CudaOptions::devices: GPU ", d, " requested but ", devices, " CUDA device(s) are visible"));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (opt.devices[j] == d) {
+          return absl::InvalidArgumentError(absl::StrCat("CudaOptions::devices: GPU ", d, " listed twice"));
+        }
+      }
+    }
+  } else if (opt.device < 0 || opt.device + opt.tp > devices) {
     return absl::InvalidArgumentError(absl::StrCat("CudaOptions::device = ", opt.device, ", CudaOptions::tp = ", opt.tp,
                                                    ": devices ", opt.device, "..", opt.device + opt.tp - 1,
                                                    " requested but ", devices, " CUDA device(s) are visible"));
@@ -229,7 +258,7 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
   for (int i = 0; i < opt_.tp; ++i) {
     auto r = std::make_unique<Rank>();
     r->index = i;
-    r->device = opt_.device + i;
+    r->device = opt_.devices.empty() ? opt_.device + i : opt_.devices[i];
     ranks_.push_back(std::move(r));
   }
   for (auto& r : ranks_) RETURN_IF_ERROR(SetupRank(*r, src, seed));
@@ -253,15 +282,11 @@ Status CudaModel::Setup(const Checkpoint* ckpt, uint64_t seed) {
   for (int64_t p = num_pages_ - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   for (int64_t s = opt_.max_sequences - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
 
-  const int64_t NR = rows_cap_, K = c.num_experts_per_tok;
-  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(static_cast<size_t>(9 * NR) * sizeof(int32_t), "step metadata"));
-  ASSIGN_OR_RETURN(y_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE input staging"));
-  ASSIGN_OR_RETURN(routed_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE output staging"));
-  ASSIGN_OR_RETURN(ids_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(int32_t), "expert ids"));
-  ASSIGN_OR_RETURN(wts_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(float), "expert weights"));
-  ASSIGN_OR_RETURN(logits_h_,
-                   PinnedMem::Alloc(static_cast<size_t>(logit_rows_cap_ * c.vocab_size) * sizeof(float), "logits"));
-  ASSIGN_OR_RETURN(greedy_h_, PinnedMem::Alloc(static_cast<size_t>(NR) * sizeof(uint64_t), "greedy tokens"));
+  RETURN_IF_ERROR(AllocStaging());
+  // Lane 0's resources are the ones just allocated (Capabilities::lanes); the others come on first use.
+  const bool lanes = opt_.lanes > 0 && opt_.tp == 1 && stages_ == 0;
+  lanes_.resize(lanes ? static_cast<size_t>(opt_.lanes + 1) : 1);
+  lanes_[0].ready = true;
   ASSIGN_OR_RETURN(table_h_, PinnedMem::Alloc(static_cast<size_t>(opt_.max_sequences * max_pages_) * sizeof(int32_t),
                                               "page tables"));
 
@@ -592,6 +617,34 @@ Status CudaModel::SetupState(Rank& r) {
                                                                " tokens per slot, CudaOptions::max_spec_tokens)")));
   }
 
+  if (stages_ > 0) {
+    // The DSpark drafter's per-row tensors (one set: there are no lanes with a drafter).
+    const int64_t NR = rows_cap_, LR = logit_rows_cap_, f = 4;
+    struct Piece {
+      void** ptr;
+      int64_t bytes;
+    };
+    const int64_t T = static_cast<int64_t>(target_layers_.size());
+    std::vector<Piece> dp = {{reinterpret_cast<void**>(&r.features), NR * T * D_ * f},
+                             {reinterpret_cast<void**>(&r.main_x), NR * D_ * f},
+                             {reinterpret_cast<void**>(&r.h_pre), NR * D_ * f},
+                             {reinterpret_cast<void**>(&r.mrows), LR * markov_rank_ * f},
+                             {reinterpret_cast<void**>(&r.mids), LR * 4}};
+    int64_t bytes = 0;
+    for (const Piece& p : dp) bytes += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
+    ASSIGN_OR_RETURN(r.drafter_mem, DeviceMem::Alloc(static_cast<size_t>(bytes), "DSpark drafter scratch"));
+    char* b = static_cast<char*>(r.drafter_mem.get());
+    for (const Piece& p : dp) {
+      *p.ptr = b;
+      b += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
+    }
+  }
+  return AllocScratch(r);
+}
+
+Status CudaModel::AllocScratch(Rank& r) {
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+  const int64_t tsize = bf16_cache_ ? 2 : 4;
   // Scratch for rows_cap_ rows, carved out of one allocation (256-byte aligned pieces).
   const ModelConfig& c = cfg_;
   const int64_t NR = rows_cap_, LR = logit_rows_cap_, m = (2 + hc_) * hc_;
@@ -638,22 +691,6 @@ Status CudaModel::SetupState(Rank& r) {
       {reinterpret_cast<void**>(&s.meta), 9 * NR * 4},
       {reinterpret_cast<void**>(&s.greedy), NR * 8},
   };
-  if (stages_ > 0) {
-    const int64_t T = static_cast<int64_t>(target_layers_.size());
-    std::vector<Piece> dp = {{reinterpret_cast<void**>(&r.features), NR * T * D_ * f},
-                             {reinterpret_cast<void**>(&r.main_x), NR * D_ * f},
-                             {reinterpret_cast<void**>(&r.h_pre), NR * D_ * f},
-                             {reinterpret_cast<void**>(&r.mrows), LR * markov_rank_ * f},
-                             {reinterpret_cast<void**>(&r.mids), LR * 4}};
-    int64_t bytes = 0;
-    for (const Piece& p : dp) bytes += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
-    ASSIGN_OR_RETURN(r.drafter_mem, DeviceMem::Alloc(static_cast<size_t>(bytes), "DSpark drafter scratch"));
-    char* b = static_cast<char*>(r.drafter_mem.get());
-    for (const Piece& p : dp) {
-      *p.ptr = b;
-      b += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
-    }
-  }
   int64_t total = 0;
   for (const Piece& p : pieces) total += RoundUp(std::max<int64_t>(p.bytes, 4), 256);
   ASSIGN_OR_RETURN(r.scratch_mem, DeviceMem::Alloc(static_cast<size_t>(total),
@@ -670,6 +707,70 @@ Status CudaModel::SetupState(Rank& r) {
   for (size_t i = 0; i < segs; ++i) {
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.ev_begin[i]));
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.ev_end[i]));
+  }
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.ev_hop, cudaEventDisableTiming));
+  return absl::OkStatus();
+}
+
+Status CudaModel::AllocStaging() {
+  const ModelConfig& c = cfg_;
+  const int64_t NR = rows_cap_, K = c.num_experts_per_tok;
+  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(static_cast<size_t>(9 * NR) * sizeof(int32_t), "step metadata"));
+  ASSIGN_OR_RETURN(y_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE input staging"));
+  ASSIGN_OR_RETURN(routed_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE output staging"));
+  ASSIGN_OR_RETURN(ids_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(int32_t), "expert ids"));
+  ASSIGN_OR_RETURN(wts_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(float), "expert weights"));
+  ASSIGN_OR_RETURN(logits_h_,
+                   PinnedMem::Alloc(static_cast<size_t>(logit_rows_cap_ * c.vocab_size) * sizeof(float), "logits"));
+  ASSIGN_OR_RETURN(greedy_h_, PinnedMem::Alloc(static_cast<size_t>(NR) * sizeof(uint64_t), "greedy tokens"));
+  return absl::OkStatus();
+}
+
+void CudaModel::SwapLane(Lane& l) {
+  Rank& r = *ranks_[0];
+  std::swap(r.stream, l.stream);
+  std::swap(r.sc, l.sc);
+  std::swap(r.scratch_mem, l.scratch_mem);
+  std::swap(r.ev_begin, l.ev_begin);
+  std::swap(r.ev_end, l.ev_end);
+  std::swap(r.ev_hop, l.ev_hop);
+  std::swap(meta_h_, l.meta_h);
+  std::swap(y_h_, l.y_h);
+  std::swap(routed_h_, l.routed_h);
+  std::swap(ids_h_, l.ids_h);
+  std::swap(wts_h_, l.wts_h);
+  std::swap(logits_h_, l.logits_h);
+  std::swap(greedy_h_, l.greedy_h);
+  std::swap(graphs_, l.graphs);
+}
+
+Status CudaModel::UseLane(int lane) {
+  if (lane == active_lane_) return absl::OkStatus();
+  if (lane < 0 || lane >= static_cast<int>(lanes_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("ExpertBackend::lane() = ", lane, ", but this backend has ",
+                                                   lanes_.size(), " lane(s) (CudaOptions::lanes + 1)"));
+  }
+  // The active lane's resources live in ranks_[0] and the staging members, its Lane holds nothing.
+  SwapLane(lanes_[static_cast<size_t>(active_lane_)]);
+  SwapLane(lanes_[static_cast<size_t>(lane)]);
+  active_lane_ = lane;
+  Lane& l = lanes_[static_cast<size_t>(lane)];
+  if (!l.ready) {
+    Rank& r = *ranks_[0];
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    size_t free_before = 0, total = 0;
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_before, &total));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    RETURN_IF_ERROR(AllocScratch(r));
+    RETURN_IF_ERROR(AllocStaging());
+    size_t free_after = 0;
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_after, &total));
+    l.ready = true;
+    NLOG(INFO) << "CUDA backend: lane " << lane << " ready (its own stream, "
+               << (static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after)) / (1 << 20)
+               << " MiB of device scratch and " << (meta_h_.bytes() + y_h_.bytes() + routed_h_.bytes() + ids_h_.bytes() +
+                                                     wts_h_.bytes() + logits_h_.bytes() + greedy_h_.bytes()) / (1 << 20)
+               << " MiB of pinned staging)";
   }
   return absl::OkStatus();
 }

@@ -25,7 +25,7 @@ uint64_t ReadSse2(const uint8_t* p, size_t bytes) {
   return v[0] + v[1];
 }
 
-// The loop numoe-bench used until it was found to read 20-35% below what the threads can (issue #14):
+// The loop numoe-bench used until it was found to read 20-35% below what the threads can:
 // 8 uint64 lanes per line with one software prefetch per line 2 KiB ahead.
 uint64_t ReadU64x8Prefetch(const uint8_t* p, size_t bytes) {
   uint64_t acc[8] = {};

@@ -7,7 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "router/anthropic/messages.h"
 #include "router/core/errors.h"
+#include "router/http/messages_job.h"
 #include "router/openai/chat.h"
 #include "router/openai/request.h"
 #include "router/openai/response.h"
@@ -16,6 +18,7 @@ namespace numoe::router {
 
 using nlohmann::json;
 namespace oa = openai;
+namespace an = anthropic;
 
 namespace {
 
@@ -92,6 +95,9 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     for (size_t i = 0; i < specs.size(); ++i) {
       // Usage counts each prompt once, however many choices it has.
       choices_[i * config_.n].prompt_tokens = specs[i].prompt_ids.size();
+      for (size_t j = 0; j < config_.n && config_.return_token_ids; ++j) {
+        choices_[i * config_.n + j].prompt_ids = specs[i].prompt_ids;
+      }
       auto sink = std::make_shared<Sink>(self, i * config_.n);
       auto run = frontend.Start(std::move(specs[i]), sink);
       if (!run.ok()) {
@@ -122,6 +128,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   struct Choice {
     uint64_t prompt_tokens = 0;
     uint64_t completion_tokens = 0;
+    std::vector<int32_t> prompt_ids;  // with return_token_ids: sent once (vLLM's prompt_token_ids)
+    bool prompt_ids_sent = false;     // completions streaming: the choice's first chunk went out
     bool role_sent = false;
     bool done = false;
     oa::ChoiceResult result;
@@ -169,9 +177,13 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     exchange_->EndEvents();
   }
 
-  void SendChunkLocked(json choice) {
+  // `prompt_ids`: vLLM sends prompt_token_ids with the first chunk (chat: on the chunk, completions: on
+  // the choice).
+  void SendChunkLocked(json choice, const std::vector<int32_t>* prompt_ids = nullptr) {
     const char* object = config_.chat ? "chat.completion.chunk" : "text_completion";
+    if (prompt_ids != nullptr && !config_.chat) choice["prompt_token_ids"] = *prompt_ids;
     json chunk = oa::ChunkJson(object, id_, created_, config_.model, json::array({std::move(choice)}));
+    if (prompt_ids != nullptr && config_.chat) chunk["prompt_token_ids"] = *prompt_ids;
     if (config_.include_usage) chunk["usage"] = nullptr;  // OpenAI: null on every chunk but the last
     stream_started_ = true;
     exchange_->SendEvent(oa::SseData(oa::Dump(chunk)));
@@ -206,7 +218,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     bool pending_ids = (ids != nullptr && !ids->empty()) || !logprobs.is_null();
     if (!c.role_sent) {
       c.role_sent = true;
-      SendChunkLocked(oa::ChatChunkChoice(index, json{{"role", "assistant"}, {"content", ""}}, "", nullptr));
+      SendChunkLocked(oa::ChatChunkChoice(index, json{{"role", "assistant"}, {"content", ""}}, "", nullptr),
+                      config_.return_token_ids ? &c.prompt_ids : nullptr);
     }
     // One chunk per kind of delta keeps each chunk in the shape clients expect.
     auto send = [&](json delta) {
@@ -282,9 +295,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
       return;
     }
     if (!ev.text.empty() || (ids != nullptr && !ids->empty()) || chunk_logprobs || ev.final) {
+      const bool first = config_.return_token_ids && !c.prompt_ids_sent;
+      c.prompt_ids_sent = true;
       SendChunkLocked(oa::CompletionChunkChoice(
-          index, ev.text, finish, ids, ev.stop_string,
-          chunk_logprobs ? oa::CompletionLogprobsJson(ev.logprobs, &c.text_offset) : json(nullptr)));
+                          index, ev.text, finish, ids, ev.stop_string,
+                          chunk_logprobs ? oa::CompletionLogprobsJson(ev.logprobs, &c.text_offset) : json(nullptr)),
+                      first ? &c.prompt_ids : nullptr);
     }
   }
 
@@ -312,9 +328,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
       if (config_.logprobs) c.result.logprobs = c.logprobs;
       choices.push_back(config_.chat ? oa::ChatChoiceJson(i, c.result, config_.thinking)
                                      : oa::CompletionChoiceJson(i, c.result));
+      if (config_.return_token_ids && !config_.chat) choices.back()["prompt_token_ids"] = c.prompt_ids;
     }
     json body = oa::ResponseJson(config_.chat ? "chat.completion" : "text_completion", id_, created_, config_.model,
                                  std::move(choices), prompt, completion);
+    // vLLM: a chat response's prompt_token_ids are the encoded prompt (chat template applied), once.
+    if (config_.return_token_ids && config_.chat) body["prompt_token_ids"] = choices_[0].prompt_ids;
     RespondJson(*exchange_, 200, body);
   }
 
@@ -365,9 +384,32 @@ RestGateway::RestGateway(Frontend& frontend, const openai::ChatEncoder& chat, Ba
                          RestGatewayOptions options)
     : frontend_(frontend), chat_(chat), balancer_(balancer), metrics_(metrics), options_(std::move(options)) {}
 
+namespace {
+
+struct Route {
+  const char* path;
+  const char* method;
+};
+constexpr Route kRoutes[] = {{"/v1/completions", "POST"},
+                             {"/v1/chat/completions", "POST"},
+                             {"/v1/messages", "POST"},
+                             {"/v1/messages/count_tokens", "POST"},
+                             {"/tokenize", "POST"},
+                             {"/detokenize", "POST"},
+                             {"/v1/models", "GET"},
+                             {"/health", "GET"},
+                             {"/metrics", "GET"}};
+
+// The Anthropic surface answers errors in Anthropic's shape.
+bool IsAnthropicPath(const std::string& path) {
+  return path == "/v1/messages" || absl::StartsWith(path, "/v1/messages/");
+}
+
+}  // namespace
+
 std::string RestGateway::EndpointLabel(const std::string& path) {
-  for (const char* known : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
-    if (path == known) return known;
+  for (const Route& r : kRoutes) {
+    if (path == r.path) return r.path;
   }
   return "other";
 }
@@ -375,41 +417,49 @@ std::string RestGateway::EndpointLabel(const std::string& path) {
 void RestGateway::Handle(const HttpRequest& request, std::shared_ptr<HttpExchange> raw_exchange) {
   const std::string path = request.path();
   auto exchange = std::make_shared<MeteredExchange>(std::move(raw_exchange), metrics_, EndpointLabel(path));
+  const bool anthropic = IsAnthropicPath(path);
+  auto fail = [&](const Status& s) {
+    if (anthropic) {
+      RespondAnthropicError(*exchange, s);
+    } else {
+      RespondError(*exchange, s);
+    }
+  };
   if (!options_.api_key.empty() && path != "/health") {
+    // "Authorization: Bearer <key>" (OpenAI clients) or "x-api-key: <key>" (Anthropic clients), anywhere.
     const std::string auth = request.header("authorization");
-    const std::string want = "Bearer " + options_.api_key;
-    if (auth != want) {
-      RespondError(*exchange, absl::UnauthenticatedError(
-                                  auth.empty() ? "missing API key: send the header 'Authorization: Bearer <key>'"
-                                               : "invalid API key"));
-      return;
+    const std::string x_api_key = request.header("x-api-key");
+    if (auth != "Bearer " + options_.api_key && x_api_key != options_.api_key) {
+      return fail(absl::UnauthenticatedError(auth.empty() && x_api_key.empty()
+                                                 ? "missing API key: send the header 'Authorization: Bearer <key>' "
+                                                   "or 'x-api-key: <key>'"
+                                                 : "invalid API key"));
     }
   }
-  struct Route {
-    const char* path;
-    const char* method;
-  };
-  static constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                                      {"/v1/models", "GET"},       {"/health", "GET"},
-                                      {"/metrics", "GET"}};
   for (const Route& r : kRoutes) {
     if (path != r.path) continue;
     if (request.method != r.method && !(request.method == "HEAD" && std::string(r.method) == "GET")) {
-      RespondJson(*exchange, 405,
-                  oa::ErrorJson({405, "invalid_request_error", "method_not_allowed", "",
-                                 absl::StrCat(request.method, " is not allowed on ", path, "; use ", r.method)}),
-                  {{"Allow", r.method}});
+      const std::string msg = absl::StrCat(request.method, " is not allowed on ", path, "; use ", r.method);
+      const std::string body = anthropic ? an::Dump(an::ErrorJson({405, "invalid_request_error", msg, 0}))
+                                         : oa::Dump(oa::ErrorJson({405, "invalid_request_error", "method_not_allowed",
+                                                                   "", msg}));
+      exchange->Respond(405, "application/json", body, {{"Allow", r.method}});
       return;
     }
     if (path == "/v1/completions") return Completions(request, exchange);
     if (path == "/v1/chat/completions") return ChatCompletions(request, exchange);
+    if (path == "/v1/messages") return Messages(request, exchange, /*count_only=*/false);
+    if (path == "/v1/messages/count_tokens") return Messages(request, exchange, /*count_only=*/true);
+    if (path == "/tokenize") return Tokenize(request, exchange);
+    if (path == "/detokenize") return Detokenize(request, exchange);
     if (path == "/v1/models") return Models(exchange);
     if (path == "/health") return Health(exchange);
     return MetricsText(exchange);
   }
-  RespondError(*exchange, absl::NotFoundError(absl::StrCat("no such endpoint: ", request.method, " ", path,
-                                                           " (endpoints: /v1/completions, /v1/chat/completions, "
-                                                           "/v1/models, /health, /metrics)")));
+  fail(absl::NotFoundError(absl::StrCat("no such endpoint: ", request.method, " ", path,
+                                        " (endpoints: /v1/completions, /v1/chat/completions, /v1/messages, "
+                                        "/v1/messages/count_tokens, /tokenize, /detokenize, /v1/models, /health, "
+                                        "/metrics)")));
 }
 
 void RestGateway::Completions(const HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange) {
@@ -478,6 +528,105 @@ void RestGateway::ChatCompletions(const HttpRequest& request, const std::shared_
   config.id = rid;
   auto job = std::make_shared<CompletionJob>(config, exchange, config.n);
   job->Start(frontend_, std::move(specs));
+}
+
+void RestGateway::Messages(const HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange,
+                           bool count_only) {
+  auto fail = [&](const Status& s) { RespondAnthropicError(*exchange, s); };
+  auto body = oa::ParseJsonBody(request.body);
+  if (!body.ok()) return fail(body.status());
+  auto req = an::ParseMessagesRequest(*body, count_only);
+  if (!req.ok()) return fail(req.status());
+  const oa::CommonParams& common = req->chat.common;
+  const std::string model = common.model.empty() ? frontend_.model().id : common.model;
+  if (Status s = frontend_.CheckModel(model); !s.ok()) return fail(s);
+  auto prompt = chat_.Encode(req->chat);
+  if (!prompt.ok()) return fail(prompt.status());
+  if (count_only) {
+    exchange->Respond(200, "application/json", an::Dump(an::Json{{"input_tokens", prompt->ids.size()}}));
+    return;
+  }
+  oa::CommonParams params = common;
+  params.skip_special_tokens = false;  // the output parser needs </think> and the DSML markers
+  MessagesJob::Config config;
+  config.id = an::NewMessageId();
+  auto spec = MakeSpec(frontend_, params, std::move(prompt->ids), "messages", config.id);
+  if (!spec.ok()) return fail(spec.status());
+  config.stream = common.stream;
+  config.thinking = prompt->starts_in_reasoning;
+  config.tools = prompt->tools;
+  config.disable_parallel_tool_use = req->disable_parallel_tool_use;
+  config.model = model;
+  auto job = std::make_shared<MessagesJob>(std::move(config), exchange);
+  job->Start(frontend_, std::move(*spec));
+}
+
+void RestGateway::Tokenize(const HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange) {
+  auto fail = [&](const Status& s) { RespondError(*exchange, s); };
+  auto body = oa::ParseJsonBody(request.body);
+  if (!body.ok()) return fail(body.status());
+  std::string model;
+  bool return_strs = false;
+  for (Status s : {oa::ReadString(*body, "model", &model), oa::ReadBool(*body, "return_token_strs", &return_strs)}) {
+    if (!s.ok()) return fail(s);
+  }
+  if (Status s = frontend_.CheckModel(model.empty() ? frontend_.model().id : model); !s.ok()) return fail(s);
+  const oa::Json* messages = oa::Field(*body, "messages");
+  const oa::Json* prompt = oa::Field(*body, "prompt");
+  StatusOr<std::vector<int32_t>> ids;
+  if (messages != nullptr && prompt != nullptr) {
+    return fail(InvalidParam("prompt", "give either 'prompt' or 'messages', not both"));
+  } else if (messages != nullptr) {
+    // Exactly what a chat completion with the same fields would send to a worker.
+    auto req = oa::ParseChatRequest(*body);
+    if (!req.ok()) return fail(req.status());
+    auto encoded = chat_.Encode(*req);
+    if (!encoded.ok()) return fail(encoded.status());
+    ids = std::move(encoded->ids);
+  } else if (prompt != nullptr) {
+    // Exactly what a completion with this prompt would send (BOS first unless add_special_tokens is false).
+    if (!prompt->is_string()) return fail(oa::TypeError("prompt", "a string", *prompt));
+    bool add_special = true;
+    if (Status s = oa::ReadBool(*body, "add_special_tokens", &add_special); !s.ok()) return fail(s);
+    ids = frontend_.TokenizeText(prompt->get<std::string>(), add_special, "prompt");
+  } else {
+    return fail(InvalidParam("prompt", "'prompt' (a string) or 'messages' (a chat) is required"));
+  }
+  if (!ids.ok()) return fail(ids.status());
+  json out = {{"count", ids->size()}, {"max_model_len", frontend_.model().max_context}, {"tokens", *ids},
+              {"token_strs", nullptr}};
+  if (return_strs) {
+    json strs = json::array();
+    for (int32_t id : *ids) strs.push_back(frontend_.tokenizer().IdToToken(id).value_or(""));
+    out["token_strs"] = std::move(strs);
+  }
+  RespondJson(*exchange, 200, out);
+}
+
+void RestGateway::Detokenize(const HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange) {
+  auto fail = [&](const Status& s) { RespondError(*exchange, s); };
+  auto body = oa::ParseJsonBody(request.body);
+  if (!body.ok()) return fail(body.status());
+  std::string model;
+  if (Status s = oa::ReadString(*body, "model", &model); !s.ok()) return fail(s);
+  if (Status s = frontend_.CheckModel(model.empty() ? frontend_.model().id : model); !s.ok()) return fail(s);
+  const oa::Json* tokens = oa::Field(*body, "tokens");
+  if (tokens == nullptr) return fail(InvalidParam("tokens", "'tokens' (an array of token ids) is required"));
+  if (!tokens->is_array()) return fail(oa::TypeError("tokens", "an array of token ids", *tokens));
+  std::vector<int64_t> raw;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    auto id = oa::AsInt((*tokens)[i], absl::StrCat("tokens[", i, "]"));
+    if (!id.ok()) return fail(id.status());
+    raw.push_back(*id);
+  }
+  std::vector<int32_t> ids;
+  if (!raw.empty()) {
+    auto checked = frontend_.CheckTokenIds(raw, "tokens");
+    if (!checked.ok()) return fail(checked.status());
+    ids = std::move(*checked);
+  }
+  // Special tokens are kept, as vLLM's /detokenize does.
+  RespondJson(*exchange, 200, json{{"prompt", frontend_.tokenizer().Decode(ids)}});
 }
 
 void RestGateway::Models(const std::shared_ptr<HttpExchange>& exchange) {

@@ -65,6 +65,7 @@ WorkerGauge WorkerGaugeFromStats(const std::string& worker, bool up, const v1::W
   g.up = up;
   g.active_sequences = stats.active_sequences();
   g.queued_sequences = stats.queued_sequences();
+  g.expert_seconds = stats.expert_seconds();
   g.spec_method = stats.spec_method();
   g.spec_verify_steps = stats.spec_verify_steps();
   g.spec_drafted = stats.spec_drafted();
@@ -126,6 +127,16 @@ std::string Metrics::Render(const std::vector<WorkerGauge>& workers) const {
         [](const WorkerGauge& w) { return w.queued_sequences; });
   gauge("numoe_worker_up", "1 when the worker's last health check passed.",
         [](const WorkerGauge& w) { return w.up ? 1 : 0; });
+  {
+    const char* name = "numoe_worker_expert_seconds_total";
+    absl::StrAppend(&out, "# HELP ", name,
+                    " Seconds the worker spent in MoE calls (routed experts, computed or simulated; last health "
+                    "check).\n# TYPE ", name, " counter\n");
+    for (const WorkerGauge& w : workers) {
+      absl::StrAppend(&out, name, "{worker=\"", EscapeLabelValue(w.worker), "\"} ",
+                      absl::StrFormat("%.6f", w.expert_seconds), "\n");
+    }
+  }
 
   // Speculative decoding, per worker and drafter.
   auto spec = [&](const char* name, const char* type, const char* help, auto value_of) {

@@ -10,6 +10,8 @@
 //   numoe_worker_active_sequences{worker}           gauge: from the worker's last Stats answer
 //   numoe_worker_queued_sequences{worker}           gauge: from the worker's last Stats answer
 //   numoe_worker_up{worker}                         gauge: 1 when the last health check passed
+//   numoe_worker_expert_seconds_total{worker}       counter: seconds the worker spent in MoE calls (routed
+//                                                   experts, computed or simulated), from its last Stats answer
 //   numoe_spec_drafted_tokens_total{worker,drafter}  counter: draft tokens the worker's verifier checked
 //   numoe_spec_accepted_tokens_total{worker,drafter} counter: draft tokens it kept
 //   numoe_spec_verify_steps_total{worker,drafter}    counter: verify steps (one per sequence per step with drafts)
@@ -58,6 +60,7 @@ struct WorkerGauge {
   bool up = false;
   uint64_t active_sequences = 0;
   uint64_t queued_sequences = 0;
+  double expert_seconds = 0;  // cumulative since the worker started
   // Speculative decoding, cumulative since the worker started ("none" or empty: no numoe_spec_* lines).
   std::string spec_method;
   uint64_t spec_verify_steps = 0;

@@ -56,7 +56,7 @@ StatusOr<ChatPrompt> ChatEncoder::Encode(const ChatRequest& request) const {
   chat::Json messages = chat::Json::array();
   for (size_t i = 0; i < request.messages.size(); ++i) {
     const ChatMessage& m = request.messages[i];
-    const std::string p = absl::StrCat("messages[", i, "]");
+    const std::string p = m.field.empty() ? absl::StrCat("messages[", i, "]") : m.field;
     RETURN_IF_ERROR(CheckClientText(m.content, p + ".content"));
     RETURN_IF_ERROR(CheckClientText(m.reasoning_content, p + ".reasoning_content"));
     chat::Json msg = chat::Json::object();
@@ -80,10 +80,10 @@ StatusOr<ChatPrompt> ChatEncoder::Encode(const ChatRequest& request) const {
   }
   const bool tools = !request.tools.is_null() && !request.tools.empty() && !request.tool_choice_none;
   if (tools) {
-    // Tool schemas keep the client's key order (they are pasted into the prompt as Python writes them).
-    chat::Json t = chat::Json::parse(request.tools.dump());
+    // Tool schemas keep the client's key order (the body is parsed into ordered JSON): they are pasted into
+    // the prompt as Python's json.dumps writes them.
     RETURN_IF_ERROR(CheckClientText(request.tools.dump(), "tools"));
-    Status s = chat::AttachRequestTools(&messages, t);
+    Status s = chat::AttachRequestTools(&messages, request.tools);
     if (!s.ok()) return WithParam(s, "tools");
   }
   if (request.messages.back().role != "user" && request.messages.back().role != "tool" &&
@@ -110,9 +110,17 @@ void ChatDelta::Append(ChatDelta other) {
   for (auto& t : other.tool_calls) tool_calls.push_back(std::move(t));
 }
 
-ChatStreamParser::ChatStreamParser(bool starts_in_reasoning, bool tools)
+namespace {
+chat::StreamingParserOptions ParserOptions(bool tools, std::function<std::string()> make_call_id) {
+  chat::StreamingParserOptions o{.tools_enabled = tools};
+  if (make_call_id) o.make_call_id = [f = std::move(make_call_id)](int) { return f(); };
+  return o;
+}
+}  // namespace
+
+ChatStreamParser::ChatStreamParser(bool starts_in_reasoning, bool tools, std::function<std::string()> make_call_id)
     : parser_(starts_in_reasoning ? chat::ParserStart::kReasoning : chat::ParserStart::kContent,
-              chat::StreamingParserOptions{.tools_enabled = tools}) {}
+              ParserOptions(tools, std::move(make_call_id))) {}
 
 ChatDelta ChatStreamParser::Convert(chat::OutputDelta d) {
   ChatDelta out;

@@ -10,6 +10,7 @@
 // rendered prompt is tokenized with special tokens recognised and such text could forge turns.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -62,7 +63,8 @@ struct ChatDelta {
 // Incremental output parser (chat::StreamingOutputParser): never emits a byte of a marker as text.
 class ChatStreamParser {
  public:
-  ChatStreamParser(bool starts_in_reasoning, bool tools);
+  // `make_call_id` mints tool-call ids (default "call_" + 24 random alphanumerics).
+  ChatStreamParser(bool starts_in_reasoning, bool tools, std::function<std::string()> make_call_id = nullptr);
   ChatDelta Add(std::string_view text);
   // End of output: flushes held text.
   ChatDelta Finish();

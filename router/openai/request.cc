@@ -11,7 +11,7 @@
 
 namespace numoe::router::openai {
 
-using nlohmann::json;
+using json = Json;  // ordered (request.h)
 
 const char* JsonTypeName(const json& v) {
   switch (v.type()) {
@@ -35,13 +35,10 @@ const char* JsonTypeName(const json& v) {
   }
 }
 
-namespace {
-
 Status TypeError(const std::string& param, const char* want, const json& got) {
   return InvalidParam(param, absl::StrCat("'", param, "' must be ", want, " (got ", JsonTypeName(got), ")"));
 }
 
-// Field readers: absent and null leave the output untouched.
 const json* Field(const json& obj, const char* name) {
   auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) return nullptr;
@@ -64,7 +61,6 @@ Status ReadString(const json& obj, const char* name, std::string* out) {
   return absl::OkStatus();
 }
 
-// Integer in int64 range; unsigned values above INT64_MAX saturate (they are out of every valid range).
 StatusOr<int64_t> AsInt(const json& v, const std::string& param) {
   if (v.is_number_unsigned()) {
     uint64_t u = v.get<uint64_t>();
@@ -89,6 +85,8 @@ Status ReadNumber(const json& obj, const char* name, std::optional<double>* out)
   *out = v->get<double>();
   return absl::OkStatus();
 }
+
+namespace {
 
 // A feature we do not implement: accepted only at its neutral value.
 Status RejectUnless(const json& obj, const char* name, const std::function<bool(const json&)>& neutral,
@@ -412,6 +410,27 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
       return InvalidParam(absl::StrCat("messages[", i, "].prefix"), "\"prefix\": true is only for an assistant message");
     }
     req.messages.push_back(std::move(m));
+  }
+  // vLLM's continue_final_message: the same as "prefix": true on the final (assistant) message.
+  bool continue_final = false;
+  RETURN_IF_ERROR(ReadBool(body, "continue_final_message", &continue_final));
+  if (continue_final) {
+    if (req.messages.back().role != "assistant") {
+      return InvalidParam("continue_final_message",
+                          absl::StrCat("continue_final_message needs an assistant message last (the last message is "
+                                       "from the ", req.messages.back().role, ")"));
+    }
+    req.messages.back().prefix = true;
+  }
+  // vLLM's add_generation_prompt: the V4 encoding opens the assistant turn after a final user/tool message by
+  // itself, so false is only meaningful with a continued assistant message.
+  bool generation_prompt = true;
+  RETURN_IF_ERROR(ReadBool(body, "add_generation_prompt", &generation_prompt));
+  if (!generation_prompt && !req.messages.back().prefix) {
+    return InvalidParam("add_generation_prompt",
+                        "add_generation_prompt false is only supported with a continued final assistant message "
+                        "(continue_final_message, or \"prefix\": true): the DeepSeek V4 encoding always opens the "
+                        "assistant turn after a user or tool message");
   }
 
   if (const json* t = Field(body, "thinking")) {

@@ -15,10 +15,16 @@
 //   chat:   logprobs (bool), top_logprobs (integer in [0, kMaxTopLogprobs], needs logprobs).
 //   chat:   messages = [{role: system|developer|user|assistant|tool, content: string | null |
 //           [{type: "text", text}], reasoning_content (or reasoning), tool_calls, tool_call_id, prefix}],
+//           continue_final_message (vLLM: the final assistant message is continued, as with "prefix": true),
+//           add_generation_prompt (vLLM; only false with continue_final_message, or true),
 //           thinking (bool, or {"type": "enabled"|"disabled"}), chat_template_kwargs.thinking /
 //           chat_template_kwargs.enable_thinking (bool), reasoning_effort (string), tools (array of
 //           {type: "function", function: {...}}), tool_choice ("auto" | "none"), response_format
 //           ({"type": "text"} only).
+//
+// Bodies are parsed into nlohmann::ordered_json: object keys keep the client's order, because tool schemas
+// (and tool-call arguments given as objects) are pasted into the prompt as Python's json.dumps writes them
+// (docs/dsv4-chat-encoding.md §2.3), and a re-sorted schema is a different prompt.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +44,9 @@ namespace numoe::router::openai {
 inline constexpr size_t kMaxPrompts = 64;
 inline constexpr size_t kMaxStops = 16;
 inline constexpr size_t kMaxJsonDepth = 64;
+
+// The JSON type of request bodies (key order kept, see above).
+using Json = nlohmann::ordered_json;
 
 struct CommonParams {
   std::string model;  // "" = the served model
@@ -78,6 +87,7 @@ struct ChatMessage {
   std::vector<ChatToolCall> tool_calls;
   std::string tool_call_id;
   bool prefix = false;  // DeepSeek prefix completion: the last assistant message is continued
+  std::string field;    // how errors name this message; "" = "messages[i]" (another API's mapping sets it)
 };
 
 struct ChatRequest {
@@ -85,19 +95,31 @@ struct ChatRequest {
   std::vector<ChatMessage> messages;
   bool thinking = false;
   std::optional<std::string> reasoning_effort;
-  nlohmann::json tools;  // null or the request's array, each a {type: function, function: {...}}
+  Json tools;  // null or the request's array, each a {type: function, function: {...}}
   bool tool_choice_none = false;
 };
 
 // Parses a JSON body (must be an object, nested at most kMaxJsonDepth deep). Malformed JSON is
 // InvalidArgument with param "" and the parser's position in the message.
-StatusOr<nlohmann::json> ParseJsonBody(std::string_view body);
-StatusOr<CompletionRequest> ParseCompletionRequest(const nlohmann::json& body);
-StatusOr<ChatRequest> ParseChatRequest(const nlohmann::json& body);
+StatusOr<Json> ParseJsonBody(std::string_view body);
+StatusOr<CompletionRequest> ParseCompletionRequest(const Json& body);
+StatusOr<ChatRequest> ParseChatRequest(const Json& body);
 
 // Name of a JSON value's type for messages: "string", "integer", "number", "boolean", "array", "object",
 // "null".
-const char* JsonTypeName(const nlohmann::json& v);
+const char* JsonTypeName(const Json& v);
+
+// Field readers shared by the request parsers (also the Anthropic Messages API's, router/anthropic/).
+// Absent and null fields leave the output untouched; a wrong type is InvalidArgument naming `param`
+// ("'temperature' must be a number (got string)").
+const Json* Field(const Json& obj, const char* name);  // nullptr when absent or null
+Status TypeError(const std::string& param, const char* want, const Json& got);
+// Integer in int64 range; unsigned values above INT64_MAX saturate (they are out of every valid range).
+StatusOr<int64_t> AsInt(const Json& v, const std::string& param);
+Status ReadBool(const Json& obj, const char* name, bool* out);
+Status ReadString(const Json& obj, const char* name, std::string* out);
+Status ReadInt(const Json& obj, const char* name, std::optional<int64_t>* out);
+Status ReadNumber(const Json& obj, const char* name, std::optional<double>* out);
 // Deepest array/object nesting in JSON text (strings are skipped); no full parse.
 size_t JsonNestingDepth(std::string_view text);
 

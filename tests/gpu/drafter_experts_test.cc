@@ -17,6 +17,7 @@
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/generation.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
@@ -43,28 +44,12 @@ class MainLayersOnly final : public ExpertBackend {
   int64_t layers_;
 };
 
-struct Tiny {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::ReferenceExperts> experts;  // main layers + stages
-};
-
+// tiny-v4 with the reference experts of its main layers and DSpark stages (the shared tests/support fixture).
+using Tiny = test::TinyModel;
 Tiny* GetTiny() {
-  static std::unique_ptr<Tiny> t;
-  if (t) return t.get();
-  auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  auto e = cpu::ReferenceExperts::Load(**ck, /*include_drafter=*/true);
-  if (!e.ok()) {
-    ADD_FAILURE() << e.status();
-    return nullptr;
-  }
-  t = std::make_unique<Tiny>();
-  t->ckpt = std::move(*ck);
-  t->experts = std::move(*e);
-  return t.get();
+  auto t = test::TinyModel::Get({.drafter = true});
+  if (!t.ok()) ADD_FAILURE() << t.status();
+  return t.ok() ? *t : nullptr;
 }
 
 Status Prefill(ModelBackend& m, ExpertBackend& ex, SequenceId seq, const std::vector<int32_t>& toks) {

@@ -13,70 +13,30 @@
 
 #include "common/checkpoint.h"
 #include "common/log.h"
-#include "common/quant.h"
-#include "common/safetensors.h"
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/generation.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
-struct Golden {
-  std::vector<int32_t> input_ids;
-  std::vector<float> prefill_logits;
-  std::vector<int32_t> greedy_tokens;
-  std::vector<float> step_logits;
-};
+using Golden = test::GoldenPrompt;
+using Fixture = test::TinyModel;
 
-struct Fixture {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-  std::map<std::string, Golden> prompts;
-};
-
-std::vector<float> F32(const TensorStore& s, const std::string& name) {
-  auto v = s.Get(name);
-  EXPECT_OK(v);
-  if (!v.ok()) return {};
-  auto t = ToF32(**v);
-  EXPECT_OK(t);
-  return t.ok() ? t->data : std::vector<float>{};
+// tiny-v4 with its reference experts and goldens (the shared tests/support fixture).
+Fixture* Tiny() {
+  auto t = test::TinyModel::Get();
+  if (!t.ok()) ADD_FAILURE() << t.status();
+  return t.ok() ? *t : nullptr;
 }
 
-Fixture* Tiny() {
-  static std::unique_ptr<Fixture> f;
-  if (f) return f.get();
-  auto fx = std::make_unique<Fixture>();
-  const std::string dir = std::string(NUMOE_TEST_DATA) + "/tiny-v4";
-  auto ck = Checkpoint::Open(dir);
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  fx->ckpt = std::move(*ck);
-  auto ex = cpu::ReferenceExperts::Load(*fx->ckpt);
-  if (!ex.ok()) {
-    ADD_FAILURE() << ex.status();
-    return nullptr;
-  }
-  fx->experts = std::move(*ex);
-  auto g = TensorStore::Open(dir + "/golden.safetensors");
-  if (!g.ok()) {
-    ADD_FAILURE() << g.status();
-    return nullptr;
-  }
-  for (const char* p : {"p0", "p1", "p2", "p3"}) {
-    Golden gd;
-    for (float v : F32(**g, std::string(p) + ".input_ids")) gd.input_ids.push_back(static_cast<int32_t>(v));
-    gd.prefill_logits = F32(**g, std::string(p) + ".prefill_logits");
-    for (float v : F32(**g, std::string(p) + ".greedy_tokens")) gd.greedy_tokens.push_back(static_cast<int32_t>(v));
-    gd.step_logits = F32(**g, std::string(p) + ".greedy_step_logits");
-    fx->prompts[p] = std::move(gd);
-  }
-  f = std::move(fx);
-  return f.get();
+// The golden prompt `name` ("p0" .. "p3") of the fixture.
+const Golden& Prompt(const Fixture& fx, const std::string& name) {
+  auto p = fx.goldens.Find(name);
+  EXPECT_OK(p);
+  return p.ok() ? **p : fx.goldens[0];
 }
 
 struct Mode {
@@ -143,13 +103,13 @@ void ExpectMatches(const Golden& g, const GenerateResult& r, float tol, const st
   NLOG(INFO) << what << ": max |prefill - golden| " << pd << ", max |step - golden| " << sd;
   EXPECT_LE(pd, tol) << what << ": prefill logit " << pat << " differs by " << pd;
   EXPECT_LE(sd, tol) << what << ": step logit " << sat << " differs by " << sd;
-  EXPECT_EQ(r.tokens, g.greedy_tokens) << what;
+  EXPECT_EQ(r.tokens, g.greedy) << what;
 }
 
 GenerateRequest Request(const Golden& g, int64_t chunk) {
   GenerateRequest r;
   r.prompt = g.input_ids;
-  r.max_new_tokens = static_cast<int64_t>(g.greedy_tokens.size());
+  r.max_new_tokens = static_cast<int64_t>(g.greedy.size());
   r.ignore_eos = true;
   r.prefill_chunk = chunk;
   r.keep_logits = true;
@@ -177,7 +137,7 @@ TEST_P(CudaGoldenTest, LogitsAndGreedyTokensMatch) {
   ASSERT_NE(fx, nullptr);
   CudaBackend* m = Model(c.mode);
   ASSERT_NE(m, nullptr);
-  const Golden& g = fx->prompts.at(c.prompt);
+  const Golden& g = Prompt(*fx, c.prompt);
   auto res = GenerateBatch(*m, *fx->experts, {Request(g, c.chunk)});
   ASSERT_OK(res);
   ExpectMatches(g, (*res)[0], c.mode.tol(), c.mode.name + "/" + c.prompt + "/chunk" + std::to_string(c.chunk));
@@ -211,14 +171,14 @@ TEST_P(CudaGoldenModeTest, AllPromptsInOneBatch) {
   for (int64_t chunk : {0, 7}) {
     std::vector<GenerateRequest> reqs;
     std::vector<std::string> names;
-    for (const auto& [name, g] : fx->prompts) {
+    for (const Golden& g : fx->goldens) {
       reqs.push_back(Request(g, chunk));
-      names.push_back(name);
+      names.push_back(g.name);
     }
     auto res = GenerateBatch(*m, *fx->experts, reqs);
     ASSERT_OK(res);
     for (size_t i = 0; i < reqs.size(); ++i) {
-      ExpectMatches(fx->prompts.at(names[i]), (*res)[i], mode.tol(),
+      ExpectMatches(Prompt(*fx, names[i]), (*res)[i], mode.tol(),
                     mode.name + "/batch/" + names[i] + "/chunk" + std::to_string(chunk));
     }
   }
@@ -233,7 +193,7 @@ TEST_P(CudaGoldenModeTest, DeviceArgmaxGreedy) {
   ASSERT_NE(fx, nullptr);
   CudaBackend* m = Model(mode);
   ASSERT_NE(m, nullptr);
-  for (const auto& [name, g] : fx->prompts) {
+  for (const Golden& g : fx->goldens) {
     auto seq = m->CreateSequence();
     ASSERT_OK(seq);
     std::vector<int32_t> got, tok;
@@ -242,14 +202,14 @@ TEST_P(CudaGoldenModeTest, DeviceArgmaxGreedy) {
     st.tokens = g.input_ids;
     ASSERT_OK(m->ForwardGreedy({&st, 1}, fx->experts.get(), &tok));
     got.push_back(tok[0]);
-    while (got.size() < g.greedy_tokens.size()) {
+    while (got.size() < g.greedy.size()) {
       int32_t last = got.back();
       st.tokens = std::span<const int32_t>(&last, 1);
       const Status s = m->ForwardGreedy({&st, 1}, fx->experts.get(), &tok);
       ASSERT_OK(s);
       got.push_back(tok[0]);
     }
-    EXPECT_EQ(got, g.greedy_tokens) << mode.name << "/" << name;
+    EXPECT_EQ(got, g.greedy) << mode.name << "/" << g.name;
     ASSERT_OK(m->ReleaseSequence(*seq));
   }
 }
@@ -271,21 +231,21 @@ TEST_P(CudaGoldenModeTest, HiddenStreamsLayerByLayer) {
   ASSERT_OK(seq);
   SequenceStep step;
   step.seq = *seq;
-  step.tokens = fx->prompts.at("p0").input_ids;
+  step.tokens = Prompt(*fx, "p0").input_ids;
   step.all_logits = true;
   std::vector<SequenceLogits> out;
   const Status st = m->Forward({&step, 1}, fx->experts.get(), &out);
   m->set_hidden_hook(nullptr);
   ASSERT_OK(st);
   ASSERT_OK(m->ReleaseSequence(*seq));
-  auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4/golden.safetensors");
-  ASSERT_OK(g);
   const int64_t L = fx->ckpt->config().num_hidden_layers;
   for (int64_t i = 0; i < L; ++i) {  // hidden.L is the final normed hidden, not a residual stream
     const std::string name = "p0.hidden." + std::to_string(i);
-    if ((*g)->Find(name) == nullptr) continue;
+    auto hidden = fx->goldens.Floats(name);
+    if (absl::IsNotFound(hidden.status())) continue;
+    ASSERT_OK(hidden) << name;
     ASSERT_TRUE(seen.count(i - 1)) << name;
-    const std::vector<float> want = F32(**g, name);
+    const std::vector<float>& want = *hidden;
     ASSERT_EQ(seen[i - 1].size(), want.size()) << name;
     const auto [d, at] = MaxDiff(seen[i - 1], want);
     float scale = 1.0f;
@@ -310,7 +270,7 @@ TEST(CudaBf16CacheTest, CloseBeforeTheFirstTopKFlip) {
   ASSERT_NE(fx, nullptr);
   CudaBackend* m = Model(mode);
   ASSERT_NE(m, nullptr);
-  const Golden& g2 = fx->prompts.at("p2");
+  const Golden& g2 = Prompt(*fx, "p2");
   GenerateRequest r = Request(g2, 0);
   r.max_new_tokens = 1;
   auto res = GenerateBatch(*m, *fx->experts, {r});
@@ -325,17 +285,15 @@ TEST(CudaBf16CacheTest, CloseBeforeTheFirstTopKFlip) {
   ASSERT_OK(seq);
   SequenceStep step;
   step.seq = *seq;
-  step.tokens = fx->prompts.at("p0").input_ids;
+  step.tokens = Prompt(*fx, "p0").input_ids;
   std::vector<SequenceLogits> out;
   const Status st = m->Forward({&step, 1}, fx->experts.get(), &out);
   m->set_hidden_hook(nullptr);
   ASSERT_OK(st);
   ASSERT_OK(m->ReleaseSequence(*seq));
   for (float v : out[0].logits) ASSERT_TRUE(std::isfinite(v));
-  auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4/golden.safetensors");
-  ASSERT_OK(g);
   for (int64_t i = 1; i <= 3; ++i) {  // after layers 0 (sliding), 1 (CSA) and 2 (HCA)
-    const std::vector<float> want = F32(**g, "p0.hidden." + std::to_string(i));
+    ASSERT_OK_AND_ASSIGN(const std::vector<float> want, fx->goldens.Floats("p0.hidden." + std::to_string(i)));
     ASSERT_EQ(seen[i - 1].size(), want.size());
     const auto [d, at] = MaxDiff(seen[i - 1], want);
     float scale = 1.0f;

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,19 +18,21 @@
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/state_size.h"
+#include "tests/support/files.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
-std::string TinyDir() { return std::string(NUMOE_TEST_DATA) + "/tiny-v4"; }
+using test::TinyModel;
 
 bool HaveGpus(int n) { return CudaCompiledIn() && CudaDeviceCount() >= n; }
 
 TEST(CudaFactoryTest, UnavailableWithoutCudaOrDevice) {
-  auto ck = Checkpoint::Open(TinyDir());
-  ASSERT_OK(ck);
-  auto m = CreateCudaModel(**ck, CudaOptions{});
+  ASSERT_OK_AND_ASSIGN(TinyModel* tiny, TinyModel::Get());
+  const Checkpoint& ck = *tiny->ckpt;
+  auto m = CreateCudaModel(ck, CudaOptions{});
   if (!CudaCompiledIn()) {
     ASSERT_FALSE(m.ok());
     EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable);
@@ -44,10 +45,10 @@ TEST(CudaFactoryTest, UnavailableWithoutCudaOrDevice) {
     return;
   }
   ASSERT_OK(m);
-  EXPECT_EQ((*m)->vocab_size(), (*ck)->config().vocab_size);
+  EXPECT_EQ((*m)->vocab_size(), ck.config().vocab_size);
   CudaOptions bad;
   bad.tp = 3;  // does not divide 4 heads / 2 groups
-  auto b = CreateCudaModel(**ck, bad);
+  auto b = CreateCudaModel(ck, bad);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(b.status().message().find("tp"), std::string::npos) << b.status();
@@ -153,20 +154,15 @@ class CudaVsCpuTest : public ::testing::TestWithParam<CmpMode> {};
 TEST_P(CudaVsCpuTest, TinyMixedBatch) {
   const CmpMode& mode = GetParam();
   if (!HaveGpus(mode.tp)) GTEST_SKIP() << "needs " << mode.tp << " GPU(s)";
-  auto ck = Checkpoint::Open(TinyDir());
-  ASSERT_OK(ck);
-  auto cpu = cpu::CpuModel::Create(**ck, nullptr);
-  ASSERT_OK(cpu);
-  auto ex = cpu::ReferenceExperts::Load(**ck);
-  ASSERT_OK(ex);
+  ASSERT_OK_AND_ASSIGN(TinyModel* tiny, TinyModel::Get());  // the fp32 CPU model and its reference experts
   CudaOptions opt;
   opt.fp32 = mode.fp32;
   opt.tp = mode.tp;
   opt.max_step_tokens = 48;  // the 64- and 86-token chunks run as several device passes
-  auto gpu = CreateCudaModel(**ck, opt);
+  auto gpu = CreateCudaModel(*tiny->ckpt, opt);
   ASSERT_OK(gpu);
-  const int64_t vocab = (*ck)->config().vocab_size;
-  Compare(**cpu, **gpu, **ex, MixedSchedule(vocab), vocab, mode.fp32 ? 1e-3f : 3e-2f,
+  const int64_t vocab = tiny->ckpt->config().vocab_size;
+  Compare(*tiny->model, **gpu, *tiny->experts, MixedSchedule(vocab), vocab, mode.fp32 ? 1e-3f : 3e-2f,
           "tiny/" + mode.name);
 }
 
@@ -184,12 +180,12 @@ TEST_P(CudaVsCpuTest, WideSyntheticMixedBatch) {
   cfg.o_lora_rank = 128;
   cfg.index_head_dim = 64;
   cfg.moe_intermediate_size = 256;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "numoe_gpu_wide_synthetic";
+  test::TempDir dir("numoe-gpu-wide-synthetic");
   synthetic::SyntheticOptions so;
   so.seed = 3;
-  const Status st = synthetic::MakeSyntheticCheckpoint(cfg, dir.string(), so);
+  const Status st = synthetic::MakeSyntheticCheckpoint(cfg, dir.str(), so);
   ASSERT_OK(st);
-  auto ck = Checkpoint::Open(dir.string());
+  auto ck = Checkpoint::Open(dir.str());
   ASSERT_OK(ck);
   auto cpu = cpu::CpuModel::Create(**ck, nullptr);
   ASSERT_OK(cpu);
@@ -212,12 +208,9 @@ class CudaCapacityTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!HaveGpus(1)) GTEST_SKIP() << "no CUDA device";
-    auto ck = Checkpoint::Open(TinyDir());
-    ASSERT_OK(ck);
-    ckpt_ = std::move(*ck);
-    auto ex = cpu::ReferenceExperts::Load(*ckpt_);
-    ASSERT_OK(ex);
-    experts_ = std::move(*ex);
+    ASSERT_OK_AND_ASSIGN(TinyModel* tiny, TinyModel::Get());
+    ckpt_ = tiny->ckpt.get();
+    experts_ = tiny->experts.get();
   }
   Status Feed(ModelBackend& m, SequenceId seq, int64_t n) {
     std::vector<int32_t> toks(static_cast<size_t>(n), 7);
@@ -225,10 +218,11 @@ class CudaCapacityTest : public ::testing::Test {
     st.seq = seq;
     st.tokens = toks;
     std::vector<SequenceLogits> out;
-    return m.Forward({&st, 1}, experts_.get(), &out);
+    return m.Forward({&st, 1}, experts_, &out);
   }
-  std::unique_ptr<Checkpoint> ckpt_;
-  std::unique_ptr<cpu::ReferenceExperts> experts_;
+  // The shared tests/support fixture's.
+  const Checkpoint* ckpt_ = nullptr;
+  cpu::ReferenceExperts* experts_ = nullptr;
 };
 
 TEST_F(CudaCapacityTest, SlotsContextAndPagePool) {

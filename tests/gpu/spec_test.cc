@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,12 +15,11 @@
 
 #include "common/checkpoint.h"
 #include "common/log.h"
-#include "common/quant.h"
-#include "common/safetensors.h"
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/generation.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
@@ -29,30 +27,14 @@ namespace {
 
 bool HaveGpus(int n) { return CudaCompiledIn() && CudaDeviceCount() >= n; }
 
-struct Fixture {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-};
+using Fixture = test::TinyModel;
 
+// A fixture of tests/data with its drafter's experts when it has one (tiny-v4's DSpark stages; demo-v4 has
+// none): the shared tests/support fixture.
 Fixture* Get(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Fixture>> cache;
-  auto& slot = cache[name];
-  if (slot) return slot.get();
-  auto f = std::make_unique<Fixture>();
-  auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/" + name);
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  f->ckpt = std::move(*ck);
-  auto e = cpu::ReferenceExperts::Load(*f->ckpt, /*include_drafter=*/f->ckpt->mtp_stages() > 0);
-  if (!e.ok()) {
-    ADD_FAILURE() << e.status();
-    return nullptr;
-  }
-  f->experts = std::move(*e);
-  slot = std::move(f);
-  return slot.get();
+  auto f = test::TinyModel::Get({.model = name, .drafter = name == "tiny-v4"});
+  if (!f.ok()) ADD_FAILURE() << f.status();
+  return f.ok() ? *f : nullptr;
 }
 
 // ---- rollback: state after (speculative step of k + Rollback(k - j)) == state after consuming j ----------
@@ -307,16 +289,12 @@ TEST(CudaRollbackErrors, RefusedWithClearErrors) {
 
 // Repetitive prompts (the model's golden prompt p0 three times, cut at different points), as in
 // tests/model/spec_test.cc, so the n-gram drafter finds continuations to propose.
-std::vector<GenerateRequest> Prompts(const std::string& model, int64_t count, int64_t new_tokens) {
+std::vector<GenerateRequest> Prompts(const Fixture& model, int64_t count, int64_t new_tokens) {
   std::vector<int32_t> base;
-  auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/" + model + "/golden.safetensors");
-  EXPECT_OK(g);
-  if (g.ok()) {
-    auto ids = ToF32(**(*g)->Get("p0.input_ids"));
-    EXPECT_OK(ids);
-    for (int rep = 0; rep < 3 && ids.ok(); ++rep) {
-      for (float v : ids->data) base.push_back(static_cast<int32_t>(v));
-    }
+  auto p0 = model.goldens.Find("p0");
+  EXPECT_OK(p0);
+  for (int rep = 0; rep < 3 && p0.ok(); ++rep) {
+    base.insert(base.end(), (*p0)->input_ids.begin(), (*p0)->input_ids.end());
   }
   std::vector<GenerateRequest> reqs;
   for (int64_t i = 0; i < count; ++i) {
@@ -349,7 +327,7 @@ TEST_P(CudaGreedySpecTest, NgramEqualsPlainGreedyAndTheCpuBackend) {
   ASSERT_OK(cpu);
   int64_t accepted = 0, drafted = 0;
   for (int64_t batch : {1, 3, 8}) {
-    const auto reqs = Prompts(c.model, batch, 24);
+    const auto reqs = Prompts(*f, batch, 24);
     auto plain = GenerateBatch(**gpu, *f->experts, reqs);
     ASSERT_OK(plain);
     if (c.fp32 && batch != 8) {  // the CPU reference (fp32: no near-tie flips; batches 1 and 3 cover it)
@@ -388,7 +366,7 @@ TEST(CudaGreedySpec, AdaptiveDepthKeepsLogits) {
   opt.fp32 = true;
   auto gpu = CreateCudaModel(*f->ckpt, opt);
   ASSERT_OK(gpu);
-  auto reqs = Prompts("demo-v4", 2, 20);
+  auto reqs = Prompts(*f, 2, 20);
   for (auto& r : reqs) r.keep_logits = true;
   auto plain = GenerateBatch(**gpu, *f->experts, reqs);
   ASSERT_OK(plain);

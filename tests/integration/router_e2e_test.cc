@@ -1,4 +1,4 @@
-// Issue #4's "done when", end to end on real processes: `numoe serve` with 4 workers on tiny-v4 (numoe-gpu on
+// The serving stack end to end on real processes: `numoe serve` with 4 workers on tiny-v4 (numoe-gpu on
 // the CPU backend, 4 numoe-workers, numoe-router), then
 //   - greedy token ids over REST (token-id prompts, ignore_eos, return_token_ids) equal the goldens for every
 //     prompt while 16 mixed streaming / non-streaming / gRPC requests run at once;

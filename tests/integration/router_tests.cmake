@@ -7,12 +7,15 @@ numoe_add_test(router_integration_test
   LABELS integration TIMEOUT 300)
 add_dependencies(router_integration_test numoe-router router_fake_worker)
 
-# The REST API through the official `openai` npm client (skipped, exit 77, when node/npm or the registry is
-# unreachable).
-add_test(NAME router_openai_node
-  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/node/run_openai_test.sh $<TARGET_FILE:numoe-router>
-          $<TARGET_FILE:router_fake_worker> ${NUMOE_TEST_DATA}/tiny-v4 ${CMAKE_CURRENT_BINARY_DIR}/node)
-set_tests_properties(router_openai_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)
+# The REST API through the official npm clients, `openai` and `@anthropic-ai/sdk` (each test skipped, exit
+# 77, when node/npm or the registry is unreachable).
+foreach(client openai anthropic)
+  add_test(NAME router_${client}_node
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/node/run_node_test.sh $<TARGET_FILE:numoe-router>
+            $<TARGET_FILE:router_fake_worker> ${NUMOE_TEST_DATA}/tiny-v4 ${CMAKE_CURRENT_BINARY_DIR}/node-${client}
+            ${client}_test.mjs)
+  set_tests_properties(router_${client}_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)
+endforeach()
 
 # Sampling (logprobs against the goldens, n, penalties, logit_bias, min_p) through the `openai` npm client
 # against `numoe serve` on tiny-v4 with the real CPU backend (skipped like router_openai_node).
@@ -21,7 +24,7 @@ add_test(NAME sampling_openai_node
           ${CMAKE_CURRENT_BINARY_DIR}/node-serve)
 set_tests_properties(sampling_openai_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 600)
 
-# Issue #4's end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
+# The end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
 numoe_add_test(router_e2e_test
   SOURCES router_e2e_test.cc
   LIBS numoe_proto numoe_common nlohmann_json::nlohmann_json

@@ -1,8 +1,9 @@
 // Real numoe-gpu + numoe-worker processes on loopback, tiny-v4: greedy token ids through the Worker gRPC
-// API equal the transformers goldens with several concurrent streams over two workers; a client that
-// cancels frees its sequence in numoe-gpu; a full queue answers RESOURCE_EXHAUSTED; bad input names the
-// field; a worker killed with SIGKILL mid-stream has its sequences and channel freed in numoe-gpu; a
-// worker with a different model is refused.
+// API equal the transformers goldens with several concurrent streams over four workers whose steps
+// interleave in numoe-gpu (speculation on for two of them, off for the others); a client that cancels frees
+// its sequence in numoe-gpu; a full queue answers RESOURCE_EXHAUSTED; bad input names the field; a worker
+// killed with SIGKILL mid-step has its sequences and channel freed in numoe-gpu while the other workers keep
+// emitting their goldens; a worker with a different model is refused.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -125,46 +126,55 @@ class Runtime : public ::testing::Test {
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
 };
 
-TEST_F(Runtime, ConcurrentGreedyStreamsOverTwoWorkersMatchGoldens) {
-  for (int i = 0; i < 2; ++i) {
-    StartWorker();
+// Four workers at once, two drafting with the model's DSpark stages (--spec auto) and two without
+// (--spec none): numoe-gpu's CPU backend interleaves their steps at the expert calls (GpuStats
+// overlapped_steps), and every stream still emits exactly the transformers goldens (the CPU backend is
+// batch invariant, so interleaving and batching change no bit).
+TEST_F(Runtime, ConcurrentGreedyStreamsOverFourWorkersInterleaveAndMatchGoldens) {
+  constexpr int kWorkers = 4;
+  for (int i = 0; i < kWorkers; ++i) {
+    StartWorker({"--spec", i % 2 == 0 ? "auto" : "none"});
     ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
   }
-  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).workers() == 2; }));
+  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).workers() == kWorkers; }));
 
-  // 12 streams at once: every prompt 3 times, spread over both workers.
-  constexpr int kCopies = 3;
+  // 16 streams at once: every prompt 4 times, each copy on another worker.
+  constexpr int kCopies = 4;
   std::vector<StreamResult> results(goldens_.size() * kCopies);
   std::vector<std::thread> threads;
   for (size_t k = 0; k < results.size(); ++k) {
     threads.emplace_back([&, k] {
       const GoldenPrompt& g = goldens_[k % goldens_.size()];
-      results[k] = Generate(*stubs_[k % 2], GreedyRequest(g));
+      results[k] = Generate(*stubs_[(k / goldens_.size() + k) % kWorkers], GreedyRequest(g));
     });
   }
   for (auto& t : threads) t.join();
   for (size_t k = 0; k < results.size(); ++k) {
     const GoldenPrompt& g = goldens_[k % goldens_.size()];
+    const size_t w = (k / goldens_.size() + k) % kWorkers;
     ASSERT_OK(results[k].status) << g.name << ": " << results[k].status.error_message();
-    EXPECT_EQ(results[k].tokens, g.greedy) << g.name << " on worker " << k % 2;
+    EXPECT_EQ(results[k].tokens, g.greedy) << g.name << " on worker " << w;
     EXPECT_EQ(results[k].finish_reason, "length");
     EXPECT_GE(results[k].messages, 2);  // streamed, not one reply at the end
   }
 
   const v1::GpuStats gs = GpuStats(*gpu_stub_);
-  EXPECT_EQ(gs.workers(), 2u);
+  EXPECT_EQ(gs.workers(), static_cast<uint32_t>(kWorkers));
+  EXPECT_GT(gs.overlapped_steps(), 0u) << "no step ran while another was between its layers";
   EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; })) << GpuStats(*gpu_stub_).DebugString();
   EXPECT_GT(gs.layer_hops(), 0u);
   EXPECT_GT(gs.layer_hop_p50_us(), 0.0);
   EXPECT_EQ(gs.backend(), "cpu");
   uint64_t tokens = 0;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kWorkers; ++i) {
     // A stream's last message can reach the client before the worker's engine has retired the sequence.
     EXPECT_TRUE(Eventually([&] { return WorkerStats(*stubs_[i]).active_sequences() == 0; }));
     const v1::WorkerStats ws = WorkerStats(*stubs_[i]);
     EXPECT_EQ(ws.active_sequences(), 0u);
     EXPECT_EQ(ws.outstanding_tokens(), 0u);
     EXPECT_EQ(ws.max_step_tokens(), 64u);
+    EXPECT_EQ(ws.spec_method(), i % 2 == 0 ? "dspark" : "none");
+    EXPECT_GT(ws.expert_seconds(), 0.0);  // the time inside its MoE calls
     tokens += ws.tokens_generated();
   }
   EXPECT_EQ(tokens, results.size() * 32);
@@ -214,12 +224,14 @@ TEST_F(Runtime, CancelQueueFullAndBadInput) {
   EXPECT_TRUE(Eventually([&] { return WorkerStats(w).active_sequences() == 0; }));
 }
 
-TEST_F(Runtime, KilledWorkerIsFreedInGpu) {
-  StartWorker();
-  StartWorker();
-  ASSERT_FALSE(addrs_[0].empty()) << workers_[0]->Log();
-  ASSERT_FALSE(addrs_[1].empty()) << workers_[1]->Log();
-  // Three long streams on worker 0, one on worker 1.
+// A worker killed with SIGKILL in the middle of its steps: numoe-gpu frees its sequences and channel, and
+// the other workers, whose steps interleave with its steps, keep emitting exactly their goldens throughout.
+TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) {
+  for (int i = 0; i < 3; ++i) {
+    StartWorker();
+    ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
+  }
+  // Three long streams on worker 0 (it is always mid-step), one on worker 1.
   std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
   std::vector<std::unique_ptr<grpc::ClientReader<v1::WorkerGenerateResponse>>> readers;
   for (int i = 0; i < 4; ++i) {
@@ -229,20 +241,60 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpu) {
     ASSERT_TRUE(readers.back()->Read(&resp));
   }
   v1::GpuStats before = GpuStats(*gpu_stub_);
-  EXPECT_EQ(before.workers(), 2u);
+  EXPECT_EQ(before.workers(), 3u);
   EXPECT_EQ(before.sequences(), 4u);
 
+  // Workers 1 and 2 run every golden prompt, round after round, until two rounds after the kill.
+  std::atomic<bool> killed{false};
+  std::vector<std::vector<StreamResult>> rounds[2];
+  std::vector<std::thread> loops;
+  for (int w = 1; w <= 2; ++w) {
+    loops.emplace_back([&, w] {
+      int after_kill = 0;
+      while (after_kill < 2) {
+        const bool was_killed = killed.load();
+        std::vector<StreamResult> round(goldens_.size());
+        std::vector<std::thread> streams;
+        for (size_t p = 0; p < goldens_.size(); ++p) {
+          streams.emplace_back([&, p] { round[p] = Generate(*stubs_[w], GreedyRequest(goldens_[p])); });
+        }
+        for (auto& t : streams) t.join();
+        rounds[w - 1].push_back(std::move(round));
+        if (was_killed) ++after_kill;
+      }
+    });
+  }
+  // Kill while worker 0 is mid-step and the others' golden streams are running.
+  ASSERT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() > 4; }));
+  const uint32_t killed_pid = static_cast<uint32_t>(workers_[0]->pid());
   workers_[0]->Kill();
-  // numoe-gpu notices the dead process and frees its sequences and channel; worker 1 is untouched.
+  killed = true;
+  // numoe-gpu notices the dead process and frees its sequences and channel; the others are untouched.
   EXPECT_TRUE(Eventually([&] {
     v1::GpuStats s = GpuStats(*gpu_stub_);
-    return s.workers() == 1 && s.sequences() == 1;
+    if (s.workers() != 2) return false;
+    for (const v1::GpuWorkerStats& w : s.worker_stats()) {
+      if (w.pid() == killed_pid) return false;
+    }
+    return true;
   })) << GpuStats(*gpu_stub_).DebugString();
   v1::WorkerGenerateResponse resp;
   while (readers[0]->Read(&resp)) {  // what was in flight, then the broken connection
   }
   EXPECT_EQ(readers[0]->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_TRUE(readers[3]->Read(&resp));  // worker 1 still streams
+  EXPECT_TRUE(readers[3]->Read(&resp));  // worker 1's long stream still streams
+  for (auto& t : loops) t.join();
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_GE(rounds[w].size(), 2u);
+    for (size_t r = 0; r < rounds[w].size(); ++r) {
+      for (size_t p = 0; p < goldens_.size(); ++p) {
+        const StreamResult& got = rounds[w][r][p];
+        ASSERT_OK(got.status) << "worker " << w + 1 << " round " << r << " " << goldens_[p].name << ": "
+                              << got.status.error_message();
+        EXPECT_EQ(got.tokens, goldens_[p].greedy) << "worker " << w + 1 << " round " << r << " " << goldens_[p].name;
+      }
+    }
+  }
   ctxs[3]->TryCancel();
   while (readers[3]->Read(&resp)) {
   }

@@ -157,6 +157,26 @@ TEST(Serve, AStartupFailureStopsServeWithTheReason) {
   EXPECT_TRUE(ProcessGroupMembers(pgid).empty());
 }
 
+// --tp and --gpus are checked (gpu::ResolveGpus) before any child starts.
+TEST(Serve, GpuChoicesThatCannotRunAreRefusedBeforeStarting) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--backend", "cpu", "--tp", "2"}, "--tp, --gpus and --cuda-device choose GPUs for --backend cuda"},
+      {{"--backend", "cuda", "--gpus", "0,0"}, "--gpus lists GPU 0 twice"},
+      {{"--backend", "cuda", "--gpus", "0,1", "--tp", "4"}, "--tp 4 disagrees with --gpus"},
+  };
+  for (const auto& [flags, needle] : cases) {
+    const TempDir tmp("numoe-serve-gpus");
+    std::vector<std::string> argv = {BinPath("numoe"), "serve", "--model", TinyDir(), "--workers", "1", "--no-router"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Child serve = Child::Start(argv, {.log = tmp / "serve.log", .stdout_file = tmp / "serve.out", .new_group = true});
+    const int status = serve.Wait(std::chrono::seconds(30));
+    const std::string log = serve.Log();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << log;
+    EXPECT_NE(log.find(needle), std::string::npos) << log;
+    EXPECT_EQ(log.find("started numoe-gpu"), std::string::npos) << log;
+  }
+}
+
 TEST(Serve, EndToEndThroughTheRouter) {
   if (!RealRouterBuilt()) GTEST_SKIP() << "numoe-router is not built yet";
   ASSERT_OK_AND_ASSIGN(const Goldens goldens, Goldens::Load(TinyDir()));

@@ -32,9 +32,7 @@ namespace {
 constexpr uint32_t kMaxRows = 64;
 
 struct Rig {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
+  test::TinyModel* tiny = nullptr;  // the shared fixture: tiny-v4, with or without its DSpark drafter
   gpu::ModelHost host;
   std::unique_ptr<gpu::WorkerSession> session;
   std::unique_ptr<shm::Channel> worker_end;
@@ -47,25 +45,18 @@ struct Rig {
   }
 };
 
-// `drafter`: load the DSpark drafter and announce it; `verify`: the geometry's verify flag.
+// `drafter`: load the DSpark drafter (and its stages' experts) and announce it; `verify`: the geometry's
+// verify flag.
 std::unique_ptr<Rig> MakeRig(bool drafter, bool verify) {
   auto r = std::make_unique<Rig>();
-  auto ck = Checkpoint::Open(test::TinyDir());
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
+  auto tiny = test::TinyModel::Get({.drafter = drafter});
+  if (!tiny.ok()) {
+    ADD_FAILURE() << tiny.status();
     return nullptr;
   }
-  r->ckpt = std::move(*ck);
-  auto model = cpu::CpuModel::Create(*r->ckpt, nullptr, {.drafter = drafter});
-  auto ex = cpu::ReferenceExperts::Load(*r->ckpt, /*include_drafter=*/true);
-  if (!model.ok() || !ex.ok()) {
-    ADD_FAILURE() << model.status() << " " << ex.status();
-    return nullptr;
-  }
-  r->model = std::move(*model);
-  r->experts = std::move(*ex);
-  r->host.model = r->model.get();
-  const ModelConfig& cfg = r->ckpt->config();
+  r->tiny = *tiny;
+  r->host.model = r->tiny->model.get();
+  const ModelConfig& cfg = r->tiny->ckpt->config();
   r->vocab = cfg.vocab_size;
   shm::Geometry geo{.hidden = static_cast<uint32_t>(cfg.hidden_size),
                     .top_k = static_cast<uint32_t>(cfg.num_experts_per_tok),
@@ -90,13 +81,8 @@ std::unique_ptr<Rig> MakeRig(bool drafter, bool verify) {
   r->session = std::make_unique<gpu::WorkerSession>(&r->host, gpu::SessionInfo{.lease = 1, .worker_id = "spec"},
                                                     std::move(*gpu_end));
   r->session->Start(nullptr);
-  r->remote = std::make_unique<RemoteExecutor>(r->worker_end.get(), r->experts.get());
-  auto goldens = test::Goldens::Load(test::TinyDir());
-  if (!goldens.ok()) {
-    ADD_FAILURE() << goldens.status();
-    return nullptr;
-  }
-  r->goldens = std::move(*goldens);
+  r->remote = std::make_unique<RemoteExecutor>(r->worker_end.get(), r->tiny->experts.get());
+  r->goldens = r->tiny->goldens;
   return r;
 }
 
@@ -117,12 +103,12 @@ int32_t Prefill(Rig& r, ExecSeq seq, const std::vector<int32_t>& prompt) {
 TEST(SpecChannel, LimitsReportTheGpusDrafter) {
   auto r = MakeRig(/*drafter=*/true, /*verify=*/true);
   ASSERT_NE(r, nullptr);
-  EXPECT_EQ(r->remote->limits().drafter, SpecMethod::kDspark);
-  EXPECT_EQ(r->remote->limits().max_model_drafts, 16);
+  EXPECT_EQ(r->remote->limits().drafter(), SpecMethod::kDspark);
+  EXPECT_EQ(r->remote->limits().max_model_drafts(), 16);
   auto plain = MakeRig(/*drafter=*/false, /*verify=*/false);
   ASSERT_NE(plain, nullptr);
-  EXPECT_EQ(plain->remote->limits().drafter, SpecMethod::kNone);
-  EXPECT_EQ(plain->remote->limits().max_model_drafts, 0);
+  EXPECT_EQ(plain->remote->limits().drafter(), SpecMethod::kNone);
+  EXPECT_EQ(plain->remote->limits().max_model_drafts(), 0);
 }
 
 struct SpecCounts {
@@ -210,7 +196,7 @@ TEST(SpecChannel, ModelDraftsEmitTheGreedyGoldensAtEveryDepth) {
 TEST(SpecChannel, SampledSpeculativeTokensEqualGenerateBatch) {
   auto r = MakeRig(/*drafter=*/true, /*verify=*/true);
   ASSERT_NE(r, nullptr);
-  auto local = cpu::CpuModel::Create(*r->ckpt, nullptr, {.drafter = true});
+  auto local = cpu::CpuModel::Create(*r->tiny->ckpt, nullptr, {.drafter = true});
   ASSERT_OK(local);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> sampling;
@@ -225,7 +211,7 @@ TEST(SpecChannel, SampledSpeculativeTokensEqualGenerateBatch) {
                                    .prefill_chunk = kMaxRows});
   }
   const int32_t depth = 3;
-  auto want = GenerateBatch(**local, *r->experts, reqs, nullptr,
+  auto want = GenerateBatch(**local, *r->tiny->experts, reqs, nullptr,
                             SpecConfig{.method = SpecMethod::kDspark, .depth = depth});
   ASSERT_OK(want);
   SpecCounts c;

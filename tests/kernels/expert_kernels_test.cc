@@ -23,12 +23,12 @@
 namespace numoe {
 namespace {
 
-using testing::ActError;
-using testing::OwnedExpert;
-using testing::RandomExperts;
-using testing::Reference;
-using testing::ReferenceMoe;
-using testing::Refs;
+using test::ActError;
+using test::OwnedExpert;
+using test::RandomExperts;
+using test::Reference;
+using test::ReferenceMoe;
+using test::Refs;
 
 // Pack's StatusOr unwrapped inside a void test helper.
 #define ASSERT_OK_AND_ASSIGN_LAYER(name, expr)            \
@@ -321,7 +321,7 @@ TEST_P(ExpertKernelTest, TileKernelSingleGemvBound) {
     std::vector<double> a(hidden), zero(hidden, 0.0), want, bound;
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t col = 0; col < hidden; ++col) a[col] = x[i * hidden + col];
-      testing::GemvWithBound(experts[0].w1, a, zero, ErrorModel(c), kEps, &want, &bound);
+      test::GemvWithBound(experts[0].w1, a, zero, ErrorModel(c), kEps, &want, &bound);
       for (int64_t r = 0; r < inter; ++r) {
         const double got = y.data()[i * ldo + r];
         ASSERT_LE(std::abs(got - want[r]), bound[r]) << "row " << i << " output " << r << ": " << got << " vs "

@@ -10,7 +10,7 @@
 
 #include "worker/experts/expert_layer.h"
 
-namespace numoe::testing {
+namespace numoe::test {
 
 // A checkpoint-format MXFP4 matrix that owns its bytes.
 struct OwnedMxfp4 {
@@ -160,4 +160,4 @@ inline Reference ReferenceMoe(const std::vector<OwnedExpert>& experts, int64_t h
   return ref;
 }
 
-}  // namespace numoe::testing
+}  // namespace numoe::test

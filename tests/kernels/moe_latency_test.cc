@@ -54,8 +54,8 @@ class MoeLatencyTest : public ::testing::Test {
     ASSERT_OK(isa);
     isa_ = *isa;
     std::mt19937 rng(7);
-    experts_ = testing::RandomExperts(kExperts, kHidden, kInter, rng);
-    auto layer = ExpertLayer::Pack(kHidden, kInter, testing::Refs(experts_), isa_);
+    experts_ = test::RandomExperts(kExperts, kHidden, kInter, rng);
+    auto layer = ExpertLayer::Pack(kHidden, kInter, test::Refs(experts_), isa_);
     ASSERT_OK(layer);
     layer_ = std::move(*layer);
   }
@@ -81,7 +81,7 @@ class MoeLatencyTest : public ::testing::Test {
   }
 
   Isa isa_ = Isa::kGeneric;
-  std::vector<testing::OwnedExpert> experts_;
+  std::vector<test::OwnedExpert> experts_;
   std::unique_ptr<ExpertLayer> layer_;
 };
 

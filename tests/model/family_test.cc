@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/state_size.h"
+#include "tests/support/files.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
@@ -56,15 +56,14 @@ class FamilyTest : public ::testing::TestWithParam<Variant> {
     cfg.hca_rate = v.hca_rate;
     cfg.index_n_heads = v.index_heads;
     cfg.index_topk = v.index_topk;
-    dir_ = std::filesystem::temp_directory_path() / ("numoe_family_" + v.name + "_" + std::to_string(getpid()));
     synthetic::SyntheticOptions opt;
     opt.seed = 11;
     opt.num_shards = v.num_shards;
     opt.tid2eid_dtype = v.tid2eid;
     opt.write_index = v.num_shards > 1;
-    Status st = synthetic::MakeSyntheticCheckpoint(cfg, dir_.string(), opt);
+    Status st = synthetic::MakeSyntheticCheckpoint(cfg, dir_.str(), opt);
     ASSERT_OK(st);
-    auto ck = Checkpoint::Open(dir_.string());
+    auto ck = Checkpoint::Open(dir_.str());
     ASSERT_OK(ck);
     ckpt_ = std::move(*ck);
     auto model = cpu::CpuModel::Create(*ckpt_, nullptr);
@@ -74,7 +73,6 @@ class FamilyTest : public ::testing::TestWithParam<Variant> {
     ASSERT_OK(ex);
     experts_ = std::move(*ex);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Logits for every token of `ids`, fed in chunks of `chunk` (0 = all at once).
   std::vector<float> RunChunked(const std::vector<int32_t>& ids, size_t chunk) {
@@ -99,7 +97,7 @@ class FamilyTest : public ::testing::TestWithParam<Variant> {
     return all;
   }
 
-  std::filesystem::path dir_;
+  test::TempDir dir_{"numoe-family"};  // the variant's checkpoint; removed with the fixture
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<cpu::CpuModel> model_;
   std::unique_ptr<cpu::ReferenceExperts> experts_;

@@ -12,13 +12,14 @@
 #include "model/generation.h"
 #include "model/sampling.h"
 #include "model/state_size.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
 TEST(StateSize, V4FlashGrowsBy3440ValuesPerToken) {
-  auto cfg = LoadModelConfig(std::string(NUMOE_TEST_DATA) + "/v4-flash-0731.config.json");
+  auto cfg = LoadModelConfig(test::TestDataDir() + "/v4-flash-0731.config.json");
   ASSERT_OK(cfg);
   StateSize s = ComputeStateSize(*cfg);
   EXPECT_DOUBLE_EQ(s.growing_values_per_token, 3440.0);
@@ -31,15 +32,11 @@ TEST(StateSize, V4FlashGrowsBy3440ValuesPerToken) {
 }
 
 TEST(StateSize, CpuModelHoldsExactlyTheAccountedState) {
-  auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  ASSERT_OK(ck);
-  auto model = cpu::CpuModel::Create(**ck, nullptr);
-  ASSERT_OK(model);
-  auto experts = cpu::ReferenceExperts::Load(**ck);
-  ASSERT_OK(experts);
-  const ModelConfig& cfg = (*ck)->config();
+  ASSERT_OK_AND_ASSIGN(test::TinyModel* t, test::TinyModel::Get());
+  cpu::CpuModel* model = t->model.get();
+  const ModelConfig& cfg = t->ckpt->config();
   StateSize want = ComputeStateSize(cfg);
-  auto seq = (*model)->CreateSequence();
+  auto seq = model->CreateSequence();
   ASSERT_OK(seq);
   std::vector<int32_t> toks(300);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 37) % cfg.vocab_size);
@@ -47,39 +44,37 @@ TEST(StateSize, CpuModelHoldsExactlyTheAccountedState) {
   int64_t fed = 0;
   for (int64_t chunk : {37, 100, 1, 162}) {
     SequenceStep st{*seq, std::span<const int32_t>(toks.data() + fed, static_cast<size_t>(chunk)), false};
-    ASSERT_OK((*model)->Forward({&st, 1}, experts->get(), &out));
+    ASSERT_OK(model->Forward({&st, 1}, t->experts.get(), &out));
     fed += chunk;
-    auto mem = (*model)->Memory(*seq);
+    auto mem = model->Memory(*seq);
     ASSERT_OK(mem);
     EXPECT_EQ(mem->position, fed);
     EXPECT_EQ(mem->growing_bytes, want.GrowingValuesAt(cfg, fed) * 4) << "after " << fed << " tokens";
     EXPECT_GE(mem->fixed_bytes, want.fixed_values * 4);
     EXPECT_GE(mem->capacity_bytes, mem->fixed_bytes + mem->growing_bytes);
   }
+  EXPECT_OK(model->ReleaseSequence(*seq));  // the fixture is shared
 }
 
 TEST(Forward, RejectsBadSteps) {
-  auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/tiny-v4");
-  ASSERT_OK(ck);
-  auto model = cpu::CpuModel::Create(**ck, nullptr);
-  ASSERT_OK(model);
-  auto experts = cpu::ReferenceExperts::Load(**ck);
-  ASSERT_OK(experts);
+  ASSERT_OK_AND_ASSIGN(test::TinyModel* t, test::TinyModel::Get());
+  cpu::CpuModel* model = t->model.get();
+  ExpertBackend* experts = t->experts.get();
   std::vector<SequenceLogits> out;
   std::vector<int32_t> ok_tokens = {1, 2, 3}, bad_tokens = {1, 5000};
   SequenceStep missing{999, ok_tokens, false};
-  Status st = (*model)->Forward({&missing, 1}, experts->get(), &out);
+  Status st = model->Forward({&missing, 1}, experts, &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
-  auto seq = (*model)->CreateSequence();
+  auto seq = model->CreateSequence();
   ASSERT_OK(seq);
   SequenceStep bad{*seq, bad_tokens, false};
-  st = (*model)->Forward({&bad, 1}, experts->get(), &out);
+  st = model->Forward({&bad, 1}, experts, &out);
   EXPECT_NE(st.message().find("token id 5000"), std::string::npos) << st;
   SequenceStep twice[2] = {{*seq, ok_tokens, false}, {*seq, ok_tokens, false}};
-  st = (*model)->Forward({twice, 2}, experts->get(), &out);
+  st = model->Forward({twice, 2}, experts, &out);
   EXPECT_NE(st.message().find("twice"), std::string::npos) << st;
-  EXPECT_OK((*model)->ReleaseSequence(*seq));
-  EXPECT_FALSE((*model)->ReleaseSequence(*seq).ok());
+  EXPECT_OK(model->ReleaseSequence(*seq));
+  EXPECT_FALSE(model->ReleaseSequence(*seq).ok());
 }
 
 TEST(Sampling, GreedyAndSeededSampling) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/support/files.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/process.h"
 
 namespace numoe::test {
@@ -74,13 +75,15 @@ TEST(MtpCliTest, MkmodelInspectGenerate) {
   }
   RunResult dspark = with({"--spec", "dspark"});
   EXPECT_EQ(dspark.rc, 1);
-  EXPECT_THAT(dspark.out, HasSubstr("--spec dspark: this checkpoint has no DSpark stages"));
+  // The one --spec policy's message (model/spec_policy.h), as numoe serve prints it.
+  EXPECT_THAT(dspark.out, HasSubstr("--spec dspark: " + out + " has a mtp drafter"));
+  EXPECT_THAT(dspark.out, HasSubstr("use --spec mtp, ngram or none"));
 
   // The DSpark fixture has no MTP block.
-  RunResult fixture = Numoe({"generate", "--model", std::string(NUMOE_TEST_DATA) + "/tiny-v4", "--prompt-ids", "5,6",
-                             "--spec", "mtp"});
+  RunResult fixture = Numoe({"generate", "--model", TinyDir(), "--prompt-ids", "5,6", "--spec", "mtp"});
   EXPECT_EQ(fixture.rc, 1);
-  EXPECT_THAT(fixture.out, HasSubstr("--spec mtp: this checkpoint has no MTP block"));
+  EXPECT_THAT(fixture.out, HasSubstr("--spec mtp: " + TinyDir() + " has a dspark drafter"));
+  EXPECT_THAT(fixture.out, HasSubstr("use --spec dspark, ngram or none"));
 }
 
 TEST(MtpCliTest, MkmodelDrafterFlagErrors) {

@@ -6,80 +6,32 @@
 // state is bit-for-bit that of a sequence that never drafted.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/checkpoint.h"
-#include "common/synthetic/presets.h"
-#include "common/synthetic/synthetic.h"
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
 #include "tests/model/chi_square.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
-namespace fs = std::filesystem;
+using Loaded = test::TinyModel;
 
-struct Loaded {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-};
-
-// The synthetic tiny MTP checkpoint, written once per process into a temporary directory (removed once loaded:
-// the weights are then in memory).
+// The synthetic tiny MTP checkpoint with its drafter (the shared tests/support fixture).
 Loaded* GetMtp() {
-  static std::unique_ptr<Loaded> cached;
-  if (cached) return cached.get();
-  auto preset = synthetic::MakePreset({.preset = "tiny", .drafter = "mtp"});
-  if (!preset.ok()) {
-    ADD_FAILURE() << preset.status();
-    return nullptr;
-  }
-  EXPECT_EQ(preset->mtp_stages, 1);
-  EXPECT_EQ(preset->config.dspark_block_size, 0);
-  const fs::path dir = fs::temp_directory_path() / ("numoe-mtp-test-" + std::to_string(::getpid()));
-  synthetic::SyntheticOptions opt;
-  opt.seed = 11;
-  opt.mtp_stages = preset->mtp_stages;
-  if (Status s = synthetic::MakeSyntheticCheckpoint(preset->config, dir.string(), opt); !s.ok()) {
-    ADD_FAILURE() << s;
-    return nullptr;
-  }
-  auto l = std::make_unique<Loaded>();
-  auto ck = Checkpoint::Open(dir.string());
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  l->ckpt = std::move(*ck);
-  auto m = cpu::CpuModel::Create(*l->ckpt, nullptr, {.drafter = true});
-  if (!m.ok()) {
-    ADD_FAILURE() << m.status();
-    return nullptr;
-  }
-  l->model = std::move(*m);
-  auto e = cpu::ReferenceExperts::Load(*l->ckpt, /*include_drafter=*/true);
-  if (!e.ok()) {
-    ADD_FAILURE() << e.status();
-    return nullptr;
-  }
-  l->experts = std::move(*e);
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  cached = std::move(l);
-  return cached.get();
+  auto m = test::TinyModel::Get({.model = test::kTinyMtp, .drafter = true});
+  if (!m.ok()) ADD_FAILURE() << m.status();
+  return m.ok() ? *m : nullptr;
 }
 
 std::vector<GenerateRequest> Prompts(int64_t count, int64_t vocab, int64_t new_tokens) {
@@ -99,6 +51,7 @@ TEST(Mtp, LoadsTheBlockAsTheModelsDrafter) {
   Loaded* l = GetMtp();
   ASSERT_NE(l, nullptr);
   EXPECT_EQ(l->ckpt->mtp_stages(), 1);
+  EXPECT_EQ(l->ckpt->config().dspark_block_size, 0);
   EXPECT_EQ(l->model->drafter(), SpecMethod::kMtp);
   // Without the drafter option nothing drafts, and asking for MTP is refused with the flag's name.
   auto plain = cpu::CpuModel::Create(*l->ckpt, nullptr);

@@ -12,63 +12,36 @@
 #include <vector>
 
 #include "common/checkpoint.h"
-#include "common/quant.h"
-#include "common/safetensors.h"
+#include "common/choices.h"
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/generation.h"
 #include "tests/model/chi_square.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
 
-struct Loaded {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-};
+using Loaded = test::TinyModel;
 
+// A fixture of tests/data with its drafter when it has one (tiny-v4's DSpark stages; demo-v4 has none).
 Loaded* Get(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Loaded>> cache;
-  auto& slot = cache[name];
-  if (slot) return slot.get();
-  auto l = std::make_unique<Loaded>();
-  auto ck = Checkpoint::Open(std::string(NUMOE_TEST_DATA) + "/" + name);
-  if (!ck.ok()) {
-    ADD_FAILURE() << ck.status();
-    return nullptr;
-  }
-  l->ckpt = std::move(*ck);
-  const bool drafter = l->ckpt->mtp_stages() > 0;
-  auto m = cpu::CpuModel::Create(*l->ckpt, nullptr, {.drafter = drafter});
-  if (!m.ok()) {
-    ADD_FAILURE() << m.status();
-    return nullptr;
-  }
-  l->model = std::move(*m);
-  auto e = cpu::ReferenceExperts::Load(*l->ckpt, drafter);
-  if (!e.ok()) {
-    ADD_FAILURE() << e.status();
-    return nullptr;
-  }
-  l->experts = std::move(*e);
-  slot = std::move(l);
-  return slot.get();
+  auto m = test::TinyModel::Get({.model = name, .drafter = name == "tiny-v4"});
+  if (!m.ok()) ADD_FAILURE() << m.status();
+  return m.ok() ? *m : nullptr;
 }
 
 // Repetitive prompts: a golden prompt of the model (real text for demo-v4) said three times, cut at
 // different points, so the model's continuation repeats it and an n-gram drafter has something to find.
-std::vector<GenerateRequest> Prompts(const std::string& model, int64_t count, int64_t vocab, int64_t new_tokens,
+std::vector<GenerateRequest> Prompts(const Loaded& model, int64_t count, int64_t vocab, int64_t new_tokens,
                                      bool repetitive) {
   std::vector<int32_t> base;
   if (repetitive) {
-    auto g = TensorStore::Open(std::string(NUMOE_TEST_DATA) + "/" + model + "/golden.safetensors");
-    EXPECT_OK(g);
-    auto ids = ToF32(**(*g)->Get("p0.input_ids"));
-    EXPECT_OK(ids);
-    for (int rep = 0; rep < 3; ++rep) {
-      for (float f : ids->data) base.push_back(static_cast<int32_t>(f));
+    auto p0 = model.goldens.Find("p0");
+    EXPECT_OK(p0);
+    for (int rep = 0; rep < 3 && p0.ok(); ++rep) {
+      base.insert(base.end(), (*p0)->input_ids.begin(), (*p0)->input_ids.end());
     }
   }
   std::vector<GenerateRequest> reqs;
@@ -102,7 +75,7 @@ TEST_P(GreedySpecTest, EmitsExactlyThePlainGreedyTokens) {
   const int64_t V = l->ckpt->config().vocab_size;
   int64_t accepted = 0, drafted = 0;
   for (int64_t batch : {1, 3, 8}) {
-    const auto reqs = Prompts(c.model, batch, V, 24, c.repetitive);
+    const auto reqs = Prompts(*l, batch, V, 24, c.repetitive);
     auto plain = GenerateBatch(*l->model, *l->experts, reqs);
     ASSERT_OK(plain);
     for (int64_t depth = 1; depth <= 7; ++depth) {
@@ -138,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(Drafters, GreedySpecTest,
 TEST(GreedySpec, AdaptiveDepthAndLogitsKeepTheirMeaning) {
   Loaded* l = Get("tiny-v4");
   ASSERT_NE(l, nullptr);
-  auto reqs = Prompts("tiny-v4", 2, l->ckpt->config().vocab_size, 20, true);
+  auto reqs = Prompts(*l, 2, l->ckpt->config().vocab_size, 20, true);
   for (auto& r : reqs) r.keep_logits = true;
   auto plain = GenerateBatch(*l->model, *l->experts, reqs);
   ASSERT_OK(plain);
@@ -209,7 +182,7 @@ TEST(Spec, NgramProposesTheContinuationOfTheLongestSuffix) {
   const std::vector<int32_t> short_history = {1, 2, 3};
   EXPECT_TRUE(NgramPropose(short_history, 3, 4, 1).empty());
   EXPECT_FALSE(ValidateSpec(SpecConfig{.depth = 0}).ok());
-  EXPECT_FALSE(ParseSpecMethod("bogus").ok());
+  EXPECT_FALSE(ParseChoice<SpecChoice>("bogus", "--spec").ok());  // --spec's one parser
 }
 
 }  // namespace

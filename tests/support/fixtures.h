@@ -1,5 +1,6 @@
 // The checked-in fixtures of tests/data: the transformers goldens of a model directory, and a tiny model
-// (checkpoint, fp32 CPU model, reference experts) loaded once per test process.
+// (checkpoint, fp32 CPU model, reference experts) loaded once per test process; plus the one synthetic
+// fixture tests/data does not hold, the tiny MTP-only checkpoint (kTinyMtp).
 #pragma once
 
 #include <cstdint>
@@ -23,9 +24,11 @@ class ReferenceExperts;
 
 namespace numoe::test {
 
-// tests/data (NUMOE_TEST_DATA) and its tiny-v4 model directory.
+// tests/data (NUMOE_TEST_DATA), its tiny-v4 model directory (random weights, DSpark stages) and its demo-v4
+// one (small trained model, no drafter).
 std::string TestDataDir();
 std::string TinyDir();
+std::string DemoDir();
 
 // The bytes of a safetensors file: 8-byte little-endian header length, header, data; `header_len` other than
 // header.size() makes a corrupt one.
@@ -64,8 +67,14 @@ class Goldens {
   std::vector<GoldenPrompt> prompts_;
 };
 
+// TinyModelOptions::model for the synthetic tiny checkpoint with one preview-Flash MTP block and no DSpark
+// config (numoe mkmodel --preset tiny --drafter mtp, seed 11): written to a scratch directory on first use,
+// loaded, and the directory removed (the loaded objects keep what they need). It has no goldens.
+inline constexpr char kTinyMtp[] = "tiny-mtp";
+
 struct TinyModelOptions {
-  // A model directory of tests/data ("tiny-v4", "demo-v4"), or an absolute path (a checkpoint a test wrote).
+  // A model directory of tests/data ("tiny-v4", "demo-v4"), kTinyMtp, or an absolute path (a checkpoint a
+  // test wrote).
   std::string model = "tiny-v4";
   // Load the checkpoint's drafter into the CPU model and its routed experts into the reference experts.
   bool drafter = false;

@@ -30,6 +30,7 @@ std::string SafetensorsBytes(const std::string& header, const std::string& data,
 
 std::string TestDataDir() { return NUMOE_TEST_DATA; }
 std::string TinyDir() { return TestDataDir() + "/tiny-v4"; }
+std::string DemoDir() { return TestDataDir() + "/demo-v4"; }
 
 StatusOr<Goldens> Goldens::Load(const std::string& dir) {
   Goldens g;

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "common/log.h"
+#include "model/spec_policy.h"
 
 namespace numoe::engine {
 
@@ -68,28 +69,7 @@ Status ValidateEngineOptions(const EngineOptions& o) {
 }
 
 Status CheckSpec(const SpecConfig& spec, const ExecutorLimits& limits) {
-  if (spec.method == SpecMethod::kNone) return absl::OkStatus();
-  const char* name = SpecMethodName(spec.method);
-  if (Status st = ValidateSpec(spec); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec ", name, ": ", st.message(), " (set --spec-depth)"));
-  }
-  if (spec.method == SpecMethod::kNgram) return absl::OkStatus();  // drafts in the worker, needs no weights
-  if (limits.drafter != spec.method) {
-    const char* what = spec.method == SpecMethod::kDspark ? "DSpark" : "MTP";
-    if (limits.drafter == SpecMethod::kNone) {
-      return absl::FailedPreconditionError(absl::StrCat("--spec ", name, ": numoe-gpu has no ", what,
-                                                        " drafter loaded; start it with --spec ", name,
-                                                        " or use --spec ngram|none"));
-    }
-    return absl::FailedPreconditionError(absl::StrCat("--spec ", name, ": numoe-gpu's drafter is ",
-                                                      SpecMethodName(limits.drafter), ", not ", what, "; use --spec ",
-                                                      SpecMethodName(limits.drafter), ", ngram or none"));
-  }
-  if (limits.max_model_drafts > 0 && spec.depth > limits.max_model_drafts) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec-depth ", spec.depth, ": numoe-gpu's drafter proposes at most ",
-                                                   limits.max_model_drafts, " tokens per step"));
-  }
-  return absl::OkStatus();
+  return CheckSpecAgainstModel(spec, limits.model, ModelSide::kNumoeGpu);
 }
 
 Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(executor), options_(options) {
@@ -100,8 +80,8 @@ Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(exe
   options_.max_seqs = std::max<int64_t>(options_.max_seqs, 1);
   options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, 1);
   stats_.max_seqs = options_.max_seqs;
-  // The worker refuses a bad spec at start-up (CheckSpec); an engine built without that check serves
-  // without speculation rather than asking the executor for something it cannot do.
+  // The worker refuses a bad spec at start-up (CheckSpecAgainstGpu); an engine given a spec its executor
+  // cannot serve runs without speculation rather than asking the executor for something it cannot do.
   if (options_.spec.method != SpecMethod::kNone) {
     if (Status st = CheckSpec(options_.spec, lim); !st.ok()) {
       NLOG(WARNING) << "speculative decoding off: " << st;
@@ -109,8 +89,8 @@ Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(exe
     }
   }
   max_drafts_ = options_.spec.depth;
-  if (options_.spec.method != SpecMethod::kNgram && lim.max_model_drafts > 0) {
-    max_drafts_ = std::min(max_drafts_, lim.max_model_drafts);
+  if (options_.spec.method != SpecMethod::kNgram && lim.max_model_drafts() > 0) {
+    max_drafts_ = std::min(max_drafts_, lim.max_model_drafts());
   }
   stats_.spec_method = options_.spec.method;
 }
@@ -254,7 +234,7 @@ void Engine::AdmitOne(Request& r, const std::unordered_set<RequestId>& cancels) 
   } else if (r.req.max_new_tokens == 0) {
     r.done = true;
     g.sink->OnTokens(r.choice, {}, {}, "length");
-  } else if (r.choice > 0 && g.leader != nullptr && !g.leader->done && executor_->limits().fork &&
+  } else if (r.choice > 0 && g.leader != nullptr && !g.leader->done && executor_->limits().model.fork &&
              r.req.prompt.size() >= 2 && g.leader->fed <= r.req.prompt.size() - 1) {
     // The leader has not passed the fork point (all but the last prompt token): fork from it there.
     r.await_fork = true;
@@ -546,6 +526,7 @@ void Engine::UpdateRateLocked() {
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s = stats_;
+  s.expert_seconds = executor_->expert_seconds();
   s.decode_tokens_per_s = 0.0;
   if (rate_window_.size() >= 2) {
     const double now = NowSeconds();

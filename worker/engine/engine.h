@@ -20,7 +20,7 @@
 // wherever it is, and its sequence is closed in the executor (freed in numoe-gpu).
 //
 // n choices (EngineRequest::n): n sequences of one prompt, choice i sampling with ChoiceSeed(seed, i)
-// (model/sampling.h). The prompt is prefilled once when the executor forks (ExecutorLimits::fork) and the
+// (model/sampling.h). The prompt is prefilled once when the executor forks (its model's Capabilities::fork, ExecutorLimits::model) and the
 // choices are admitted together: choice 0 prefills all but the last prompt token, then the others are forked
 // from it (Executor::Fork) and all n feed the last token and sample, each its own way from there. A choice
 // admitted after choice 0 passed that point, or without fork, prefills the prompt itself.
@@ -58,7 +58,7 @@ struct EngineOptions {
   int64_t eos_token_id = 1;
   int64_t max_context = 0;        // prompt + generated tokens per sequence; 0 = unlimited
   // Speculative decoding. kNgram drafts here (NgramPropose over prompt + generated); kDspark / kMtp ask
-  // the executor's model drafter (must equal ExecutorLimits::drafter). spec.depth is the server's depth;
+  // the executor's model drafter (must equal ExecutorLimits::drafter()). spec.depth is the server's depth;
   // with spec.adaptive each sequence moves its own depth in [1, spec.depth] by its recent acceptance.
   // Drafts never run past max_new_tokens or max_context, and a step's drafts share max_step_tokens
   // with the decode tokens and prompt chunks (every decoding sequence gets its one token first, then
@@ -68,10 +68,9 @@ struct EngineOptions {
 // Errors name the option.
 Status ValidateEngineOptions(const EngineOptions& o);
 
-// The start-up check of a speculative-decoding setting against the executor (numoe-gpu): ValidateSpec,
-// and kDspark / kMtp need limits.drafter == spec.method (and spec.depth <= limits.max_model_drafts when
-// that is set). Errors say what to change (the flags --spec / --spec-depth). kNone and kNgram need no
-// drafter. An Engine given a spec that fails this serves without speculation (and logs why).
+// A speculative-decoding setting against what the executor's model declares (ExecutorLimits::model): the
+// one rule of model/spec_policy.h (CheckSpecAgainstModel), worded for numoe-gpu. An Engine given a spec
+// that fails it serves without speculation (and logs why).
 Status CheckSpec(const SpecConfig& spec, const ExecutorLimits& limits);
 
 struct EngineRequest {
@@ -115,6 +114,8 @@ struct EngineStats {
   int64_t spec_verify_steps = 0;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
+  // Seconds inside the routed experts (computed or simulated) since start (Executor::expert_seconds).
+  double expert_seconds = 0;
 };
 
 // What one step carried (tests and debug logs).

@@ -34,11 +34,14 @@ struct ExecutorLimits {
   int64_t max_step_tokens = 0;  // tokens per Step (sum over items); 0 = unbounded
   int64_t max_seqs = 0;         // open sequences at once; 0 = unbounded
   bool logits = false;          // StepItem::logits is supported
-  // The model drafter StepItem::model_drafts uses (kNone: model_drafts must be 0) and the most drafts
-  // one item may ask for (0 = no limit beyond max_step_tokens).
-  SpecMethod drafter = SpecMethod::kNone;
-  int64_t max_model_drafts = 0;
-  bool fork = false;  // Fork is supported (the model's Capabilities::fork)
+  // What the model behind the executor declares: verification, the model drafter StepItem::model_drafts
+  // uses (kNone: model_drafts must be 0), the most tokens of a speculative step. A speculative setting is
+  // checked against it (CheckSpecAgainstModel, model/spec_policy.h).
+  Capabilities model;
+
+  SpecMethod drafter() const { return model.drafter; }
+  // The most drafts one item may ask the model drafter for: 0 without one, else MaxDraftsPerItem(model).
+  int64_t max_model_drafts() const { return drafter() == SpecMethod::kNone ? 0 : MaxDraftsPerItem(model); }
 };
 
 class Executor {
@@ -49,7 +52,7 @@ class Executor {
   // A new sequence that starts as a copy of `parent`'s state (ModelBackend::ForkSequence) with its own
   // sampler (`sampling`; the parent's penalty history). Call it between steps, after a step in which the
   // parent ran (not speculatively); the copy may be deferred to the next Step (RemoteExecutor), where it
-  // happens before that step runs. Only with limits().fork.
+  // happens before that step runs. Only with limits().model.fork.
   virtual StatusOr<ExecSeq> Fork(ExecSeq parent, const SamplingParams& sampling) {
     (void)parent;
     (void)sampling;
@@ -65,6 +68,9 @@ class Executor {
   // False once the executor can no longer run steps (e.g. numoe-gpu went away).
   virtual bool healthy() const { return true; }
   virtual ExecutorLimits limits() const = 0;
+  // Seconds this process has spent inside its ExpertBackend (the routed experts, computed or simulated)
+  // since construction; 0 where the executor does not measure it. Safe to call from any thread.
+  virtual double expert_seconds() const { return 0; }
 };
 
 }  // namespace numoe::engine

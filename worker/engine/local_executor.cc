@@ -51,14 +51,11 @@ Status LocalExecutor::Step(std::span<const StepItem> items, StepOutput* out) {
 }
 
 ExecutorLimits LocalExecutor::limits() const {
-  const Capabilities caps = model_->capabilities();
   return ExecutorLimits{.vocab_size = model_->vocab_size(),
                         .max_step_tokens = max_step_tokens_,
                         .max_seqs = max_seqs_,
                         .logits = true,
-                        .drafter = caps.drafter,
-                        .max_model_drafts = caps.drafter == SpecMethod::kNone ? 0 : MaxDraftsPerItem(caps),
-                        .fork = caps.fork};
+                        .model = model_->capabilities()};
 }
 
 }  // namespace numoe::engine

@@ -4,30 +4,19 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
+
 namespace numoe::engine {
-
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts) : ch_(channel), experts_(experts) {}
 
 ExecutorLimits RemoteExecutor::limits() const {
   const shm::Geometry& g = ch_->geometry();
-  const bool model = g.drafter == SpecMethod::kDspark || g.drafter == SpecMethod::kMtp;
   return ExecutorLimits{.vocab_size = g.vocab,
                         .max_step_tokens = g.max_rows,
                         .max_seqs = g.max_seqs,
                         .logits = g.logits_rows > 0,
-                        .drafter = model ? g.drafter : SpecMethod::kNone,
-                        .max_model_drafts = model ? static_cast<int64_t>(g.max_model_drafts) : 0,
-                        .fork = g.fork != 0};
+                        .model = ChannelCapabilities(g)};
 }
 
 Status RemoteExecutor::Broken(const Status& st) {
@@ -177,7 +166,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
     const shm::MsgHeader& in = ch_->incoming();
     switch (*type) {
       case shm::MsgType::kMoeRequest: {
-        ++moe_requests_;
+        moe_requests_.fetch_add(1, std::memory_order_relaxed);
         Status st;
         if (in.rows < 0 || in.rows > g.max_rows || in.top_k < 1 || in.top_k > g.top_k || in.layer < 0) {
           st = absl::InvalidArgumentError(absl::StrCat("MoeRequest: layer ", in.layer, " rows ", in.rows, " top_k ",
@@ -190,10 +179,10 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
                          .expert_ids = ch_->moe_ids(),
                          .expert_weights = ch_->moe_weights(),
                          .out = ch_->moe_out()};
-          const int64_t t0 = NowNs();
+          const int64_t t0 = SteadyNanos();
           st = in.rows == 0 ? absl::OkStatus() : experts_->RunRouted(req);
-          const int64_t dt = NowNs() - t0;
-          expert_ns_ += dt;
+          const int64_t dt = SteadyNanos() - t0;
+          expert_ns_.fetch_add(dt, std::memory_order_relaxed);
           ch_->outgoing().compute_ns = dt;
         }
         if (st.ok()) {

@@ -4,7 +4,7 @@
 // gpu's per-layer MoeRequests with this worker's ExpertBackend (the drafter stages' too, as layers
 // num_hidden_layers + s, when numoe-gpu drafts), reading x from and writing the expert sum into the
 // channel in place, until the StepResult (per entry: emitted tokens, drafts verified and accepted) or an
-// Error arrives. limits() reports numoe-gpu's model drafter and max model drafts from the geometry.
+// Error arrives. limits() reports what numoe-gpu declared in the geometry (ChannelCapabilities).
 // Open() only reserves a key: the sequence is created on the gpu by the first step that carries it
 // (kEntryOpen + sampling parameters). Fork() is deferred the same way: the fork rides on the next
 // StepRequest (or Flush), which numoe-gpu carries out before anything else. Close() is deferred: releases
@@ -14,6 +14,7 @@
 // unhealthy for good: the worker should exit and be restarted, re-registering with a fresh channel.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <vector>
 
@@ -36,9 +37,9 @@ class RemoteExecutor final : public Executor {
   bool healthy() const override { return broken_.ok(); }
   ExecutorLimits limits() const override;
 
-  // Seconds spent in the expert backend and MoE requests served, since construction.
-  double expert_seconds() const { return expert_ns_ * 1e-9; }
-  int64_t moe_requests() const { return moe_requests_; }
+  // Seconds spent in the expert backend and MoE requests served, since construction (any thread).
+  double expert_seconds() const override { return static_cast<double>(expert_ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  int64_t moe_requests() const { return moe_requests_.load(std::memory_order_relaxed); }
 
  private:
   Status Exchange(std::span<const StepItem> items, StepOutput* out);
@@ -59,8 +60,8 @@ class RemoteExecutor final : public Executor {
   std::vector<ExecSeq> releases_;                   // closed here, not yet released on the gpu
   ExecSeq next_ = 1;
   Status broken_;
-  int64_t expert_ns_ = 0;
-  int64_t moe_requests_ = 0;
+  std::atomic<int64_t> expert_ns_{0};
+  std::atomic<int64_t> moe_requests_{0};
 };
 
 }  // namespace numoe::engine

@@ -1,12 +1,12 @@
 #include "worker/experts/moe_compute.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/experts/kernel_ops.h"
 #include "worker/experts/packed_layout.h"
@@ -23,11 +23,6 @@ namespace {
 size_t Align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 inline float Silu(float g) { return g / (1.0f + std::exp(-g)); }
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -330,9 +325,9 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
   // Pooled runs time their threads' first start and last finish, for handoff_seconds().
   const auto timed_body = [&](int thread) {
     int64_t unset = 0;
-    first_enter_ns_.compare_exchange_strong(unset, NowNs(), std::memory_order_relaxed);
+    first_enter_ns_.compare_exchange_strong(unset, SteadyNanos(), std::memory_order_relaxed);
     body(thread);
-    const int64_t now = NowNs();
+    const int64_t now = SteadyNanos();
     for (int64_t last = last_exit_ns_.load(std::memory_order_relaxed);
          now > last && !last_exit_ns_.compare_exchange_weak(last, now, std::memory_order_relaxed);) {
     }
@@ -344,9 +339,9 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
     ++pooled_runs_;
     first_enter_ns_.store(0, std::memory_order_relaxed);
     last_exit_ns_.store(0, std::memory_order_relaxed);
-    const int64_t start = NowNs();
+    const int64_t start = SteadyNanos();
     pool_->RunOnAvailable(timed_body);
-    const int64_t end = NowNs();  // RunOnAvailable's return orders the threads' stores before these loads
+    const int64_t end = SteadyNanos();  // RunOnAvailable's return orders the threads' stores before these loads
     handoff_seconds_ += 1e-9 * static_cast<double>((first_enter_ns_.load(std::memory_order_relaxed) - start) +
                                                    (end - last_exit_ns_.load(std::memory_order_relaxed)));
   }

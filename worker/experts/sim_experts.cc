@@ -21,7 +21,17 @@ Status SimExperts::RunRouted(const MoeRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat("MoE layer ", r.layer, ": rows ", r.rows, ", top_k ", r.top_k));
   }
   const int64_t routes = r.rows * r.top_k;
+  if ((routes > 0 && r.expert_ids == nullptr) || (r.rows > 0 && r.out == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("MoE layer ", r.layer, ": null expert_ids or out"));
+  }
   std::vector<int32_t> ids(r.expert_ids, r.expert_ids + routes);
+  for (int64_t i = 0; i < routes; ++i) {
+    if (ids[i] < 0 || ids[i] >= num_experts_) {
+      return absl::InvalidArgumentError(absl::StrCat("MoE layer ", r.layer, ": expert_ids[", i / r.top_k, "][",
+                                                     i % r.top_k, "] = ", ids[i], " is not in [0, ", num_experts_,
+                                                     ")"));
+    }
+  }
   std::sort(ids.begin(), ids.end());
   const int64_t distinct = std::unique(ids.begin(), ids.end()) - ids.begin();
   if (r.rows > 0) {

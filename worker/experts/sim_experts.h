@@ -1,7 +1,8 @@
 // SimExperts: a stand-in for a worker's routed experts, for measuring numoe-gpu with more (or faster)
 // workers than the machine has. It loads no weights; each RunRouted waits, sleeping (no spinning, no memory
 // traffic), for the time a worker streaming at `gbps` GB/s would take to read the distinct experts the rows
-// are routed to (each expert's bytes read once per call, as MoeCompute does), and returns zeros.
+// are routed to (each expert's bytes read once per call, as MoeCompute does), and returns zeros. Expert ids
+// outside [0, n_routed_experts) are refused as the real experts refuse them.
 // `numoe-worker --sim-expert-gbps G` runs one; with it, one box can stand in for four 100 GB/s NUMA nodes in
 // front of a real GPU.
 #pragma once
@@ -17,7 +18,10 @@ class SimExperts final : public ExpertBackend {
  public:
   // Experts of `config`'s size (ExpertBytes) read at `gbps` GB/s (> 0).
   SimExperts(const ModelConfig& config, double gbps)
-      : hidden_(config.hidden_size), expert_bytes_(ExpertBytes(config)), gbps_(gbps) {}
+      : hidden_(config.hidden_size),
+        num_experts_(config.n_routed_experts),
+        expert_bytes_(ExpertBytes(config)),
+        gbps_(gbps) {}
   Status RunRouted(const MoeRequest& request) override;
   // The stored bytes of one routed expert of `config` (w1, w3, w2 with their scales), from the checkpoint
   // footprint arithmetic.
@@ -27,6 +31,7 @@ class SimExperts final : public ExpertBackend {
 
  private:
   int64_t hidden_;
+  int64_t num_experts_;
   int64_t expert_bytes_;
   double gbps_;
 };

@@ -18,6 +18,7 @@
 #include "worker/engine/engine.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/experts/inprocess.h"
+#include "worker/experts/sim_experts.h"
 #include "worker/service/gpu_client.h"
 #include "worker/service/numa_bind.h"
 #include "worker/service/progress.h"
@@ -78,7 +79,9 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   if (!applied.ok()) return fail(applied.status());
   const NumaBinding binding = std::move(*applied);
   NLOG(INFO) << "numoe-worker: " << binding.description;
-  auto pool = ThreadPool::Create({.num_threads = binding.threads, .cpus = binding.cpus});
+  const bool sim = c.sim_expert_gbps > 0;
+  // Simulated experts compute nothing: no kernel threads.
+  auto pool = ThreadPool::Create({.num_threads = sim ? 1 : binding.threads, .cpus = sim ? std::vector<int>{} : binding.cpus});
   if (!pool.ok()) return fail(pool.status());
 
   // 2. The model's routed experts.
@@ -93,8 +96,20 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   if (!spec.ok()) return fail(spec.status());
   const bool load_drafter_experts = spec->load != SpecMethod::kNone;
   const bool drafter_experts_here = load_drafter_experts && c.drafter_experts == DrafterExperts::kWorker;
-  auto experts = LoadExperts(c, **ckpt, pool->get(), binding, drafter_experts_here);
+  // The checkpoint's config and tensor geometry were checked by Open either way; simulated experts read
+  // none of the experts' bytes.
+  StatusOr<std::unique_ptr<ExpertBackend>> experts =
+      sim ? StatusOr<std::unique_ptr<ExpertBackend>>(std::make_unique<SimExperts>((*ckpt)->config(), c.sim_expert_gbps))
+          : LoadExperts(c, **ckpt, pool->get(), binding, drafter_experts_here);
   if (!experts.ok()) return fail(experts.status());
+  std::string experts_text = "routed experts computed here";
+  if (sim) {
+    const int64_t bytes = SimExperts::ExpertBytes((*ckpt)->config());
+    experts_text = absl::StrCat("simulated routed experts at ", c.sim_expert_gbps, " GB/s (none loaded: no arena, no "
+                                "repack; each MoE call sleeps ", bytes, " bytes per distinct expert / G and returns "
+                                "zeros)");
+    NLOG(INFO) << "numoe-worker: --sim-expert-gbps " << c.sim_expert_gbps << ": " << experts_text;
+  }
 
   // 3. numoe-gpu: register, attach the channel, keep the lease.
   const std::string worker_id = c.worker_id.empty() ? DefaultWorkerId(binding.nodes) : c.worker_id;
@@ -139,10 +154,6 @@ int RunWorkerApp(const WorkerAppConfig& c) {
                            .max_context = (*ckpt)->config().max_position_embeddings,
                            .spec = spec->config};
   if (Status st = engine::ValidateEngineOptions(eo); !st.ok()) return fail(st);
-  if (Status st = engine::CheckSpec(eo.spec, executor.limits()); !st.ok()) {
-    (void)(*gpu)->Release();
-    return fail(st);
-  }
   engine::Engine engine(&executor, eo);
   engine.Start();
 
@@ -168,7 +179,7 @@ int RunWorkerApp(const WorkerAppConfig& c) {
                      ? std::string("off")
                      : absl::StrCat(SpecMethodName(eo.spec.method), " depth ", eo.spec.depth,
                                     eo.spec.adaptive ? " adaptive" : ""))
-             << ")";
+             << "; " << experts_text << ")";
   NotifyReady(bound);
 
   // 6. Until a signal, or until numoe-gpu is gone (lease lost, channel broken, or its process exited:

@@ -44,6 +44,9 @@ struct WorkerAppConfig {
   // Where numoe-gpu runs the model drafter's routed experts: worker (this process holds them) or gpu
   // (numoe-gpu --drafter-experts gpu: this worker skips them; checked against numoe-gpu at registration).
   DrafterExperts drafter_experts = DrafterExperts::kWorker;
+  // > 0: simulated routed experts (worker/experts/sim_experts.h): nothing is loaded, each MoE call sleeps
+  // for its distinct experts' bytes at this many GB/s and returns zeros. 0 = the real experts.
+  double sim_expert_gbps = 0;
 
   bool operator==(const WorkerAppConfig&) const = default;
 };

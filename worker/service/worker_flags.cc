@@ -1,8 +1,41 @@
 #include "worker/service/worker_flags.h"
 
+#include <charconv>
+#include <cmath>
+
+#include "absl/strings/numbers.h"
 #include "common/topology.h"
 
 namespace numoe::worker {
+
+const char kSimExpertGbpsHelp[] =
+    "simulated routed experts: load none (no arena, no repack) and, for each MoE call, sleep for the bytes of the "
+    "distinct experts its rows are routed to divided by G GB/s, then return zeros (stands in for workers faster "
+    "than, or more than, this machine has; the output tokens are not the model's)";
+
+void AddSimExpertGbpsFlag(ArgParser& p, const std::string& help, double* gbps) {
+  p.AddValue(
+      "sim-expert-gbps", "G", help,
+      [gbps](const std::string& v) -> Status {
+        double x = 0;
+        if (!absl::SimpleAtod(v, &x) || !std::isfinite(x)) {
+          return absl::InvalidArgumentError(absl::StrCat("--sim-expert-gbps: '", v, "' is not a finite number"));
+        }
+        if (x <= 0 || x > kMaxSimExpertGbps) {
+          return absl::InvalidArgumentError(absl::StrCat("--sim-expert-gbps: ", v, " GB/s is out of range (0, ",
+                                                         kMaxSimExpertGbps,
+                                                         "]; leave the flag out to run the real experts"));
+        }
+        *gbps = x;
+        return absl::OkStatus();
+      },
+      [gbps] {
+        if (*gbps == 0) return std::string();  // off: not written
+        char buf[64];
+        const auto r = std::to_chars(buf, buf + sizeof(buf), *gbps);  // shortest text that parses back exactly
+        return std::string(buf, r.ptr);
+      });
+}
 
 // The placement flags come right after --model, so a launch file's command reads model, binding, wiring.
 void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c) {
@@ -53,6 +86,7 @@ void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c) {
             &c->drafter_experts);
   p.AddFlag("spec-adaptive", "adapt each sequence's depth from its recent acceptance (up to --spec-depth)",
             &c->spec_adaptive);
+  AddSimExpertGbpsFlag(p, kSimExpertGbpsHelp, &c->sim_expert_gbps);
 }
 
 std::vector<std::string> WorkerArgv(const WorkerAppConfig& c) { return ArgvOf(c, AddWorkerFlags); }

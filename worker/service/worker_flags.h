@@ -15,6 +15,14 @@ namespace numoe::worker {
 // Binds every numoe-worker flag to a field of `c`; the fields' current values are the defaults.
 void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c);
 
+// --sim-expert-gbps G, defined here once and registered by numoe-worker, `numoe serve` / `numoe plan`
+// (deploy/launch.h) and `numoe-bench decode` alike: G must be a finite number in (0, kMaxSimExpertGbps];
+// leaving the flag out keeps `*gbps` at 0 (the real experts). `help` is the flag's help text.
+inline constexpr double kMaxSimExpertGbps = 1e5;
+void AddSimExpertGbpsFlag(ArgParser& p, const std::string& help, double* gbps);
+// numoe-worker's help text of the flag (the launchers say where it goes, then this).
+extern const char kSimExpertGbpsHelp[];
+
 // The flags of the fields of `c` that differ from a default WorkerAppConfig (the binary name not included).
 std::vector<std::string> WorkerArgv(const WorkerAppConfig& c);
 

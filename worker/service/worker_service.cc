@@ -216,6 +216,7 @@ grpc::ServerUnaryReactor* WorkerGrpcService::Stats(grpc::CallbackServerContext* 
   response->set_spec_verify_steps(static_cast<uint64_t>(s.spec_verify_steps));
   response->set_spec_drafted(static_cast<uint64_t>(s.spec_drafted));
   response->set_spec_accepted(static_cast<uint64_t>(s.spec_accepted));
+  response->set_expert_seconds(s.expert_seconds);
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -10,12 +10,14 @@
 #include <string>
 
 #include "tests/support/files.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/process.h"
 
 namespace {
 
 using numoe::test::BinPath;
 using numoe::test::CommandLine;
+using numoe::test::DemoDir;
 using numoe::test::RunCommand;
 using numoe::test::RunResult;
 
@@ -32,7 +34,7 @@ std::string LastLine(const std::string& s) {
   return last;
 }
 
-const std::string kTiny = std::string(NUMOE_TEST_DATA) + "/tiny-v4";
+const std::string kTiny = numoe::test::TinyDir();
 
 void ExpectSane(const nlohmann::json& j, int64_t batch, int64_t max_tokens) {
   EXPECT_EQ(j["bench"], "spec");
@@ -128,8 +130,9 @@ TEST(SpecBench, BadFlagsFailWithAMessage) {
       {"--model " + kTiny + " --batch x", "--batch"},
       {"--model " + kTiny + " --prompt /nonexistent/prompt.txt", "/nonexistent/prompt.txt"},
       {"--model /nonexistent/model", "/nonexistent/model"},
-      {"--model " + std::string(NUMOE_TEST_DATA) + "/demo-v4 --spec dspark", "no DSpark stages"},
-      {"--model " + kTiny + " --spec mtp", "no MTP block"},
+      // The one --spec policy's messages (model/spec_policy.h), as numoe serve prints them.
+      {"--model " + DemoDir() + " --spec dspark", "has no drafter stages"},
+      {"--model " + kTiny + " --spec mtp", "has a dspark drafter"},
       {"--frobnicate", "--frobnicate"},
   };
   for (const Case& c : cases) {

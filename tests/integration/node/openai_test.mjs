@@ -1,11 +1,13 @@
 // numoe-router through the official openai client: completions and chat completions, streaming and not,
+// /tokenize and /detokenize against the chat path's prompt_token_ids,
 // and errors. Expected values follow from the fake worker's rule (echo the prompt without BOS, or reply with
 // the text after "REPLY:", "[/think]" standing for </think>) and the tokenizer fixture ("Hello, world!" is
 // ids [47, 477, 86, 19, 707, 8]).
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 
-const [baseURL, apiKey] = process.argv.slice(2);
+const [root, apiKey] = process.argv.slice(2);
+const baseURL = `${root}/v1`;
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
 const hello = [47, 477, 86, 19, 707, 8];
 
@@ -80,6 +82,32 @@ async function main() {
   assert.equal(tc.choices[0].finish_reason, 'tool_calls');
   assert.equal(tc.choices[0].message.tool_calls[0].function.name, 'get_weather');
   assert.deepEqual(JSON.parse(tc.choices[0].message.tool_calls[0].function.arguments), { city: 'Paris' });
+
+  // The chat path's prompt ids (vLLM's prompt_token_ids, with return_token_ids) are exactly what /tokenize
+  // returns for the same messages and tools, and usage counts them.
+  const weatherTools = [{ type: 'function', function: { name: 'get_weather', description: 'Get the weather',
+    parameters: { type: 'object', properties: { location: { type: 'string' } }, required: ['location'] } } }];
+  const history = [{ role: 'user', content: 'Weather in Paris?' },
+                   { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function',
+                     function: { name: 'get_weather', arguments: '{"location": "Paris"}' } }] },
+                   { role: 'tool', tool_call_id: 'c1', content: 'sunny' }];
+  for (const thinking of [false, true]) {
+    for (const withTools of [false, true]) {
+      const fields = { messages: history, thinking, ...(withTools ? { tools: weatherTools } : {}) };
+      const r = await client.chat.completions.create({ model: 'tiny-v4', max_tokens: 2, return_token_ids: true,
+                                                       ...fields });
+      const t = await fetch(`${root}/tokenize`, { method: 'POST', body: JSON.stringify(fields),
+        headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` } }).then((x) => x.json());
+      assert.deepEqual(r.prompt_token_ids, t.tokens, `thinking ${thinking}, tools ${withTools}`);
+      assert.equal(r.usage.prompt_tokens, t.count);
+      assert.equal(t.max_model_len, 1024);
+      const d = await fetch(`${root}/detokenize`, { method: 'POST', body: JSON.stringify({ tokens: t.tokens }),
+        headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` } }).then((x) => x.json());
+      assert.ok(d.prompt.startsWith('<｜begin▁of▁sentence｜>'));
+      assert.equal(d.prompt.includes('{"name": "get_weather", "description": "Get the weather", "parameters"'),
+                   withTools, 'the tool schema is rendered in the client\'s key order');
+    }
+  }
 
   // Errors come back as the client's typed errors, with status, param and message, and service continues.
   await assert.rejects(client.completions.create({ model: 'tiny-v4', prompt: [5, 4096], max_tokens: 2 }),

@@ -10,14 +10,14 @@ NUMOE=$(abs "$1") MODEL=$(cd "$2" && pwd) WORK=$(cd "$3" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
 
-# Install the client into the build tree (package.json pins the exact version).
-want=$(node -e 'console.log(require(process.argv[1]).devDependencies.openai)' "$HERE/package.json")
-have=$(node -e 'try{console.log(require(process.argv[1]).version)}catch{console.log("")}' \
-         "$WORK/node_modules/openai/package.json")
-if [ "$have" != "$want" ]; then
+# package.json pins the clients' exact versions; they are installed into WORK_DIR (again when it changes).
+if ! cmp -s "$HERE/package.json" "$WORK/package.json" || [ ! -d "$WORK/node_modules" ]; then
+  rm -rf "$WORK/node_modules" "$WORK/package-lock.json"
   cp "$HERE/package.json" "$WORK/package.json"
-  if ! (cd "$WORK" && timeout 120 npm install --no-audit --no-fund --loglevel=error >"$WORK/npm-install.log" 2>&1); then
-    echo "SKIP: 'npm install openai' failed (registry unreachable?):"; tail -5 "$WORK/npm-install.log"; exit 77
+  if ! (cd "$WORK" && timeout 180 npm install --no-audit --no-fund --loglevel=error >"$WORK/npm-install.log" 2>&1); then
+    echo "SKIP: 'npm install' of the clients failed (registry unreachable?):"; tail -5 "$WORK/npm-install.log"
+    rm -f "$WORK/package.json"  # try again next time
+    exit 77
   fi
 fi
 cp "$HERE/sampling_test.mjs" "$WORK/sampling_test.mjs"

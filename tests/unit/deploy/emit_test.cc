@@ -11,6 +11,7 @@
 #include "router/router_flags.h"
 #include "tests/unit/deploy/full_size_model.h"
 #include "worker/service/worker_flags.h"
+#include "tests/support/files.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe::deploy {
@@ -156,7 +157,7 @@ TEST(EmitSystemd, QuotesAndEscapesPaths) {
 }
 
 // Every unit's ExecStart parses with its daemon's own flags, carries the launch options (backend, spec,
-// drafter experts) and wires the daemons to each other's addresses.
+// drafter experts, simulated experts) and wires the daemons to each other's addresses.
 TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   EmitOptions o;
   o.launch.model_dir = "/models/v4";
@@ -165,9 +166,13 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   o.launch.spec_depth = 3;
   o.launch.drafter_experts = DrafterExperts::kGpu;
   o.launch.max_seqs = 300;
+  o.launch.gpus = {1, 0};
+  o.launch.lanes = 2;
+  o.launch.sim_expert_gbps = 0.0026;  // not exact in binary: every digit must survive the unit file
   o.launch.gpu_port = 7000;
   o.launch.worker_base_port = 7100;
   o.launch.router_port = 9000;
+  o.launch.affinity_prefix_tokens = 0;
   const Plan plan = UnevenPlan();
   auto files = RenderSystemd(plan, o);
   ASSERT_TRUE(files.ok()) << files.status();
@@ -177,6 +182,8 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   EXPECT_EQ(g.spec, SpecChoice::kDspark);
   EXPECT_EQ(g.drafter_experts, DrafterExperts::kGpu);
   EXPECT_EQ(g.port, 7000);
+  EXPECT_EQ(g.gpus, (std::vector<int>{1, 0}));
+  EXPECT_EQ(g.lanes, 2);
   EXPECT_GE(g.max_sequences, 300);  // admits the workers' --max-seqs
   std::vector<std::string> addrs;
   for (const WorkerPlacement& p : plan.workers) {
@@ -192,11 +199,13 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
     EXPECT_EQ(w.spec_depth, 3);
     EXPECT_EQ(w.max_seqs, 300);
     EXPECT_EQ(w.drafter_experts, DrafterExperts::kGpu);
+    EXPECT_EQ(w.sim_expert_gbps, 0.0026);
     addrs.push_back(absl::StrCat(w.host, ":", w.port));
   }
   const router::RouterAppConfig r = RouterOf(Find(*files, "numoe-router.service")->content);
   EXPECT_EQ(r.router.balancer.workers, addrs);
   EXPECT_EQ(r.router.http_port, 9000);
+  EXPECT_EQ(r.router.balancer.policy.prefix_tokens, 0);
 }
 
 TEST(EmitSystemd, NoNumaBindDropsNumactlAndBindsNothing) {
@@ -252,8 +261,8 @@ TEST(EmitKubernetes, PodPerWorkerGpuPerHostRouterService) {
 }
 
 TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
-  fs::path dir = fs::temp_directory_path() / "numoe_emit_test";
-  fs::remove_all(dir);
+  const test::TempDir tmp("numoe-emit");
+  const fs::path& dir = tmp.path();
   auto files = RenderSystemd(UnevenPlan(), EmitOptions{});
   ASSERT_OK(files);
   auto written = WriteEmittedFiles(*files, (dir / "units").string(), false);
@@ -277,7 +286,6 @@ TEST(EmitFiles, WritesRefusesToOverwriteAndForces) {
   // A file where the directory should be.
   std::ofstream(dir / "file") << "x";
   EXPECT_FALSE(WriteEmittedFiles(*files, (dir / "file").string(), false).ok());
-  fs::remove_all(dir);
 }
 
 TEST(Emit, NothingToEmitWithoutWorkers) {

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/deploy/full_size_model.h"
+#include "tests/support/files.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe::deploy {
@@ -55,8 +56,8 @@ TEST(ModelMemory, ErrorsNameTheFile) {
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/model"));
 
-  auto dir = std::filesystem::temp_directory_path() / "numoe_model_memory_test";
-  std::filesystem::create_directories(dir);
+  const test::TempDir tmp("numoe-model-memory");
+  const std::filesystem::path& dir = tmp.path();
   {
     std::ofstream(dir / "bad_index.json") << R"({"weight_map": {"mtp.x.ffn.experts.0.w1.weight": "a"}})";
     std::ofstream(dir / "not_json.json") << "{";
@@ -70,7 +71,6 @@ TEST(ModelMemory, ErrorsNameTheFile) {
   EXPECT_THAT(std::string(CountDrafterStagesInIndex((dir / "no_map.json").string()).status().message()),
               HasSubstr("weight_map must be an object"));
   EXPECT_EQ(CountDrafterStagesInIndex((dir / "absent.json").string()).status().code(), absl::StatusCode::kNotFound);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Placement rules and printed arithmetic of the deploy planner on described machines with the full-size
-// V4-Flash-0731 model (issue #7). Expected numbers are worked out by hand from the model's shape
+// V4-Flash-0731 model. Expected numbers are worked out by hand from the model's shape
 // (full_size_model.h) and the documented defaults (deploy/planner.h), never taken from the code's output.
 #include "deploy/planner.h"
 

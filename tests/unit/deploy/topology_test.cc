@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/files.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
@@ -121,7 +122,8 @@ TEST(TopologyJson, LoadFileNamesThePath) {
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/machine.json: cannot open"));
 
-  auto path = std::filesystem::temp_directory_path() / "numoe_topology_test.json";
+  const test::TempDir tmp("numoe-topology");
+  const std::filesystem::path path = tmp.path() / "machine.json";
   {
     std::ofstream out(path);
     out << R"({"nodes": [{"id": 0, "cpus": 2, "memory_gb": -3}]})";
@@ -129,7 +131,6 @@ TEST(TopologyJson, LoadFileNamesThePath) {
   auto bad = LoadTopologyFile(path.string());
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr(path.string() + ": nodes[0].memory_gb must be > 0"));
-  std::filesystem::remove(path);
 }
 
 TEST(CpuList, FormatsAndParses) {

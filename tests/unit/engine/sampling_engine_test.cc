@@ -61,7 +61,7 @@ class ForkCounter final : public Executor {
   bool healthy() const override { return inner_->healthy(); }
   ExecutorLimits limits() const override {
     ExecutorLimits l = inner_->limits();
-    l.fork = l.fork && allow_fork_;
+    l.model.fork = l.model.fork && allow_fork_;
     return l;
   }
   Executor* inner_;
@@ -154,7 +154,7 @@ TEST(SamplingEngine, NChoicesEqualSeparateRequestsAndForkPrefillsOnce) {
   ASSERT_NE(t, nullptr);
   const test::GoldenPrompt& g = t->goldens[0];  // 37 tokens
   LocalExecutor local(t->model.get(), t->experts.get());
-  ASSERT_TRUE(local.limits().fork);
+  ASSERT_TRUE(local.limits().model.fork);
   EngineRequest r = Greedy(g, 10, 2);
   r.sampling.temperature = 0.9;
   r.sampling.seed = 4242;
@@ -270,7 +270,7 @@ TEST(SamplingEngine, ExtrasCrossTheChannelWithTheInProcessResults) {
   gpu::WorkerSession session(&host, gpu::SessionInfo{.lease = 1, .worker_id = "test"}, std::move(*gpu_end));
   session.Start(nullptr);
   RemoteExecutor remote(worker_end->get(), t->experts.get());
-  ASSERT_TRUE(remote.limits().fork);
+  ASSERT_TRUE(remote.limits().model.fork);
 
   std::vector<EngineRequest> reqs;
   EngineRequest a = Greedy(t->goldens[0], 12, 20);  // forked choices with log-probs and penalties

@@ -15,11 +15,8 @@
 //   - CheckSpec and LocalExecutor refuse bad settings and items with clear errors.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,8 +27,6 @@
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "common/shm_channel.h"
-#include "common/synthetic/presets.h"
-#include "common/synthetic/synthetic.h"
 #include "model/generation.h"
 #include "gpu_service/session.h"
 #include "tests/support/fixtures.h"
@@ -301,51 +296,12 @@ TEST(SpecEngine, SampledTokensEqualGenerateBatchWithTheSameSpec) {
   }
 }
 
-// The synthetic tiny checkpoint with one MTP block (numoe mkmodel --preset tiny --drafter mtp), written
-// to a temporary directory once and removed once loaded.
-struct Mtp {
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<cpu::CpuModel> model;
-  std::unique_ptr<cpu::ReferenceExperts> experts;
-};
-
+// The synthetic tiny checkpoint with one MTP block and its drafter (the shared tests/support fixture).
+using Mtp = test::TinyModel;
 Mtp* LoadMtp() {
-  static std::unique_ptr<Mtp> cached;
-  if (cached) return cached.get();
-  auto preset = numoe::synthetic::MakePreset({.preset = "tiny", .drafter = "mtp"});
-  if (!preset.ok()) {
-    ADD_FAILURE() << preset.status();
-    return nullptr;
-  }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("numoe-spec-engine-mtp-" + std::to_string(::getpid()));
-  numoe::synthetic::SyntheticOptions opt;
-  opt.seed = 5;
-  opt.mtp_stages = preset->mtp_stages;
-  Status st = numoe::synthetic::MakeSyntheticCheckpoint(preset->config, dir.string(), opt);
-  auto m = std::make_unique<Mtp>();
-  if (st.ok()) {
-    auto ck = Checkpoint::Open(dir.string());
-    st = ck.status();
-    if (ck.ok()) m->ckpt = std::move(*ck);
-  }
-  if (st.ok()) {
-    auto model = cpu::CpuModel::Create(*m->ckpt, nullptr, {.drafter = true});
-    auto ex = cpu::ReferenceExperts::Load(*m->ckpt, /*include_drafter=*/true);
-    st = !model.ok() ? model.status() : ex.status();
-    if (model.ok() && ex.ok()) {
-      m->model = std::move(*model);
-      m->experts = std::move(*ex);
-    }
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  if (!st.ok()) {
-    ADD_FAILURE() << st;
-    return nullptr;
-  }
-  cached = std::move(m);
-  return cached.get();
+  auto m = test::TinyModel::Get({.model = test::kTinyMtp, .drafter = true});
+  if (!m.ok()) ADD_FAILURE() << m.status();
+  return m.ok() ? *m : nullptr;
 }
 
 TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {
@@ -354,7 +310,7 @@ TEST(SpecEngine, MtpDrafterEqualsPlainGreedyAndSampledEqualsGenerateBatch) {
   ASSERT_EQ(m->model->drafter(), SpecMethod::kMtp);
   const int64_t V = m->ckpt->config().vocab_size;
   LocalExecutor local(m->model.get(), m->experts.get());
-  EXPECT_EQ(local.limits().drafter, SpecMethod::kMtp);
+  EXPECT_EQ(local.limits().drafter(), SpecMethod::kMtp);
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kMtp, .depth = 7}, local.limits()));
   EXPECT_EQ(CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, local.limits()).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -504,7 +460,8 @@ class ScriptedExecutor final : public Executor {
     return absl::OkStatus();
   }
   ExecutorLimits limits() const override {
-    return ExecutorLimits{.vocab_size = 1024, .drafter = SpecMethod::kDspark, .max_model_drafts = 16};
+    return ExecutorLimits{.vocab_size = 1024,
+                          .model = {.verify = true, .drafter = SpecMethod::kDspark, .max_spec_tokens = 17}};
   }
 
   int32_t extra_count = 0;  // > 0: a broken executor that claims more tokens than it could emit
@@ -627,8 +584,10 @@ TEST(SpecEngine, StopInsideAnAcceptedRunDropsTheRest) {
 }
 
 TEST(SpecEngine, CheckSpecSaysWhatToChange) {
-  const ExecutorLimits none{.vocab_size = 1024};
-  const ExecutorLimits dspark{.vocab_size = 1024, .drafter = SpecMethod::kDspark, .max_model_drafts = 8};
+  // Executors that verify drafts: one without a model drafter, one with DSpark and 8 drafts per step.
+  const ExecutorLimits none{.vocab_size = 1024, .model = {.verify = true}};
+  const ExecutorLimits dspark{.vocab_size = 1024,
+                              .model = {.verify = true, .drafter = SpecMethod::kDspark, .max_spec_tokens = 9}};
   EXPECT_OK(CheckSpec(SpecConfig{}, none));
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kNgram, .depth = 16}, none));
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 5}, dspark));
@@ -636,8 +595,8 @@ TEST(SpecEngine, CheckSpecSaysWhatToChange) {
   Status st = CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, none);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(st.message(),
-            "--spec dspark: numoe-gpu has no DSpark drafter loaded; start it with --spec dspark or use --spec "
-            "ngram|none");
+            "--spec dspark: numoe-gpu drafts with none; start numoe-gpu with --spec dspark (or this worker with "
+            "--spec ngram or none)");
   st = CheckSpec(SpecConfig{.method = SpecMethod::kMtp}, dspark);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("--spec mtp"), std::string::npos) << st;
@@ -659,14 +618,14 @@ TEST(SpecEngine, CheckSpecSaysWhatToChange) {
   Tiny* t = LoadTiny();
   ASSERT_NE(t, nullptr);
   LocalExecutor with(t->model.get(), t->experts.get());
-  EXPECT_EQ(with.limits().drafter, SpecMethod::kDspark);
-  EXPECT_EQ(with.limits().max_model_drafts, 16);
+  EXPECT_EQ(with.limits().drafter(), SpecMethod::kDspark);
+  EXPECT_EQ(with.limits().max_model_drafts(), 16);
   EXPECT_OK(CheckSpec(SpecConfig{.method = SpecMethod::kDspark, .depth = 7}, with.limits()));
   auto plain = cpu::CpuModel::Create(*t->ckpt, nullptr);
   ASSERT_OK(plain);
   LocalExecutor without(plain->get(), t->experts.get());
-  EXPECT_EQ(without.limits().drafter, SpecMethod::kNone);
-  EXPECT_EQ(without.limits().max_model_drafts, 0);
+  EXPECT_EQ(without.limits().drafter(), SpecMethod::kNone);
+  EXPECT_EQ(without.limits().max_model_drafts(), 0);
   EXPECT_EQ(CheckSpec(SpecConfig{.method = SpecMethod::kDspark}, without.limits()).code(),
             absl::StatusCode::kFailedPrecondition);
   // An engine given a spec its executor cannot serve runs without speculation (and stays correct).

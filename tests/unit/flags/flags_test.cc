@@ -68,7 +68,28 @@ TEST(WorkerFlags, RoundTripsEveryField) {
   c.spec_depth = 3;
   c.spec_adaptive = true;
   c.drafter_experts = DrafterExperts::kGpu;
+  c.sim_expert_gbps = 0.0026;  // not exact in binary: the writer must keep every digit
   ExpectRoundTrip(c, worker::WorkerArgv(c), worker::AddWorkerFlags);
+}
+
+TEST(WorkerFlags, SimExpertGbpsMustBeAPositiveFiniteRate) {
+  for (const char* bad : {"0", "-1", "nan", "inf", "1e6", "fast"}) {
+    worker::WorkerAppConfig c;
+    ArgParser p("numoe-worker", "");
+    worker::AddWorkerFlags(p, &c);
+    const Status st = ParseWords(p, {"--model", "m", "--sim-expert-gbps", bad});
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("--sim-expert-gbps")) << bad;
+    EXPECT_EQ(c.sim_expert_gbps, 0) << bad;
+  }
+  worker::WorkerAppConfig c;
+  ArgParser p("numoe-worker", "");
+  worker::AddWorkerFlags(p, &c);
+  ASSERT_TRUE(ParseWords(p, {"--model", "m", "--sim-expert-gbps", "100"}).ok());
+  EXPECT_EQ(c.sim_expert_gbps, 100);
+  EXPECT_THAT(p.Help(), HasSubstr("--sim-expert-gbps G"));
+  // Off by default, and then not written.
+  EXPECT_TRUE(worker::WorkerArgv(worker::WorkerAppConfig{}).empty());
 }
 
 TEST(WorkerFlags, WritesOnlyWhatDiffersFromTheDefaults) {
@@ -93,6 +114,8 @@ TEST(GpuFlags, RoundTripsEveryField) {
   c.threads = 8;
   c.cuda_device = 1;
   c.tp = 2;
+  c.gpus = {3, 1};
+  c.lanes = 2;
   c.drafter_experts = DrafterExperts::kGpu;
   c.spec = SpecChoice::kDspark;
   ExpectRoundTrip(c, gpu::GpuArgv(c), gpu::AddGpuFlags);
@@ -149,6 +172,37 @@ TEST(EnumFlags, OneMessageForEveryEnum) {
             "--backend must be auto, cpu or cuda (got 'rocm')");
   EXPECT_THAT(pg.Help(), HasSubstr("--backend auto|cpu|cuda"));
   EXPECT_THAT(pg.Help(), HasSubstr("(default: cpu)"));
+}
+
+// --tp and --gpus settle the same way wherever numoe-gpu's config is made (numoe-gpu, serve, plan).
+TEST(GpuFlags, GpusSetTheTensorParallelDegreeAndAreChecked) {
+  auto resolve = [](gpu::GpuAppConfig c, int devices) -> StatusOr<gpu::GpuAppConfig> {
+    RETURN_IF_ERROR(gpu::ResolveGpus(&c, devices));
+    return c;
+  };
+  gpu::GpuAppConfig c{.backend = Backend::kCuda};
+  c.gpus = {2, 0};
+  auto r = resolve(c, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tp, 2);
+  EXPECT_EQ(r->gpus, (std::vector<int>{2, 0}));
+  EXPECT_TRUE(resolve(c, -1).ok());  // device count unknown (plan for another machine)
+  EXPECT_EQ(resolve(c, 2).status().message(), "--gpus: GPU 2 requested but this machine has 2 CUDA device(s)");
+  c.tp = 3;
+  EXPECT_EQ(resolve(c, 4).status().message(),
+            "--tp 3 disagrees with --gpus, which lists 2 GPU(s): give one of them");
+  c.tp = 1;
+  c.gpus = {1, 1};
+  EXPECT_EQ(resolve(c, 4).status().message(), "--gpus lists GPU 1 twice");
+  c.gpus = {};
+  c.tp = 2;
+  EXPECT_TRUE(resolve(c, 2).ok());
+  EXPECT_EQ(resolve(c, 1).status().message(),
+            "--tp 2 from --cuda-device 0 needs GPUs 0..1 but this machine has 1 CUDA device(s)");
+  c.backend = Backend::kCpu;
+  EXPECT_THAT(std::string(resolve(c, -1).status().message()), HasSubstr("the backend is cpu"));
+  c.tp = 1;
+  EXPECT_TRUE(resolve(c, 0).ok());  // the CPU backend's default config
 }
 
 }  // namespace

@@ -497,6 +497,7 @@ TEST(Metrics, PrometheusText) {
   a.set_spec_verify_steps(8);
   a.set_spec_drafted(40);
   a.set_spec_accepted(10);
+  a.set_expert_seconds(12.5);
   v1::WorkerStats b;
   b.set_spec_method("none");
   std::string t = m.Render({WorkerGaugeFromStats("127.0.0.1:9101", true, a), WorkerGaugeFromStats("h\"x", false, b)});
@@ -519,6 +520,9 @@ TEST(Metrics, PrometheusText) {
            "numoe_worker_queued_sequences{worker=\"127.0.0.1:9101\"} 1\n",
            "numoe_worker_up{worker=\"127.0.0.1:9101\"} 1\n",
            "numoe_worker_up{worker=\"h\\\"x\"} 0\n",
+           "# TYPE numoe_worker_expert_seconds_total counter",
+           "numoe_worker_expert_seconds_total{worker=\"127.0.0.1:9101\"} 12.500000\n",
+           "numoe_worker_expert_seconds_total{worker=\"h\\\"x\"} 0.000000\n",
            "# TYPE numoe_spec_drafted_tokens_total counter",
            "numoe_spec_drafted_tokens_total{worker=\"127.0.0.1:9101\",drafter=\"dspark\"} 40\n",
            "# TYPE numoe_spec_accepted_tokens_total counter",

@@ -1,4 +1,4 @@
-// The tiny-model fixture loads once per process and per drafter choice.
+// The tiny-model fixture loads once per process and per drafter choice; kTinyMtp is the synthetic MTP one.
 #include <gtest/gtest.h>
 
 #include "backends/cpu/cpu_model.h"
@@ -22,6 +22,16 @@ TEST(TinyModel, LoadsOncePerModelAndDrafter) {
   EXPECT_EQ(plain->goldens.size(), goldens.size());  // the directory's goldens come with it
   EXPECT_EQ(plain->model->drafter(), SpecMethod::kNone);
   EXPECT_EQ(drafter->model->drafter(), SpecMethod::kDspark);  // tiny-v4 has DSpark stages
+}
+
+TEST(TinyModel, TheMtpFixtureIsSyntheticWithOneBlock) {
+  ASSERT_OK_AND_ASSIGN(TinyModel* mtp, TinyModel::Get({.model = kTinyMtp, .drafter = true}));
+  ASSERT_OK_AND_ASSIGN(TinyModel* again, TinyModel::Get({.model = kTinyMtp, .drafter = true}));
+  EXPECT_EQ(mtp, again);
+  EXPECT_EQ(mtp->ckpt->mtp_stages(), 1);
+  EXPECT_EQ(mtp->ckpt->config().dspark_block_size, 0);
+  EXPECT_EQ(mtp->model->drafter(), SpecMethod::kMtp);
+  EXPECT_EQ(mtp->goldens.size(), 0u);  // no goldens for random weights
 }
 
 TEST(TinyModel, AMissingModelIsAnErrorNamingIt) {

@@ -7,45 +7,17 @@
 #include <gtest/gtest.h>
 
 #include "common/tokenizer/tokenizer.h"
+#include "tests/support/chat_text.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe::chat {
 namespace {
 
-const std::string B = "<｜begin▁of▁sentence｜>";
-const std::string E = "<｜end▁of▁sentence｜>";
-const std::string U = "<｜User｜>";
-const std::string A = "<｜Assistant｜>";
-
-// §2.3, verbatim, with {TOOL_SCHEMAS} as a parameter.
-std::string ToolsBlock(const std::string& schemas) {
-  return R"(## Tools
-
-You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:
-
-<｜DSML｜tool_calls>
-<｜DSML｜invoke name="$TOOL_NAME">
-<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>
-...
-</｜DSML｜invoke>
-<｜DSML｜invoke name="$TOOL_NAME2">
-...
-</｜DSML｜invoke>
-</｜DSML｜tool_calls>
-
-String parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.
-
-If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.
-
-Otherwise, output directly after </think> with tool calls or final response.
-
-### Available Tool Schemas
-
-)" + schemas + R"(
-
-You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
-)";
-}
+using test::A;
+using test::B;
+using test::E;
+using test::ToolsBlock;
+using test::U;
 
 // §2.4, verbatim.
 const std::string kEffortA =

@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# Checks numoe-router's REST API with the official `openai` npm client: two fake workers + the router, then
-# openai_test.mjs (completions and chat completions, streaming and not, and an error case).
-# Usage: run_openai_test.sh NUMOE_ROUTER FAKE_WORKER MODEL_DIR WORK_DIR
+# Checks numoe-router's REST API with an official npm client: two fake workers + the router, then one test
+# script (openai_test.mjs: the `openai` client; anthropic_test.mjs: `@anthropic-ai/sdk`), which gets the
+# router's root URL and API key.
+# Usage: run_node_test.sh NUMOE_ROUTER FAKE_WORKER MODEL_DIR WORK_DIR TEST.mjs
+# package.json pins the clients' exact versions; they are installed into WORK_DIR (again when it changes).
 # Exit 77 (skipped) when node/npm is missing or the npm registry cannot be reached.
 set -uo pipefail
 abs() { (cd "$(dirname "$1")" && echo "$(pwd)/$(basename "$1")"); }
 mkdir -p "$4"
-ROUTER=$(abs "$1") FAKE=$(abs "$2") MODEL=$(abs "$3") WORK=$(cd "$4" && pwd)
+ROUTER=$(abs "$1") FAKE=$(abs "$2") MODEL=$(abs "$3") WORK=$(cd "$4" && pwd) TEST=$5
 HERE=$(cd "$(dirname "$0")" && pwd)
 command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
 
-# Install the client into the build tree (package.json pins the exact version).
-want=$(node -e 'console.log(require(process.argv[1]).devDependencies.openai)' "$HERE/package.json")
-have=$(node -e 'try{console.log(require(process.argv[1]).version)}catch{console.log("")}' \
-         "$WORK/node_modules/openai/package.json")
-if [ "$have" != "$want" ]; then
+if ! cmp -s "$HERE/package.json" "$WORK/package.json" || [ ! -d "$WORK/node_modules" ]; then
+  rm -rf "$WORK/node_modules" "$WORK/package-lock.json"
   cp "$HERE/package.json" "$WORK/package.json"
-  if ! (cd "$WORK" && timeout 120 npm install --no-audit --no-fund --loglevel=error >"$WORK/npm-install.log" 2>&1); then
-    echo "SKIP: 'npm install openai' failed (registry unreachable?):"; tail -5 "$WORK/npm-install.log"; exit 77
+  if ! (cd "$WORK" && timeout 180 npm install --no-audit --no-fund --loglevel=error >"$WORK/npm-install.log" 2>&1); then
+    echo "SKIP: 'npm install' of the clients failed (registry unreachable?):"; tail -5 "$WORK/npm-install.log"
+    rm -f "$WORK/package.json"  # try again next time
+    exit 77
   fi
 fi
-cp "$HERE/openai_test.mjs" "$WORK/openai_test.mjs"
+cp "$HERE/$TEST" "$WORK/$TEST"
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; }
@@ -47,7 +48,7 @@ for _ in $(seq 200); do
     "http://127.0.0.1:$PORT/health" && break
   sleep 0.05
 done
-cd "$WORK" && node openai_test.mjs "http://127.0.0.1:$PORT/v1" node-test-key
+cd "$WORK" && node "$TEST" "http://127.0.0.1:$PORT" node-test-key
 rc=$?
 [ $rc -eq 0 ] || { echo "--- router log"; tail -30 "$WORK/router.log"; }
 exit $rc

@@ -807,6 +807,8 @@ StatusOr<SequenceId> CudaModel::ForkSequence(SequenceId parent) {
                                                  static_cast<size_t>(max_pages_) * sizeof(int32_t),
                                                  cudaMemcpyHostToDevice, r->stream));
     }
+    // Done before the fork's first step, whichever lane (stream) runs it.
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream));
   }
   const SequenceId id = next_id_++;
   seqs_[id] = std::move(s);

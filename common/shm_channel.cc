@@ -93,6 +93,7 @@ Status ValidateGeometry(const Geometry& g) {
                         static_cast<uint32_t>(SpecMethod::kMtp)));
   RETURN_IF_ERROR(range("max_model_drafts", g.max_model_drafts, 0, model_drafter ? 4096 : 0));
   RETURN_IF_ERROR(range("verify", g.verify, model_drafter ? 1 : 0, 1));
+  RETURN_IF_ERROR(range("fork", g.fork, 0, 1));
   const size_t total = ComputeLayout(g).total;
   if (total > (size_t{16} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("shm geometry: the region would need ", total,
@@ -116,6 +117,8 @@ Layout ComputeLayout(const Geometry& g) {
   take(&l.entries, S * sizeof(StepEntry));
   take(&l.tokens, rows * sizeof(int32_t));
   take(&l.releases, S * sizeof(int64_t));
+  take(&l.forks, S * sizeof(WireFork));
+  take(&l.biases, S * kMaxWireBias * sizeof(WireBias));
   take(&l.moe_out, rows * D * sizeof(float));
   take(&l.up_error, kErrorTextBytes);
   take(&l.down_msg, sizeof(MsgHeader));
@@ -127,6 +130,7 @@ Layout ComputeLayout(const Geometry& g) {
   take(&l.drafted, S * sizeof(int32_t));
   take(&l.accepted, S * sizeof(int32_t));
   take(&l.emitted, rows * sizeof(int32_t));
+  take(&l.logprobs, rows * (1 + kMaxWireTopLogprobs) * sizeof(WireLogprob));
   take(&l.logits, size_t{g.logits_rows} * g.vocab * sizeof(float));
   take(&l.down_error, kErrorTextBytes);
   l.total = at;
@@ -334,6 +338,8 @@ bool Channel::peer_attached() const { return header()->worker_pid.load() != 0; }
 StepEntry* Channel::entries() const { return reinterpret_cast<StepEntry*>(base_ + layout_.entries); }
 int32_t* Channel::tokens() const { return reinterpret_cast<int32_t*>(base_ + layout_.tokens); }
 int64_t* Channel::releases() const { return reinterpret_cast<int64_t*>(base_ + layout_.releases); }
+WireFork* Channel::forks() const { return reinterpret_cast<WireFork*>(base_ + layout_.forks); }
+WireBias* Channel::biases() const { return reinterpret_cast<WireBias*>(base_ + layout_.biases); }
 float* Channel::moe_out() const { return reinterpret_cast<float*>(base_ + layout_.moe_out); }
 float* Channel::moe_x() const { return reinterpret_cast<float*>(base_ + layout_.moe_x); }
 int32_t* Channel::moe_ids() const { return reinterpret_cast<int32_t*>(base_ + layout_.moe_ids); }
@@ -343,6 +349,7 @@ int32_t* Channel::counts() const { return reinterpret_cast<int32_t*>(base_ + lay
 int32_t* Channel::drafted() const { return reinterpret_cast<int32_t*>(base_ + layout_.drafted); }
 int32_t* Channel::accepted() const { return reinterpret_cast<int32_t*>(base_ + layout_.accepted); }
 int32_t* Channel::emitted() const { return reinterpret_cast<int32_t*>(base_ + layout_.emitted); }
+WireLogprob* Channel::logprobs() const { return reinterpret_cast<WireLogprob*>(base_ + layout_.logprobs); }
 float* Channel::logits() const { return reinterpret_cast<float*>(base_ + layout_.logits); }
 
 // ---- the doorbell ----

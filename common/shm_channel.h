@@ -17,10 +17,12 @@
 //   [Header: magic, version, geometry, offsets, pids, closed flags]
 //   [Doorbell to_gpu][Doorbell to_worker]                 one cache line each
 //   up slot   (worker -> gpu): MsgHeader, entries[max_seqs], tokens[max_rows] i32, releases[max_seqs] i64,
+//                              forks[max_seqs] WireFork, biases[max_seqs x kMaxWireBias] WireBias,
 //                              moe_out[max_rows x hidden] f32, error text
 //   down slot (gpu -> worker): MsgHeader, x[max_rows x hidden] f32, ids[max_rows x top_k] i32,
 //                              weights[max_rows x top_k] f32, sampled[max_seqs] i32, counts[max_seqs] i32,
 //                              drafted[max_seqs] i32, accepted[max_seqs] i32, emitted[max_rows] i32,
+//                              logprobs[max_rows x (1 + kMaxWireTopLogprobs)] WireLogprob,
 //                              logits[logits_rows x vocab] f32, error text
 // The arrays are read and written in place (zero copy): the worker's expert backend reads x straight
 // from the down slot and writes its sum straight into the up slot.
@@ -31,6 +33,16 @@
 // [last token, drafts], verifies, rolls the rejected positions back in every cache and answers with the
 // entry's emitted tokens (1 + accepted). An entry occupies num_tokens + model_drafts rows of max_rows, so
 // the emitted tokens of one step always fit emitted[max_rows].
+//
+// Sampling extras: the logit bias of each fork, then of each opening entry, in that order, follows the
+// previous ones' in `biases` (WireSampling::num_bias pairs each). An entry whose sequence asked for
+// log-probs (WireSampling::logprobs >= 0) gets, for each emitted token, the chosen token's log-prob then its
+// top ones in that token's row of `logprobs` (num_logprobs says whether the rows were written: 0, or
+// num_emitted).
+//
+// Forks (Geometry::fork): a StepRequest's `forks` create sequences as copies of open ones (state and
+// penalty history, with their own sampling), before its releases and its step run, so n choices of one
+// prompt prefill it once. A forked sequence is open: its first entry carries no kEntryOpen.
 //
 // Doorbell: the sender publishes the message by incrementing a 32-bit counter (release); the receiver
 // spins on it for `spin_us`, then sleeps in FUTEX_WAIT (shared futex, works across processes) in slices of
@@ -48,18 +60,23 @@
 #include <string>
 
 #include "common/config.h"
+#include "common/sampling_limits.h"
 #include "common/status.h"
 
 namespace numoe::shm {
 
 inline constexpr uint64_t kMagic = 0x314d48535f454f4eULL;  // "NOE_SHM1" little-endian
-inline constexpr uint32_t kVersion = 2;  // 2: speculative decoding (drafts, emitted tokens)
+inline constexpr uint32_t kVersion = 3;  // 2: speculative decoding (drafts, emitted tokens); 3: penalties,
+                                         // logit bias, log-probs, forks
 inline constexpr size_t kErrorTextBytes = 1024;
+// Capacities of the sampling extras (common/sampling_limits.h).
+inline constexpr uint32_t kMaxWireBias = static_cast<uint32_t>(kMaxLogitBias);
+inline constexpr uint32_t kMaxWireTopLogprobs = static_cast<uint32_t>(kMaxTopLogprobs);
 
 // Capacities of one channel, and what numoe-gpu can do with it. Limits (ValidateGeometry): hidden in
 // [1, 65536], top_k in [1, 64], max_rows in [1, 65536], max_seqs in [1, 4096], vocab in [1, 1<<24],
 // logits_rows in [0, max_seqs], drafter kNone, kDspark or kMtp, max_model_drafts in [0, 4096] and 0 without a
-// drafter, verify 0 or 1 (and 1 with a drafter), and the whole region at most 16 GiB.
+// drafter, verify 0 or 1 (and 1 with a drafter), fork 0 or 1, and the whole region at most 16 GiB.
 struct Geometry {
   uint32_t hidden = 0;       // D: width of one MoE row (fp32)
   uint32_t top_k = 0;        // routed experts per row
@@ -73,6 +90,7 @@ struct Geometry {
   SpecMethod drafter = SpecMethod::kNone;  // 4 bytes on the wire (SpecMethod is uint32_t)
   uint32_t max_model_drafts = 0;
   uint32_t verify = 0;
+  uint32_t fork = 0;  // StepRequest forks are served (the backend's Capabilities::fork)
 };
 static_assert(sizeof(SpecMethod) == sizeof(uint32_t), "Geometry::drafter is a uint32_t on the wire");
 Status ValidateGeometry(const Geometry& g);
@@ -80,9 +98,9 @@ Status ValidateGeometry(const Geometry& g);
 // Byte offsets of every array from the start of the region.
 struct Layout {
   size_t header = 0, to_gpu = 0, to_worker = 0;
-  size_t up_msg = 0, entries = 0, tokens = 0, releases = 0, moe_out = 0, up_error = 0;
+  size_t up_msg = 0, entries = 0, tokens = 0, releases = 0, forks = 0, biases = 0, moe_out = 0, up_error = 0;
   size_t down_msg = 0, moe_x = 0, moe_ids = 0, moe_weights = 0, sampled = 0, counts = 0, drafted = 0, accepted = 0,
-         emitted = 0, logits = 0, down_error = 0;
+         emitted = 0, logprobs = 0, logits = 0, down_error = 0;
   size_t total = 0;
 };
 Layout ComputeLayout(const Geometry& g);
@@ -103,6 +121,22 @@ struct WireSampling {
   double top_p = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
+  double min_p = 0.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  int32_t logprobs = -1;  // -1 = none; else top log-probs per emitted token (<= kMaxWireTopLogprobs)
+  int32_t num_bias = 0;   // logit-bias pairs of this entry in `biases` (<= kMaxWireBias)
+};
+
+// One logit-bias pair and one log-prob as they travel.
+struct WireBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+struct WireLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
 };
 
 // StepEntry::flags
@@ -123,6 +157,13 @@ struct StepEntry {
                              // <= Geometry::max_model_drafts)
 };
 
+// One fork of a StepRequest: `seq` (a new key) starts as a copy of open sequence `parent`.
+struct WireFork {
+  int64_t seq = 0;
+  int64_t parent = 0;
+  WireSampling sampling;
+};
+
 // The fixed header of a message; which fields mean something depends on `type`.
 struct MsgHeader {
   uint32_t type = 0;         // MsgType
@@ -134,6 +175,9 @@ struct MsgHeader {
   int64_t num_entries = 0;   // kStepRequest / kStepResult
   int64_t num_tokens = 0;    // kStepRequest
   int64_t num_releases = 0;  // kStepRequest: sequences to free before the step runs
+  int64_t num_forks = 0;     // kStepRequest: forks to make before the releases and the step
+  int64_t num_biases = 0;    // kStepRequest: logit-bias pairs in biases (num_bias over forks and opening entries)
+  int64_t num_logprobs = 0;  // kStepResult: rows written in logprobs (0 or num_emitted)
   int64_t num_logits = 0;    // kStepResult: rows in logits (entries with kEntryLogits, in order)
   int64_t num_emitted = 0;   // kStepResult: tokens in emitted (the sum of counts)
   int64_t compute_ns = 0;    // kMoeResponse: time the worker spent computing (hop overhead = RTT - this)
@@ -220,6 +264,8 @@ class Channel {
   StepEntry* entries() const;   // up: [max_seqs]
   int32_t* tokens() const;      // up: [max_rows]
   int64_t* releases() const;    // up: [max_seqs]
+  WireFork* forks() const;      // up: [max_seqs]
+  WireBias* biases() const;     // up: [max_seqs x kMaxWireBias]
   float* moe_out() const;       // up: [max_rows, hidden]
   float* moe_x() const;         // down: [max_rows, hidden]
   int32_t* moe_ids() const;     // down: [max_rows, top_k]
@@ -229,6 +275,7 @@ class Channel {
   int32_t* drafted() const;     // down: [max_seqs] drafts verified per entry
   int32_t* accepted() const;    // down: [max_seqs] drafts kept per entry
   int32_t* emitted() const;     // down: [max_rows] every entry's emitted tokens, entry after entry
+  WireLogprob* logprobs() const;  // down: [max_rows, 1 + kMaxWireTopLogprobs]: chosen, then the top ones
   float* logits() const;        // down: [logits_rows, vocab]
 
  private:

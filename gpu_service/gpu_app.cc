@@ -110,6 +110,7 @@ int RunGpuApp(const GpuAppConfig& flags) {
   opts.drafter = (*model)->drafter();
   opts.verify = verify;
   opts.max_model_drafts = MaxDraftsPerItem(caps);
+  opts.fork = caps.fork;
   opts.drafter_experts_on_gpu = config.drafter_experts == DrafterExperts::kGpu && (*model)->drafter() == SpecMethod::kDspark;
   GpuServer server(model->get(), (*ckpt)->config(), opts);
   GpuGrpcService service(&server);

@@ -51,6 +51,7 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
     g.max_model_drafts = static_cast<uint32_t>(std::clamp<int64_t>(options_.max_model_drafts, 1, 4096));
   }
   g.verify = options_.verify || g.drafter != SpecMethod::kNone ? 1 : 0;
+  g.fork = options_.fork ? 1 : 0;
 
   uint64_t lease;
   {

@@ -39,6 +39,8 @@ struct GpuServerOptions {
   SpecMethod drafter = SpecMethod::kNone;
   int64_t max_model_drafts = 16;
   bool verify = false;
+  // The backend forks sequences (Capabilities::fork): StepRequest forks are served.
+  bool fork = false;
   // The drafter's routed experts run in numoe-gpu (told to workers at registration: they skip loading them).
   bool drafter_experts_on_gpu = false;
 };

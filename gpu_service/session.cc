@@ -126,11 +126,61 @@ Status WorkerSession::HandleStep() {
   if (m.num_tokens < 0 || m.num_tokens > g.max_rows) {
     return bad(absl::StrCat("num_tokens ", m.num_tokens, " outside [0, ", g.max_rows, "]"));
   }
+  if (m.num_forks < 0 || m.num_forks > g.max_seqs) {
+    return bad(absl::StrCat("num_forks ", m.num_forks, " outside [0, ", g.max_seqs, "]"));
+  }
+  if (m.num_forks > 0 && g.fork == 0) return bad("forks, but this channel does not serve them (fork 0)");
+  const int64_t max_biases = int64_t{g.max_seqs} * shm::kMaxWireBias;
+  if (m.num_biases < 0 || m.num_biases > max_biases) {
+    return bad(absl::StrCat("num_biases ", m.num_biases, " outside [0, ", max_biases, "]"));
+  }
   // Copy what the model will read: the worker must not be able to change it under a running Forward.
   const int64_t n = m.num_entries;
   entries_.assign(channel_->entries(), channel_->entries() + n);
   tokens_buf_.assign(channel_->tokens(), channel_->tokens() + m.num_tokens);
   std::vector<int64_t> releases(channel_->releases(), channel_->releases() + m.num_releases);
+  std::vector<shm::WireFork> forks(channel_->forks(), channel_->forks() + m.num_forks);
+  biases_.assign(channel_->biases(), channel_->biases() + m.num_biases);
+  const int64_t vocab = host_->model->vocab_size();
+  // Sampling of a fork or an opening entry, its logit bias taken from `biases` in order.
+  int64_t bias_at = 0;
+  auto read_sampling = [&](const shm::WireSampling& w, const std::string& at) -> StatusOr<SamplingParams> {
+    if (w.num_bias < 0 || w.num_bias > static_cast<int32_t>(shm::kMaxWireBias) || bias_at + w.num_bias > m.num_biases) {
+      return bad(absl::StrCat(at, ": num_bias ", w.num_bias, " outside [0, ", shm::kMaxWireBias,
+                              "] or past num_biases"));
+    }
+    SamplingParams p = FromWireSampling(w, std::span<const shm::WireBias>(biases_.data() + bias_at,
+                                                                           static_cast<size_t>(w.num_bias)));
+    bias_at += w.num_bias;
+    if (Status st = ValidateSampling(p, vocab); !st.ok()) return bad(absl::StrCat(at, ": sampling.", st.message()));
+    return p;
+  };
+
+  // Forks first: each copies an open sequence's state before anything of this message changes it.
+  if (!forks.empty()) {
+    std::vector<SamplingParams> fork_params;
+    std::set<int64_t> fresh;
+    for (size_t i = 0; i < forks.size(); ++i) {
+      const shm::WireFork& f = forks[i];
+      const std::string at = absl::StrCat("forks[", i, "] (sequence ", f.seq, ")");
+      if (seqs_.count(f.seq) != 0 || !fresh.insert(f.seq).second) return bad(absl::StrCat(at, ": the key is in use"));
+      if (seqs_.count(f.parent) == 0) return bad(absl::StrCat(at, ": unknown parent sequence ", f.parent));
+      ASSIGN_OR_RETURN(SamplingParams p, read_sampling(f.sampling, at));
+      fork_params.push_back(std::move(p));
+    }
+    std::lock_guard<FifoMutex> lk(host_->forward_mu);
+    for (size_t i = 0; i < forks.size(); ++i) {
+      const Seq& parent = seqs_.at(forks[i].parent);
+      auto id = host_->model->ForkSequence(parent.model_seq);
+      if (!id.ok()) {
+        return Status(id.status().code(), absl::StrCat("StepRequest: forks[", i, "]: ", id.status().message()));
+      }
+      Seq child{*id, Sampler(fork_params[i])};
+      child.sampler.CopyHistoryFrom(parent.sampler);
+      seqs_.emplace(forks[i].seq, std::move(child));
+    }
+    num_seqs_.store(static_cast<int64_t>(seqs_.size()));
+  }
 
   // Releases first (unknown keys are ignored: a release may race with the session's own cleanup).
   if (!releases.empty()) {
@@ -147,15 +197,16 @@ Status WorkerSession::HandleStep() {
   out.num_entries = 0;
   out.num_logits = 0;
   out.num_emitted = 0;
+  out.num_logprobs = 0;
   if (n == 0) return absl::OkStatus();
 
   // Validate every entry before touching the model: the wire (counts, flags, sequences, capacities) here,
   // the step rules by the one ValidateStepItem against what this channel declared.
-  const int64_t vocab = host_->model->vocab_size();
   const Capabilities wire_caps = ChannelCapabilities(g);
   int64_t total = 0, rows = 0, logits_rows = 0;
   std::set<int64_t> seen;
   items_.resize(static_cast<size_t>(n));
+  open_params_.assign(static_cast<size_t>(n), SamplingParams{});
   for (int64_t i = 0; i < n; ++i) {
     const shm::StepEntry& e = entries_[i];
     const std::string at = absl::StrCat("entries[", i, "] (sequence ", e.seq, ")");
@@ -180,8 +231,7 @@ Status WorkerSession::HandleStep() {
     const bool exists = seqs_.count(e.seq) != 0;
     if ((e.flags & shm::kEntryOpen) != 0) {
       if (exists) return bad(absl::StrCat(at, ": opened twice"));
-      SamplingParams p{e.sampling.temperature, e.sampling.top_p, e.sampling.top_k, e.sampling.seed};
-      if (Status st = ValidateSampling(p); !st.ok()) return bad(absl::StrCat(at, ": sampling.", st.message()));
+      ASSIGN_OR_RETURN(open_params_[i], read_sampling(e.sampling, at));
       if (item.speculative()) {
         return bad(absl::StrCat(at, ": drafts on the step that opens the sequence (nothing to verify against)"));
       }
@@ -194,6 +244,9 @@ Status WorkerSession::HandleStep() {
     rows += item.rows();
   }
   if (total != m.num_tokens) return bad(absl::StrCat("entries hold ", total, " tokens, num_tokens says ", m.num_tokens));
+  if (bias_at != m.num_biases) {
+    return bad(absl::StrCat("forks and opening entries hold ", bias_at, " logit biases, num_biases says ", m.num_biases));
+  }
   if (rows > g.max_rows) {
     return bad(absl::StrCat("num_tokens + model_drafts over the entries is ", rows, ", more than max_rows ", g.max_rows));
   }
@@ -208,8 +261,7 @@ Status WorkerSession::HandleStep() {
     const shm::StepEntry& e = entries_[i];
     if ((e.flags & shm::kEntryOpen) == 0) continue;
     ASSIGN_OR_RETURN(SequenceId id, host_->model->CreateSequence());
-    SamplingParams p{e.sampling.temperature, e.sampling.top_p, e.sampling.top_k, e.sampling.seed};
-    seqs_.emplace(e.seq, Seq{id, Sampler(p)});
+    seqs_.emplace(e.seq, Seq{id, Sampler(open_params_[i])});
   }
   num_seqs_.store(static_cast<int64_t>(seqs_.size()));
   samplers_.resize(static_cast<size_t>(n));
@@ -238,6 +290,15 @@ Status WorkerSession::HandleStep() {
     }
   }
   std::copy(out_.emitted.begin(), out_.emitted.end(), channel_->emitted());
+  for (size_t k = 0; k < out_.logprobs.size(); ++k) {
+    const EmittedLogprobs& lp = out_.logprobs[k];
+    shm::WireLogprob* row = channel_->logprobs() + k * (1 + shm::kMaxWireTopLogprobs);
+    row[0] = shm::WireLogprob{lp.chosen.token, lp.chosen.logprob};
+    for (size_t j = 0; j < lp.top.size() && j < shm::kMaxWireTopLogprobs; ++j) {
+      row[1 + j] = shm::WireLogprob{lp.top[j].token, lp.top[j].logprob};
+    }
+  }
+  out.num_logprobs = static_cast<int64_t>(out_.logprobs.size());
   for (size_t r = 0; r < out_.logits.size(); ++r) {
     std::memcpy(channel_->logits() + r * g.vocab, out_.logits[r].data(), static_cast<size_t>(vocab) * sizeof(float));
   }

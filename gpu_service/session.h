@@ -2,7 +2,8 @@
 // sequences (model state + sampler), keyed by the worker's own sequence keys, so the service-wide key
 // is (lease, key).
 //
-// The serving thread loops: receive a StepRequest, release what it lists, create the sequences it opens,
+// The serving thread loops: receive a StepRequest, make the forks it lists, release what it lists, create
+// the sequences it opens,
 // run the model's Forward for the whole step (the MoE of every layer going back to the worker over the
 // channel), sample, answer with the StepResult, or with an Error that names the bad field.
 // The step itself (drafts, the one Forward, verification, rollback, sampling) is RunModelStep
@@ -119,6 +120,8 @@ class WorkerSession {
   // Step scratch (serving thread).
   std::vector<shm::StepEntry> entries_;
   std::vector<int32_t> tokens_buf_;
+  std::vector<shm::WireBias> biases_;
+  std::vector<SamplingParams> open_params_;  // per entry: the sampling of an opening entry
   std::vector<StepItem> items_;       // the entries as step items (model SequenceIds once opened)
   std::vector<Sampler*> samplers_;
   StepScratch scratch_;

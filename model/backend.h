@@ -78,7 +78,9 @@ struct DraftRequest {
   SequenceId seq = 0;
   int32_t next_token = 0;
   int64_t depth = 0;
-  Sampler* sampler = nullptr;  // draws the drafts (the Markov correction is sequential); null = greedy
+  // Draws the drafts with SampleDraft (the Markov correction is sequential, and each draft counts for the
+  // next one's penalties); null = greedy.
+  Sampler* sampler = nullptr;
 };
 
 // The checks every drafter makes on one request before touching its sequence: depth >= 1 and next_token
@@ -119,6 +121,8 @@ struct Capabilities {
   // scratch, staging and graphs each); callers interleave only on distinct lanes 1..N-1 (their
   // ExpertBackend::lane()), and every caller on lane 0 holds the model for whole steps.
   int64_t lanes = 0;
+  // ForkSequence copies a sequence's state (n choices of one prompt prefill it once).
+  bool fork = false;
 };
 
 class ModelBackend {
@@ -134,6 +138,13 @@ class ModelBackend {
   // speculative: every cache (windows, compressor pending buffers, overlap state, compressed and indexer
   // entries) is left exactly as if those tokens had never run.
   virtual Status Rollback(SequenceId seq, int64_t num_tokens) = 0;
+  // A new sequence whose state is a copy of `parent`'s, every cache at the parent's position; the two then
+  // run independently. The parent's last step must not have been speculative (FailedPrecondition), so
+  // the copy has nothing to roll back. Only with Capabilities::fork.
+  virtual StatusOr<SequenceId> ForkSequence(SequenceId parent) {
+    (void)parent;
+    return absl::UnimplementedError("this backend cannot fork sequences");
+  }
   virtual Capabilities capabilities() const = 0;
   SpecMethod drafter() const { return capabilities().drafter; }
   virtual Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out) {

@@ -2,19 +2,52 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace numoe {
 
-Status ValidateSampling(const SamplingParams& p) {
+Status ValidateSampling(const SamplingParams& p, int64_t vocab) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (!(p.temperature >= 0.0) || !std::isfinite(p.temperature)) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0 (got ", p.temperature, ")"));
+    return bad("temperature must be >= 0 (got ", p.temperature, ")");
   }
-  if (!(p.top_p > 0.0 && p.top_p <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1] (got ", p.top_p, ")"));
+  if (!(p.top_p > 0.0 && p.top_p <= 1.0)) return bad("top_p must be in (0, 1] (got ", p.top_p, ")");
+  if (p.top_k < 0) return bad("top_k must be >= 0 (got ", p.top_k, ")");
+  if (!(p.min_p >= 0.0 && p.min_p <= 1.0)) return bad("min_p must be in [0, 1] (got ", p.min_p, ")");
+  if (!(p.presence_penalty >= -2.0 && p.presence_penalty <= 2.0)) {
+    return bad("presence_penalty must be in [-2, 2] (got ", p.presence_penalty, ")");
   }
-  if (p.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0 (got ", p.top_k, ")"));
+  if (!(p.frequency_penalty >= -2.0 && p.frequency_penalty <= 2.0)) {
+    return bad("frequency_penalty must be in [-2, 2] (got ", p.frequency_penalty, ")");
+  }
+  if (!(p.repetition_penalty > 0.0 && p.repetition_penalty <= 2.0)) {
+    return bad("repetition_penalty must be in (0, 2] (got ", p.repetition_penalty, ")");
+  }
+  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
+    return bad("logprobs must be in [-1, ", kMaxTopLogprobs, "] (-1 = none; got ", p.logprobs, ")");
+  }
+  if (p.logit_bias.size() > kMaxLogitBias) {
+    return bad("logit_bias has ", p.logit_bias.size(), " entries; at most ", kMaxLogitBias);
+  }
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token < 0 || (vocab > 0 && token >= vocab)) {
+      return bad("logit_bias: token id ", token, " is out of range [0, ", vocab > 0 ? vocab : int64_t{1} << 31, ")");
+    }
+    if (!(std::abs(bias) <= kMaxLogitBiasValue)) {
+      return bad("logit_bias[", token, "] must be in [-100, 100] (got ", bias, ")");
+    }
+  }
   return absl::OkStatus();
+}
+
+uint64_t ChoiceSeed(uint64_t seed, int64_t index) {
+  if (index == 0) return seed;
+  // splitmix64 of the seed mixed with the index: neighbouring seeds and indices give unrelated streams.
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 int32_t Argmax(const float* logits, int64_t vocab) {
@@ -25,36 +58,145 @@ int32_t Argmax(const float* logits, int64_t vocab) {
   return static_cast<int32_t>(best);
 }
 
-int32_t Sampler::Sample(const float* logits, int64_t vocab) {
-  if (p_.temperature == 0.0) return Argmax(logits, vocab);
-  idx_.resize(static_cast<size_t>(vocab));
-  std::iota(idx_.begin(), idx_.end(), 0);
+void TopLogprobs(const float* logits, int64_t vocab, int32_t chosen, int32_t n, EmittedLogprobs* out) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, static_cast<double>(logits[i]));
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
+  const double lse = m + std::log(sum);
+  out->chosen = TokenLogprob{chosen, static_cast<float>(static_cast<double>(logits[chosen]) - lse)};
+  out->top.clear();
+  n = std::clamp<int32_t>(n, 0, static_cast<int32_t>(std::min<int64_t>(vocab, kMaxTopLogprobs)));
+  if (n == 0) return;
+  // The n largest, kept sorted (descending, ties by lower id) in a small array: O(vocab x n) worst case,
+  // O(vocab) in practice since most logits fall below the smallest kept.
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::vector<int32_t> best;
+  best.reserve(static_cast<size_t>(n) + 1);
+  for (int64_t i = 0; i < vocab; ++i) {
+    const int32_t t = static_cast<int32_t>(i);
+    if (static_cast<int32_t>(best.size()) == n && !better(t, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), t, better), t);
+    if (static_cast<int32_t>(best.size()) > n) best.pop_back();
+  }
+  for (int32_t t : best) out->top.push_back(TokenLogprob{t, static_cast<float>(static_cast<double>(logits[t]) - lse)});
+}
+
+// ---- history ----
+
+void Sampler::ObservePrompt(std::span<const int32_t> tokens) {
+  if (p_.repetition_penalty == 1.0) return;
+  prompt_seen_.insert(tokens.begin(), tokens.end());
+}
+
+void Sampler::Accept(int32_t token) {
+  generating_ = true;
+  if (p_.penalized()) ++generated_[token];
+}
+
+void Sampler::Unaccept(int32_t token) {
+  auto it = generated_.find(token);
+  if (it == generated_.end()) return;
+  if (--it->second == 0) generated_.erase(it);
+}
+
+int32_t Sampler::SampleDraft(const float* logits, int64_t vocab) {
+  const int32_t t = Sample(logits, vocab);
+  if (p_.penalized()) {
+    ++generated_[t];
+    drafts_.push_back(t);
+  }
+  return t;
+}
+
+void Sampler::ClearDrafts() {
+  for (int32_t t : drafts_) Unaccept(t);
+  drafts_.clear();
+}
+
+void Sampler::CopyHistoryFrom(const Sampler& parent) {
+  generating_ = parent.generating_;
+  if (!p_.penalized()) return;
+  if (p_.repetition_penalty != 1.0) prompt_seen_ = parent.prompt_seen_;
+  generated_ = parent.generated_;
+  for (int32_t t : parent.drafts_) Unaccept(t);
+}
+
+const float* Sampler::Process(const float* logits, int64_t vocab) {
+  if (!p_.penalized()) return logits;
+  scratch_.assign(logits, logits + vocab);
+  float* l = scratch_.data();
+  for (const auto& [token, bias] : p_.logit_bias) {
+    if (token >= 0 && token < vocab) l[token] += bias;
+  }
+  if (const double r = p_.repetition_penalty; r != 1.0) {
+    auto penalize = [&](int32_t t) {
+      if (t < 0 || t >= vocab) return;
+      l[t] = l[t] > 0 ? static_cast<float>(l[t] / r) : static_cast<float>(l[t] * r);
+    };
+    for (int32_t t : prompt_seen_) penalize(t);
+    for (const auto& [t, count] : generated_) {
+      if (prompt_seen_.count(t) == 0) penalize(t);
+    }
+  }
+  if (p_.frequency_penalty != 0.0 || p_.presence_penalty != 0.0) {
+    for (const auto& [t, count] : generated_) {
+      if (t < 0 || t >= vocab) continue;
+      l[t] -= static_cast<float>(p_.frequency_penalty * count + p_.presence_penalty);
+    }
+  }
+  return l;
+}
+
+int64_t Sampler::Candidates(const float* logits, int64_t vocab, double* sum) {
+  const double t = p_.temperature;
+  idx_.clear();
+  // min_p: p_i >= min_p * p_max  <=>  l_i >= l_max + t * ln(min_p). Filtering first also keeps the sort short.
+  if (p_.min_p > 0.0) {
+    const float m = logits[Argmax(logits, vocab)];
+    const double floor = static_cast<double>(m) + t * std::log(p_.min_p);
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (static_cast<double>(logits[i]) >= floor) idx_.push_back(static_cast<int32_t>(i));
+    }
+  } else {
+    idx_.resize(static_cast<size_t>(vocab));
+    std::iota(idx_.begin(), idx_.end(), 0);
+  }
   // Candidates sorted by logit (descending, ties by id), cut by top-k.
-  int64_t keep = p_.top_k > 0 ? std::min<int64_t>(p_.top_k, vocab) : vocab;
+  const int64_t n = static_cast<int64_t>(idx_.size());
+  int64_t keep = p_.top_k > 0 ? std::min<int64_t>(p_.top_k, n) : n;
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   std::partial_sort(idx_.begin(), idx_.begin() + keep, idx_.end(), by_logit);
-  const double t = p_.temperature;
   const double m = logits[idx_[0]];
   prob_.resize(static_cast<size_t>(keep));
-  double sum = 0.0;
+  double s = 0.0;
   for (int64_t i = 0; i < keep; ++i) {
     prob_[i] = std::exp((static_cast<double>(logits[idx_[i]]) - m) / t);
-    sum += prob_[i];
+    s += prob_[i];
   }
   // Nucleus: the smallest prefix whose mass reaches top_p (at least one token).
   if (p_.top_p < 1.0) {
     double acc = 0.0;
     int64_t cut = keep;
     for (int64_t i = 0; i < keep; ++i) {
-      acc += prob_[i] / sum;
+      acc += prob_[i] / s;
       if (acc >= p_.top_p) {
         cut = i + 1;
         break;
       }
     }
     keep = cut;
-    sum = std::accumulate(prob_.begin(), prob_.begin() + keep, 0.0);
+    s = std::accumulate(prob_.begin(), prob_.begin() + keep, 0.0);
   }
+  *sum = s;
+  return keep;
+}
+
+int32_t Sampler::Sample(const float* raw, int64_t vocab) {
+  const float* logits = Process(raw, vocab);
+  if (p_.temperature == 0.0) return Argmax(logits, vocab);
+  double sum = 0.0;
+  const int64_t keep = Candidates(logits, vocab, &sum);
   const double u = std::uniform_real_distribution<double>(0.0, sum)(rng_);
   double acc = 0.0;
   for (int64_t i = 0; i < keep; ++i) {
@@ -64,40 +206,16 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab) {
   return idx_[keep - 1];
 }
 
-void Sampler::Distribution(const float* logits, int64_t vocab, std::vector<double>* probs) {
+void Sampler::Distribution(const float* raw, int64_t vocab, std::vector<double>* probs) {
+  const float* logits = Process(raw, vocab);
   probs->assign(static_cast<size_t>(vocab), 0.0);
   if (p_.temperature == 0.0) {
     (*probs)[static_cast<size_t>(Argmax(logits, vocab))] = 1.0;
     return;
   }
-  idx_.resize(static_cast<size_t>(vocab));
-  std::iota(idx_.begin(), idx_.end(), 0);
-  int64_t keep = p_.top_k > 0 ? std::min<int64_t>(p_.top_k, vocab) : vocab;
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(idx_.begin(), idx_.begin() + keep, idx_.end(), by_logit);
-  const double m = logits[idx_[0]];
   double sum = 0.0;
-  for (int64_t i = 0; i < keep; ++i) {
-    const double e = std::exp((static_cast<double>(logits[idx_[i]]) - m) / p_.temperature);
-    (*probs)[static_cast<size_t>(idx_[i])] = e;
-    sum += e;
-  }
-  if (p_.top_p < 1.0) {
-    double acc = 0.0;
-    int64_t cut = keep;
-    for (int64_t i = 0; i < keep; ++i) {
-      acc += (*probs)[static_cast<size_t>(idx_[i])] / sum;
-      if (acc >= p_.top_p) {
-        cut = i + 1;
-        break;
-      }
-    }
-    for (int64_t i = cut; i < keep; ++i) (*probs)[static_cast<size_t>(idx_[i])] = 0.0;
-    keep = cut;
-    sum = 0.0;
-    for (int64_t i = 0; i < keep; ++i) sum += (*probs)[static_cast<size_t>(idx_[i])];
-  }
-  for (int64_t i = 0; i < keep; ++i) (*probs)[static_cast<size_t>(idx_[i])] /= sum;
+  const int64_t keep = Candidates(logits, vocab, &sum);
+  for (int64_t i = 0; i < keep; ++i) (*probs)[static_cast<size_t>(idx_[i])] = prob_[i] / sum;
 }
 
 int32_t Sampler::SampleFrom(const std::vector<double>& probs) {

@@ -41,6 +41,7 @@ Verdict VerifyDrafts(Sampler& sampler, std::span<const int32_t> drafts, std::spa
     const int32_t d = drafts[i];
     if (d < 0 || d >= vocab) {  // a drafter bug must not index out of range: treat as rejected
       v.tokens.push_back(sampler.Sample(lt, vocab));
+      sampler.Accept(v.tokens.back());
       return v;
     }
     if (!draft_logits.empty()) {
@@ -53,6 +54,7 @@ Verdict VerifyDrafts(Sampler& sampler, std::span<const int32_t> drafts, std::spa
     const bool accept = greedy ? p[d] > 0.5 : sampler.Uniform() < std::min(1.0, ratio);
     if (accept) {
       v.tokens.push_back(d);
+      sampler.Accept(d);  // the next position's distributions see it (penalties)
       ++v.accepted;
       continue;
     }
@@ -62,9 +64,11 @@ Verdict VerifyDrafts(Sampler& sampler, std::span<const int32_t> drafts, std::spa
       mass += p[t];
     }
     v.tokens.push_back(mass > 0 ? sampler.SampleFrom(p) : sampler.Sample(lt, vocab));
+    sampler.Accept(v.tokens.back());
     return v;
   }
   v.tokens.push_back(sampler.Sample(target + k * vocab, vocab));
+  sampler.Accept(v.tokens.back());
   return v;
 }
 

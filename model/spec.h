@@ -44,7 +44,8 @@ struct Verdict {
 // Verifies `drafts` (k tokens) against the target's logits `target` [k + 1, vocab] (row i: the logits
 // after [last token, d_0 .. d_{i-1}]) with the rule in the header comment. `draft_logits` [k, vocab] are
 // the logits the drafts were drawn from (sampled through the same sampler settings), or empty for a
-// deterministic drafter (n-gram: q is one-hot). `sampler` is the sequence's: its RNG advances.
+// deterministic drafter (n-gram: q is one-hot). `sampler` is the sequence's: its RNG advances, and every
+// emitted token is Accept()ed as it is decided (the next position's penalties see it).
 // Target row i chose tokens[i], so the rows behind the emitted tokens are 0 .. accepted. The caller rolls
 // back k - accepted positions.
 Verdict VerifyDrafts(Sampler& sampler, std::span<const int32_t> drafts, std::span<const float> draft_logits,

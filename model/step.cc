@@ -16,7 +16,35 @@ int64_t MaxDraftsPerItem(const Capabilities& caps) {
 Capabilities ChannelCapabilities(const shm::Geometry& g) {
   return Capabilities{.verify = g.verify != 0,
                       .drafter = g.drafter,
-                      .max_spec_tokens = g.max_model_drafts > 0 ? int64_t{g.max_model_drafts} + 1 : 0};
+                      .max_spec_tokens = g.max_model_drafts > 0 ? int64_t{g.max_model_drafts} + 1 : 0,
+                      .fork = g.fork != 0};
+}
+
+shm::WireSampling ToWireSampling(const SamplingParams& p) {
+  return shm::WireSampling{.temperature = p.temperature,
+                           .top_p = p.top_p,
+                           .top_k = p.top_k,
+                           .seed = p.seed,
+                           .min_p = p.min_p,
+                           .presence_penalty = p.presence_penalty,
+                           .frequency_penalty = p.frequency_penalty,
+                           .repetition_penalty = p.repetition_penalty,
+                           .logprobs = p.logprobs,
+                           .num_bias = static_cast<int32_t>(p.logit_bias.size())};
+}
+
+SamplingParams FromWireSampling(const shm::WireSampling& w, std::span<const shm::WireBias> biases) {
+  SamplingParams p{.temperature = w.temperature,
+                   .top_p = w.top_p,
+                   .top_k = w.top_k,
+                   .seed = w.seed,
+                   .min_p = w.min_p,
+                   .presence_penalty = w.presence_penalty,
+                   .frequency_penalty = w.frequency_penalty,
+                   .repetition_penalty = w.repetition_penalty,
+                   .logprobs = w.logprobs};
+  for (const shm::WireBias& b : biases) p.logit_bias.emplace_back(b.token, b.bias);
+  return p;
 }
 
 Status ValidateStepItem(const StepItem& item, const Capabilities& caps, int64_t vocab) {
@@ -138,7 +166,17 @@ Status RunModelStep(ModelBackend& model, ExpertBackend& experts, std::span<const
     s.draft_logits[i].clear();
     s.drafted[i] = items[i].drafts;
   }
+  for (size_t i = 0; i < n; ++i) {
+    if (samplers[i] != nullptr && !samplers[i]->generating()) samplers[i]->ObservePrompt(items[i].tokens);
+  }
   RETURN_IF_ERROR(DraftForItems(model, experts, items, samplers, V, &s));
+  bool want_logprobs = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (samplers[i] == nullptr) continue;
+    // The drafter counted its drafts for their successors' penalties; verification recounts them.
+    if (items[i].model_drafts > 0) samplers[i]->ClearDrafts();
+    want_logprobs |= samplers[i]->params().logprobs >= 0 && items[i].sample;
+  }
 
   s.steps.clear();
   for (size_t i = 0; i < n; ++i) {
@@ -177,13 +215,26 @@ Status RunModelStep(ModelBackend& model, ExpertBackend& experts, std::span<const
       out->drafted[i] = static_cast<int32_t>(k);
       out->accepted[i] = static_cast<int32_t>(v.accepted);
       out->emitted.insert(out->emitted.end(), v.tokens.begin(), v.tokens.end());
+      if (want_logprobs) {
+        const int32_t top = samplers[i]->params().logprobs;
+        for (size_t j = 0; j < v.tokens.size(); ++j) {
+          out->logprobs.emplace_back();
+          if (top >= 0) TopLogprobs(target + static_cast<int64_t>(j) * V, V, v.tokens[j], top, &out->logprobs.back());
+        }
+      }
       if (k > v.accepted) RETURN_IF_ERROR(model.Rollback(item.seq, k - v.accepted));
       continue;
     }
     if (item.sample) {
       out->tokens[i] = samplers[i]->Sample(last, V);
+      samplers[i]->Accept(out->tokens[i]);
       out->counts[i] = 1;
       out->emitted.push_back(out->tokens[i]);
+      if (want_logprobs) {
+        out->logprobs.emplace_back();
+        const int32_t top = samplers[i]->params().logprobs;
+        if (top >= 0) TopLogprobs(last, V, out->tokens[i], top, &out->logprobs.back());
+      }
     }
   }
   return absl::OkStatus();

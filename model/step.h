@@ -63,6 +63,11 @@ struct StepOutput {
   // `vocab` floats: every row with all_logits; for a speculative item the counts[i] rows that chose its
   // emitted tokens; else the last row.
   std::vector<std::vector<float>> logits;
+  // Log-probs of the emitted tokens (model/sampling.h TopLogprobs: raw logits, before penalties and
+  // temperature): empty when no item's sampler asks for them (SamplingParams::logprobs < 0), else one entry
+  // per entry of `emitted`, in the same order (items that did not ask get default entries). A speculative
+  // item's come from the verify rows that chose its tokens.
+  std::vector<EmittedLogprobs> logprobs;
 
   // Sizes the per-item vectors for `n` items with nothing emitted (tokens -1) and clears the rest.
   void Reset(size_t n) {
@@ -72,6 +77,7 @@ struct StepOutput {
     accepted.assign(n, 0);
     emitted.clear();
     logits.clear();
+    logprobs.clear();
   }
 };
 
@@ -85,6 +91,10 @@ int64_t MaxDraftsPerItem(const Capabilities& caps);
 // What numoe-gpu declared in a shared-memory channel's geometry (common/shm_channel.h), as Capabilities:
 // both ends of the channel check items against these.
 Capabilities ChannelCapabilities(const shm::Geometry& g);
+
+// SamplingParams as they travel in a StepEntry: the logit bias goes separately (`biases`, num_bias pairs).
+shm::WireSampling ToWireSampling(const SamplingParams& p);
+SamplingParams FromWireSampling(const shm::WireSampling& w, std::span<const shm::WireBias> biases);
 
 // The checks on one item, before anything runs: tokens present and in [0, vocab), and the speculative
 // rules of the header comment against what the backend declares. Messages name the field and say what to
@@ -109,8 +119,10 @@ struct StepScratch {
 // that ask the model drafter (one batched Draft), runs one Forward over every item (speculative items with
 // every row's logits), verifies each speculative item with its sampler (VerifyDrafts) and rolls back its
 // rejected positions, samples the others. items[i].seq are the model's SequenceIds; samplers[i] is item i's
-// sampler (may be null for an item that neither samples nor drafts). On error the step's sequences are in
-// an undefined state (the caller closes them).
+// sampler (may be null for an item that neither samples nor drafts). The samplers' histories are kept here
+// (model/sampling.h): the tokens of an item whose sampler has not sampled yet are its prompt
+// (ObservePrompt), and every emitted token is Accept()ed. On error the step's sequences are in an
+// undefined state (the caller closes them).
 Status RunModelStep(ModelBackend& model, ExpertBackend& experts, std::span<const StepItem> items,
                     std::span<Sampler* const> samplers, StepScratch* scratch, StepOutput* out);
 

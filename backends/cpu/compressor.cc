@@ -18,6 +18,20 @@ float* ChunkedRows::Append() {
   return row;
 }
 
+ChunkedRows::ChunkedRows(const ChunkedRows& other) : width_(other.width_), per_block_(other.per_block_) {
+  *this = other;
+}
+
+ChunkedRows& ChunkedRows::operator=(const ChunkedRows& other) {
+  if (this == &other) return *this;
+  width_ = other.width_;
+  per_block_ = other.per_block_;
+  rows_ = 0;
+  blocks_.clear();
+  for (int64_t r = 0; r < other.rows_; ++r) std::memcpy(Append(), other.Row(r), static_cast<size_t>(width_) * sizeof(float));
+  return *this;
+}
+
 void ChunkedRows::Truncate(int64_t rows) {
   if (rows < rows_) rows_ = rows < 0 ? 0 : rows;
 }

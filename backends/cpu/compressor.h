@@ -18,6 +18,11 @@ namespace numoe::cpu {
 class ChunkedRows {
  public:
   explicit ChunkedRows(int64_t width, int64_t rows_per_block = 64) : width_(width), per_block_(rows_per_block) {}
+  // Deep copies of the rows held (a forked sequence's entries).
+  ChunkedRows(const ChunkedRows& other);
+  ChunkedRows& operator=(const ChunkedRows& other);
+  ChunkedRows(ChunkedRows&&) = default;
+  ChunkedRows& operator=(ChunkedRows&&) = default;
   float* Append();  // returns the new row (uninitialised)
   void Truncate(int64_t rows);  // drops rows past `rows` (blocks are kept for reuse)
   const float* Row(int64_t i) const { return blocks_[i / per_block_].get() + (i % per_block_) * width_; }
@@ -47,6 +52,8 @@ struct CompressorParams {
 class CompressorState {
  public:
   explicit CompressorState(const CompressorParams& p);
+  // A copy (every buffer deep-copied; the params' weight pointers are shared): ModelBackend::ForkSequence.
+  CompressorState(const CompressorState&) = default;
   // Appends the token at `position` (must be exactly the next position). kv and gate are [coff·dim].
   void Append(int64_t position, const float* kv, const float* gate);
 

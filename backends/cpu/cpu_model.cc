@@ -366,6 +366,34 @@ StatusOr<SequenceId> CpuModel::CreateSequence() {
   return id;
 }
 
+StatusOr<SequenceId> CpuModel::ForkSequence(SequenceId parent) {
+  auto it = seqs_.find(parent);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", parent, " does not exist"));
+  const SeqState& from = *it->second;
+  if (from.undo_from >= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", parent, ": cannot fork right after a speculative step"));
+  }
+  auto st = std::make_unique<SeqState>();
+  st->position = from.position;
+  st->layers.resize(from.layers.size());
+  for (size_t l = 0; l < from.layers.size(); ++l) {
+    const SeqState::Layer& a = from.layers[l];
+    SeqState::Layer& b = st->layers[l];
+    b.ring = a.ring;
+    if (a.comp) b.comp = std::make_unique<CompressorState>(*a.comp);
+    if (a.index_comp) b.index_comp = std::make_unique<CompressorState>(*a.index_comp);
+  }
+  st->drafter_rings = from.drafter_rings;
+  st->drafter_undo.resize(from.drafter_undo.size());
+  st->mtp_ring = from.mtp_ring;
+  st->mtp_x = from.mtp_x;
+  st->mtp_x_from = from.mtp_x_from;
+  const SequenceId id = next_id_++;
+  seqs_[id] = std::move(st);
+  return id;
+}
+
 Status CpuModel::ReleaseSequence(SequenceId seq) {
   if (seqs_.erase(seq) == 0) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
   return absl::OkStatus();

@@ -120,6 +120,8 @@ class CpuModel final : public ModelBackend {
                  std::vector<SequenceLogits>* out) override;
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
+  // A deep copy of the parent's state (rings, compressor buffers and entries, drafter rings).
+  StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   // Verifies any speculative step; drafts per item are bounded only by kMaxDraftsPerItem (model/step.h).
   Capabilities capabilities() const override {
@@ -128,7 +130,8 @@ class CpuModel final : public ModelBackend {
                                    : mtp_ != nullptr  ? SpecMethod::kMtp
                                                       : SpecMethod::kNone,
                         .max_spec_tokens = 0,
-                        .interleaved_steps = true};
+                        .interleaved_steps = true,
+                        .fork = true};
   }
   // DSpark: a block of `depth` drafts from one pass. MTP: `depth` sequential passes of the MTP block, each
   // on the previous pass's output streams and drafted token; the block's draft-time KV entries are

@@ -122,7 +122,7 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
       MatMul(m, 1, dspark_->markov_w2, bias.data(), pool_);
       float* lr = &logits[r * V];
       for (int64_t v = 0; v < V; ++v) lr[v] += bias[v];
-      const int32_t d = requests[i].sampler ? requests[i].sampler->Sample(lr, V) : Argmax(lr, V);
+      const int32_t d = requests[i].sampler ? requests[i].sampler->SampleDraft(lr, V) : Argmax(lr, V);
       res.tokens.push_back(d);
       res.logits.insert(res.logits.end(), lr, lr + V);
       std::memcpy(cin.data(), &h_pre[r * D], static_cast<size_t>(D) * sizeof(float));

@@ -211,7 +211,7 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
       Chain& c = chains[ci];
       const float* lr = &logits[r * V];
       Sampler* sampler = requests[ci].sampler;
-      const int32_t d = sampler != nullptr ? sampler->Sample(lr, V) : Argmax(lr, V);
+      const int32_t d = sampler != nullptr ? sampler->SampleDraft(lr, V) : Argmax(lr, V);
       DraftResult& res = (*out)[ci];
       res.tokens.push_back(d);
       res.logits.insert(res.logits.end(), lr, lr + V);

@@ -192,7 +192,7 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
         const float* br = bias.data() + b * static_cast<size_t>(V);
         for (int64_t v = 0; v < V; ++v) lr[v] += br[v];
         Sampler* sampler = requests[i].sampler;
-        const int32_t dtok = sampler != nullptr ? sampler->Sample(lr, V) : Argmax(lr, V);
+        const int32_t dtok = sampler != nullptr ? sampler->SampleDraft(lr, V) : Argmax(lr, V);
         DraftResult& res = (*out)[i];
         res.tokens.push_back(dtok);
         res.logits.insert(res.logits.end(), lr, lr + V);

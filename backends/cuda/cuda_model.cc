@@ -763,6 +763,58 @@ StatusOr<SequenceId> CudaModel::CreateSequence() {
   return id;
 }
 
+StatusOr<SequenceId> CudaModel::ForkSequence(SequenceId parent) {
+  auto it = seqs_.find(parent);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", parent, " does not exist"));
+  const Seq& from = it->second;
+  if (from.spec || from.replay) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", parent, ": cannot fork right after a speculative step"));
+  }
+  if (free_slots_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("all ", opt_.max_sequences,
+                                                     " sequence slots are in use (CudaOptions::max_sequences)"));
+  }
+  if (from.pages.size() > free_pages_.size()) {
+    return absl::ResourceExhaustedError(absl::StrCat("device KV cache full: forking sequence ", parent, " needs ",
+                                                     from.pages.size(), " pages but ", free_pages_.size(),
+                                                     " are free (CudaOptions::cache_mb)"));
+  }
+  Seq s;
+  s.slot = free_slots_.back();
+  free_slots_.pop_back();
+  s.position = from.position;
+  int32_t* table = table_h_.as<int32_t>();
+  for (size_t i = 0; i < from.pages.size(); ++i) {
+    s.pages.push_back(free_pages_.back());
+    free_pages_.pop_back();
+    table[s.slot * max_pages_ + static_cast<int64_t>(i)] = s.pages.back();
+  }
+  const size_t page_bytes = static_cast<size_t>(page_elems_) * (bf16_cache_ ? 2 : 4);
+  for (auto& r : ranks_) {
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->fixed.as<char>() + s.slot * slot_bytes_,
+                                               r->fixed.as<char>() + from.slot * slot_bytes_,
+                                               static_cast<size_t>(slot_bytes_), cudaMemcpyDeviceToDevice, r->stream));
+    for (size_t i = 0; i < from.pages.size(); ++i) {
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->pages.as<char>() + s.pages[i] * page_bytes,
+                                                 r->pages.as<char>() + from.pages[i] * page_bytes, page_bytes,
+                                                 cudaMemcpyDeviceToDevice, r->stream));
+    }
+    if (!s.pages.empty()) {
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->table.as<int32_t>() + s.slot * max_pages_,
+                                                 table + s.slot * max_pages_,
+                                                 static_cast<size_t>(max_pages_) * sizeof(int32_t),
+                                                 cudaMemcpyHostToDevice, r->stream));
+    }
+    // Done before the fork's first step, whichever lane (stream) runs it.
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream));
+  }
+  const SequenceId id = next_id_++;
+  seqs_[id] = std::move(s);
+  return id;
+}
+
 Status CudaModel::ReleaseSequence(SequenceId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));

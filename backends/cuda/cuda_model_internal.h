@@ -161,6 +161,8 @@ class CudaModel final : public CudaBackend {
   // the kept tokens would have left; compressed entries past the new position are simply no longer counted.
   // The device work is deferred to the next Forward/Draft, which does every pending rollback in one batch.
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
+  // A new slot and pages holding copies of the parent's (device-to-device, on every rank).
+  StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   // Speculative steps need CudaOptions::max_spec_tokens > 0 (the snapshot and log are sized by it).
   // Lanes (CudaOptions::lanes; tp == 1, no drafter): steps of callers on different lanes interleave at
@@ -171,7 +173,8 @@ class CudaModel final : public CudaBackend {
                         .drafter = stages_ > 0 ? SpecMethod::kDspark : SpecMethod::kNone,
                         .max_spec_tokens = spec_tokens_,
                         .interleaved_steps = lanes,
-                        .lanes = lanes ? static_cast<int64_t>(lanes_.size()) : 0};
+                        .lanes = lanes ? static_cast<int64_t>(lanes_.size()) : 0,
+                        .fork = true};
   }
   Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
                std::vector<DraftResult>* out) override;

@@ -48,8 +48,8 @@ class AttemptSink : public WorkerCallSink {
  public:
   AttemptSink(Balancer* balancer, std::shared_ptr<Job> job, int attempt)
       : balancer_(balancer), job_(std::move(job)), attempt_(attempt) {}
-  void OnTokens(std::span<const int32_t> ids, const std::string& finish_reason) override {
-    balancer_->OnAttemptTokens(job_, attempt_, ids, finish_reason);
+  void OnResponse(const v1::WorkerGenerateResponse& response) override {
+    balancer_->OnAttemptResponse(job_, attempt_, response);
   }
   void OnEnd(const Status& status) override { balancer_->OnAttemptEnd(job_, attempt_, status); }
 
@@ -100,6 +100,9 @@ Status Exhausted(const Status& last, const std::string& message) {
   return last.code() == absl::StatusCode::kResourceExhausted ? absl::ResourceExhaustedError(message)
                                                                : absl::UnavailableError(message);
 }
+
+// The choices a request asks for (proto3 0 = 1).
+int64_t Choices(const v1::WorkerGenerateRequest& r) { return std::max<int64_t>(1, r.n()); }
 
 // Codes that mean the connection or the process is gone, not that this one request was bad.
 bool TransportFailure(absl::StatusCode code) {
@@ -223,7 +226,7 @@ std::optional<size_t> Balancer::PlaceLocked(const std::shared_ptr<Job>& job_ptr)
   job.tried[*pick] = true;
   ++job.attempts;
   ++job.attempt_id;
-  job.charged = job.request.prompt_ids_size() + static_cast<int64_t>(job.request.max_new_tokens());
+  job.charged = job.request.prompt_ids_size() + Choices(job.request) * static_cast<int64_t>(job.request.max_new_tokens());
   ++w.in_flight;
   w.outstanding += job.charged;
   ++in_flight_;
@@ -303,22 +306,23 @@ void Balancer::Cancel(const std::shared_ptr<Job>& job) {
   }
 }
 
-void Balancer::OnAttemptTokens(const std::shared_ptr<Job>& job, int attempt, std::span<const int32_t> ids,
-                               const std::string& finish_reason) {
+void Balancer::OnAttemptResponse(const std::shared_ptr<Job>& job, int attempt,
+                                 const v1::WorkerGenerateResponse& response) {
   CallbackScope scope(this);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (job->state != Job::State::kRunning || job->attempt_id != attempt) return;
-    if (!finish_reason.empty()) job->finish_reason = finish_reason;
-    if (ids.empty()) return;
+    if (!response.finish_reason().empty()) job->finish_reason = response.finish_reason();
+    if (response.token_ids().empty()) return;
     job->got_token = true;
-    job->generated += static_cast<int64_t>(ids.size());
+    job->generated += response.token_ids_size();
     // After the first token the prompt is prefilled: only the tokens still to generate remain.
-    int64_t charge = std::max<int64_t>(0, static_cast<int64_t>(job->request.max_new_tokens()) - job->generated);
+    int64_t charge = std::max<int64_t>(
+        0, Choices(job->request) * static_cast<int64_t>(job->request.max_new_tokens()) - job->generated);
     workers_[job->worker]->outstanding += charge - job->charged;
     job->charged = charge;
   }
-  job->observer->OnTokens(ids);
+  job->observer->OnResponse(response);
 }
 
 void Balancer::OnAttemptEnd(const std::shared_ptr<Job>& job, int attempt, const Status& status) {

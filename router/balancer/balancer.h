@@ -60,12 +60,13 @@ struct BalancerOptions {
   bool operator==(const BalancerOptions&) const = default;
 };
 
-// What one generation sees. OnTokens zero or more times, then OnEnd exactly once (OK = finished normally,
-// `finish_reason` of the worker's last message). Calls never overlap.
+// What one generation sees. OnResponse for each worker message with tokens (one choice's ids and their
+// log-probs; WorkerGenerateResponse::index names the choice) zero or more times, then OnEnd exactly once (OK =
+// finished normally, `finish_reason` of the worker's last message). Calls never overlap.
 class GenerationObserver {
  public:
   virtual ~GenerationObserver() = default;
-  virtual void OnTokens(std::span<const int32_t> ids) = 0;
+  virtual void OnResponse(const v1::WorkerGenerateResponse& response) = 0;
   virtual void OnEnd(const Status& status, const std::string& finish_reason) = 0;
 };
 
@@ -138,8 +139,7 @@ class Balancer {
   };
 
   void Cancel(const std::shared_ptr<Job>& job);
-  void OnAttemptTokens(const std::shared_ptr<Job>& job, int attempt, std::span<const int32_t> ids,
-                       const std::string& finish_reason);
+  void OnAttemptResponse(const std::shared_ptr<Job>& job, int attempt, const v1::WorkerGenerateResponse& response);
   void OnAttemptEnd(const std::shared_ptr<Job>& job, int attempt, const Status& status);
   void OnHealth(size_t worker, const StatusOr<v1::WorkerStats>& stats);
 

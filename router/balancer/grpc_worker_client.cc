@@ -39,8 +39,7 @@ class GenerateReactor : public grpc::ClientReadReactor<v1::WorkerGenerateRespons
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended; OnDone follows with the status
-    sink_->OnTokens(std::span<const int32_t>(response_.token_ids().data(), response_.token_ids_size()),
-                    response_.finish_reason());
+    sink_->OnResponse(response_);
     StartRead(&response_);
   }
 

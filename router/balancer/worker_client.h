@@ -12,12 +12,13 @@
 
 namespace numoe::router {
 
-// Receives one worker call's events. OnTokens is called zero or more times, then OnEnd exactly once; calls
-// of one WorkerCall never overlap, but may come from any thread.
+// Receives one worker call's events. OnResponse is called zero or more times (one per streamed message:
+// token ids of one choice, their log-probs, the choice's finish_reason on its last one), then OnEnd exactly
+// once; calls of one WorkerCall never overlap, but may come from any thread.
 class WorkerCallSink {
  public:
   virtual ~WorkerCallSink() = default;
-  virtual void OnTokens(std::span<const int32_t> ids, const std::string& finish_reason) = 0;
+  virtual void OnResponse(const v1::WorkerGenerateResponse& response) = 0;
   // status OK: the sequence finished normally (finish_reason of the last message, "" if none was sent).
   virtual void OnEnd(const Status& status) = 0;
 };

@@ -83,10 +83,47 @@ Status Frontend::CheckSampling(const SamplingRequest& s) {
   if (s.top_k && (*s.top_k < -1 || *s.top_k > (1 << 30))) {
     return InvalidParam("top_k", absl::StrCat("top_k must be -1 or 0 (off) or a positive count (got ", *s.top_k, ")"));
   }
+  if (s.min_p && !(std::isfinite(*s.min_p) && *s.min_p >= 0 && *s.min_p <= 1)) {
+    return InvalidParam("min_p", absl::StrCat("min_p must be in [0, 1] (got ", *s.min_p, ")"));
+  }
+  for (const auto& [name, v] : {std::pair{"presence_penalty", s.presence_penalty},
+                                std::pair{"frequency_penalty", s.frequency_penalty}}) {
+    if (v && !(std::isfinite(*v) && *v >= -2 && *v <= 2)) {
+      return InvalidParam(name, absl::StrCat(name, " must be in [-2, 2] (got ", *v, ")"));
+    }
+  }
+  if (s.repetition_penalty && !(std::isfinite(*s.repetition_penalty) && *s.repetition_penalty > 0 &&
+                                *s.repetition_penalty <= 2)) {
+    return InvalidParam("repetition_penalty",
+                        absl::StrCat("repetition_penalty must be in (0, 2] (got ", *s.repetition_penalty, ")"));
+  }
+  if (s.logit_bias.size() > kMaxLogitBias) {
+    return InvalidParam("logit_bias", absl::StrCat("logit_bias has ", s.logit_bias.size(), " entries; at most ",
+                                                   kMaxLogitBias));
+  }
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (!(std::isfinite(bias) && std::abs(bias) <= kMaxLogitBiasValue)) {
+      return InvalidParam("logit_bias", absl::StrCat("logit_bias[\"", id, "\"] must be in [-100, 100] (got ", bias, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 
 StatusOr<std::shared_ptr<ChoiceRun>> Frontend::Start(ChoiceSpec spec, std::shared_ptr<ChoiceSink> sink) {
+  if (spec.n < 1 || spec.n > kMaxChoices) {
+    return InvalidParam("n", absl::StrCat("n must be in [1, ", kMaxChoices, "] (got ", spec.n, ")"));
+  }
+  if (spec.logprobs < -1 || spec.logprobs > kMaxTopLogprobs) {
+    return InvalidParam("top_logprobs", absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "] (got ",
+                                                     spec.logprobs, ")"));
+  }
+  RETURN_IF_ERROR(CheckSampling(spec.sampling));
+  for (const auto& [id, bias] : spec.sampling.logit_bias) {
+    if (id < 0 || id >= model_.vocab_size) {
+      return InvalidParam("logit_bias", absl::StrCat("logit_bias: token id ", id, " is out of range [0, ",
+                                                     model_.vocab_size, ")"));
+    }
+  }
   v1::WorkerGenerateRequest req;
   req.mutable_prompt_ids()->Assign(spec.prompt_ids.begin(), spec.prompt_ids.end());
   req.set_max_new_tokens(static_cast<uint32_t>(spec.max_tokens));
@@ -94,6 +131,16 @@ StatusOr<std::shared_ptr<ChoiceRun>> Frontend::Start(ChoiceSpec spec, std::share
   s->set_temperature(static_cast<float>(spec.sampling.temperature.value_or(1.0)));
   s->set_top_p(static_cast<float>(spec.sampling.top_p.value_or(1.0)));
   s->set_top_k(static_cast<int32_t>(std::max<int64_t>(0, spec.sampling.top_k.value_or(0))));
+  s->set_min_p(static_cast<float>(spec.sampling.min_p.value_or(0.0)));
+  s->set_presence_penalty(static_cast<float>(spec.sampling.presence_penalty.value_or(0.0)));
+  s->set_frequency_penalty(static_cast<float>(spec.sampling.frequency_penalty.value_or(0.0)));
+  s->set_repetition_penalty(static_cast<float>(spec.sampling.repetition_penalty.value_or(1.0)));
+  for (const auto& [id, bias] : spec.sampling.logit_bias) {
+    (*s->mutable_logit_bias())[static_cast<int32_t>(id)] = static_cast<float>(bias);
+  }
+  req.set_n(static_cast<uint32_t>(spec.n));
+  req.set_logprobs(spec.logprobs >= 0);
+  req.set_top_logprobs(static_cast<uint32_t>(std::max(0, spec.logprobs)));
   if (spec.sampling.seed) {
     s->set_seed(*spec.sampling.seed);
   } else {
@@ -115,12 +162,15 @@ StatusOr<std::shared_ptr<ChoiceRun>> Frontend::Start(ChoiceSpec spec, std::share
 
 ChoiceRun::ChoiceRun(const tokenizer::Tokenizer& tok, ChoiceSpec spec, std::shared_ptr<ChoiceSink> sink,
                      Metrics& metrics)
-    : max_tokens_(spec.max_tokens),
+    : tok_(tok),
+      max_tokens_(spec.max_tokens),
       prompt_tokens_(static_cast<uint32_t>(spec.prompt_ids.size())),
       sink_(std::move(sink)),
       metrics_(metrics),
-      text_(tok, std::move(spec.text)),
-      start_(Clock::now()) {}
+      start_(Clock::now()) {
+  for (int32_t i = 0; i < spec.n; ++i) choices_.emplace_back(OutputText(tok, spec.text));
+  open_choices_ = choices_.size();
+}
 
 void ChoiceRun::SetHandle(std::shared_ptr<GenerationHandle> handle) {
   bool cancel = false;
@@ -150,76 +200,110 @@ void ChoiceRun::Cancel() {
   StopWorker();
 }
 
-void ChoiceRun::OnTokens(std::span<const int32_t> ids) {
-  if (finished_ || ids.empty()) return;
+void ChoiceRun::OnResponse(const v1::WorkerGenerateResponse& response) {
+  if (finished_ || response.index() >= choices_.size()) return;
+  Choice& c = choices_[response.index()];
+  if (!response.finish_reason().empty()) c.worker_finish = response.finish_reason();
+  std::span<const int32_t> ids(response.token_ids().data(), response.token_ids_size());
+  if (c.finished || ids.empty()) return;
   const auto now = Clock::now();
-  if (generated_ == 0) {
+  if (first_token_) {
+    first_token_ = false;
     metrics_.ObserveTimeToFirstToken(std::chrono::duration<double>(now - start_).count());
-  } else {
-    metrics_.ObserveInterTokenLatency(std::chrono::duration<double>(now - last_token_).count());
+  } else if (c.generated > 0) {
+    metrics_.ObserveInterTokenLatency(std::chrono::duration<double>(now - c.last_token).count());
   }
-  last_token_ = now;
+  c.last_token = now;
   // A worker must not exceed max_tokens; if one does, the extra ids are dropped here.
-  size_t take = std::min<size_t>(ids.size(), static_cast<size_t>(max_tokens_ - static_cast<int32_t>(generated_)));
+  size_t take = std::min<size_t>(ids.size(), static_cast<size_t>(max_tokens_ - static_cast<int32_t>(c.generated)));
   ids = ids.first(take);
-  generated_ += static_cast<uint32_t>(ids.size());
+  c.generated += static_cast<uint32_t>(ids.size());
   metrics_.AddGenerationTokens(ids.size());
 
-  OutputText::Step step = text_.Add(ids);
+  OutputText::Step step = c.text.Add(ids);
   ChoiceEvent ev;
+  ev.index = static_cast<int32_t>(response.index());
   ev.token_ids.assign(ids.begin(), ids.end());
+  for (size_t k = 0; k < ids.size() && static_cast<int>(k) < response.logprobs_size(); ++k) {
+    const v1::WorkerTokenLogprobs& lp = response.logprobs(static_cast<int>(k));
+    TokenLogprobs out;
+    out.chosen = LogprobEntry{ids[k], std::string(tok_.IdToBytes(ids[k])), lp.logprob()};
+    for (int j = 0; j < lp.top_ids_size() && j < lp.top_logprobs_size(); ++j) {
+      const int32_t id = lp.top_ids(j);
+      out.top.push_back(LogprobEntry{id, std::string(tok_.IdToBytes(id)), lp.top_logprobs(j)});
+    }
+    ev.logprobs.push_back(std::move(out));
+  }
   ev.text = std::move(step.text);
-  const bool at_limit = generated_ >= static_cast<uint32_t>(max_tokens_);
+  const bool at_limit = c.generated >= static_cast<uint32_t>(max_tokens_);
   if (!step.stopped && !at_limit) {
     sink_->OnEvent(std::move(ev));
     return;
   }
   // Finished here: stop string matched, or max_tokens reached (the worker's final message may lag).
   if (!step.stopped) {
-    ev.text += text_.Finish();
+    ev.text += c.text.Finish();
   }
-  finished_ = true;
   ev.final = true;
-  ev.finish_reason = (step.stopped || text_.stopped()) ? "stop" : "length";
-  ev.stop_string = text_.matched_stop();
+  ev.finish_reason = (step.stopped || c.text.stopped()) ? "stop" : "length";
+  ev.stop_string = c.text.matched_stop();
   ev.prompt_tokens = prompt_tokens_;
-  ev.completion_tokens = generated_;
-  SendFinal(std::move(ev));
-  if (step.stopped) StopWorker();
+  ev.completion_tokens = c.generated;
+  stopped_early_ |= step.stopped;
+  SendFinal(c, std::move(ev));
+  // The worker call serves every choice: stop it once none is left, if a stop string ended one early.
+  if (finished_ && stopped_early_) StopWorker();
 }
 
 void ChoiceRun::OnEnd(const Status& status, const std::string& finish_reason) {
   if (finished_) return;
-  finished_ = true;
-  ChoiceEvent ev;
-  ev.final = true;
-  ev.prompt_tokens = prompt_tokens_;
-  ev.completion_tokens = generated_;
   if (!status.ok()) {
     bool by_client = false;
     {
       std::lock_guard<std::mutex> lock(handle_mu_);
       by_client = client_cancelled_;
     }
-    ev.status = by_client ? absl::CancelledError("the client went away") : status;
     if (!by_client) NLOG(WARNING) << "choice failed: " << status;
-    SendFinal(std::move(ev));
+    ChoiceEvent ev;
+    ev.final = true;
+    ev.status = by_client ? absl::CancelledError("the client went away") : status;
+    ev.prompt_tokens = prompt_tokens_;
+    for (const Choice& c : choices_) ev.completion_tokens += c.generated;
+    finished_ = true;
+    std::shared_ptr<ChoiceSink> sink = std::move(sink_);
+    sink->OnEvent(std::move(ev));
     return;
   }
-  ev.text = text_.Finish();
-  if (text_.stopped()) {
-    ev.finish_reason = "stop";
-    ev.stop_string = text_.matched_stop();
-  } else if (finish_reason == "length" || generated_ >= static_cast<uint32_t>(max_tokens_)) {
-    ev.finish_reason = "length";
-  } else {
-    ev.finish_reason = "stop";
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    if (c.finished) continue;
+    ChoiceEvent ev;
+    ev.index = static_cast<int32_t>(i);
+    ev.final = true;
+    ev.prompt_tokens = prompt_tokens_;
+    ev.completion_tokens = c.generated;
+    ev.text = c.text.Finish();
+    const std::string& worker_finish = c.worker_finish.empty() ? finish_reason : c.worker_finish;
+    if (c.text.stopped()) {
+      ev.finish_reason = "stop";
+      ev.stop_string = c.text.matched_stop();
+    } else if (worker_finish == "length" || c.generated >= static_cast<uint32_t>(max_tokens_)) {
+      ev.finish_reason = "length";
+    } else {
+      ev.finish_reason = "stop";
+    }
+    SendFinal(c, std::move(ev));
   }
-  SendFinal(std::move(ev));
 }
 
-void ChoiceRun::SendFinal(ChoiceEvent ev) {
-  // The sink is released with the final event: it usually owns this run (a reference cycle otherwise).
+void ChoiceRun::SendFinal(Choice& c, ChoiceEvent ev) {
+  c.finished = true;
+  if (--open_choices_ > 0) {
+    sink_->OnEvent(std::move(ev));
+    return;
+  }
+  finished_ = true;
+  // The sink is released with the last final event: it usually owns this run (a reference cycle otherwise).
   std::shared_ptr<ChoiceSink> sink = std::move(sink_);
   sink->OnEvent(std::move(ev));
 }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sampling_limits.h"
 #include "common/status.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/balancer/balancer.h"
@@ -37,18 +38,26 @@ struct FrontendOptions {
 };
 
 // Sampling as requested; absent fields take the server defaults (temperature 1, top_p 1, top_k off,
-// a random seed).
+// a random seed, min_p and the penalties off). The worker applies them (model/sampling.h has the order).
 struct SamplingRequest {
   std::optional<double> temperature;
   std::optional<double> top_p;
   std::optional<int64_t> top_k;
   std::optional<uint64_t> seed;
+  std::optional<double> min_p;
+  std::optional<double> presence_penalty;
+  std::optional<double> frequency_penalty;
+  std::optional<double> repetition_penalty;
+  std::vector<std::pair<int64_t, double>> logit_bias;  // (token id, bias)
 };
 
-// One choice to generate.
+// The choices to generate from one prompt: n independent samples (choice i with a seed derived from the
+// seed and i), prefilled once by the worker when it can.
 struct ChoiceSpec {
   std::vector<int32_t> prompt_ids;  // checked: each < vocab_size, length < max_context
   int32_t max_tokens = 0;           // resolved by ResolveMaxTokens (> 0)
+  int32_t n = 1;                    // [1, kMaxChoices] (common/sampling_limits.h)
+  int32_t logprobs = -1;            // -1 = none; else the chosen token's log-prob and this many top ones
   SamplingRequest sampling;
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
@@ -56,9 +65,24 @@ struct ChoiceSpec {
   std::string request_id;
 };
 
-// What a choice reports, in order: zero or more deltas, then one final event.
+// One token with its log-probability (natural log of the softmax of the model's raw logits) and its bytes.
+struct LogprobEntry {
+  int32_t id = 0;
+  std::string token;  // the token's bytes (may be part of a UTF-8 character)
+  float logprob = 0.0f;
+};
+// The log-probs of one generated token: the chosen one and the most likely ones (most likely first).
+struct TokenLogprobs {
+  LogprobEntry chosen;
+  std::vector<LogprobEntry> top;
+};
+
+// What a choice reports, in order: zero or more deltas, then one final event. A spec with n choices reports
+// each one's events (tagged with `index`); a failure is one final event with the status, for all of them.
 struct ChoiceEvent {
+  int32_t index = 0;               // the choice within its spec, [0, n)
   std::vector<int32_t> token_ids;  // ids received since the previous event
+  std::vector<TokenLogprobs> logprobs;  // with ChoiceSpec::logprobs >= 0: one per entry of token_ids
   std::string text;                // text released since the previous event
   bool final = false;
   std::string finish_reason;       // final and ok: "stop" or "length"
@@ -97,10 +121,13 @@ class Frontend {
   // Returns the max_tokens to use. Errors name `prompt_param` or "max_tokens".
   StatusOr<int32_t> ResolveMaxTokens(size_t prompt_len, std::optional<int64_t> requested,
                                      const std::string& prompt_param) const;
-  // Checks sampling ranges (temperature [0, 2], top_p (0, 1], top_k >= -1); errors name the field.
+  // Checks sampling ranges (temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1], presence and
+  // frequency penalties [-2, 2], repetition_penalty (0, 2], logit_bias: at most kMaxLogitBias, each bias in
+  // [-100, 100]); errors name the field.
   static Status CheckSampling(const SamplingRequest& s);
 
-  // Starts a choice. Unavailable / ResourceExhausted come from the balancer (nothing was started then).
+  // Starts a spec's choices. InvalidArgument for a logit_bias id outside the vocabulary or n / logprobs out
+  // of range; Unavailable / ResourceExhausted come from the balancer (nothing was started then).
   StatusOr<std::shared_ptr<ChoiceRun>> Start(ChoiceSpec spec, std::shared_ptr<ChoiceSink> sink);
 
  private:
@@ -111,30 +138,43 @@ class Frontend {
   FrontendOptions options_;
 };
 
-// One running choice (the balancer's observer). Cancel() when the client goes away.
+// One running spec: its n choices on one worker call (the balancer's observer). Cancel() when the client
+// goes away. A choice that ends at a stop string here while others run keeps running on the worker (one
+// call serves them all) and its further tokens are dropped; the call is stopped once every choice ended.
 class ChoiceRun : public GenerationObserver {
  public:
   ChoiceRun(const tokenizer::Tokenizer& tok, ChoiceSpec spec, std::shared_ptr<ChoiceSink> sink, Metrics& metrics);
   void Cancel();
   void SetHandle(std::shared_ptr<GenerationHandle> handle);
 
-  void OnTokens(std::span<const int32_t> ids) override;
+  void OnResponse(const v1::WorkerGenerateResponse& response) override;
   void OnEnd(const Status& status, const std::string& finish_reason) override;
 
  private:
   using Clock = std::chrono::steady_clock;
+  struct Choice {
+    explicit Choice(OutputText t) : text(std::move(t)) {}
+    OutputText text;
+    Clock::time_point last_token;
+    uint32_t generated = 0;
+    std::string worker_finish;  // the worker's finish_reason for this choice
+    bool finished = false;      // its final event was sent
+  };
   void StopWorker();
-  void SendFinal(ChoiceEvent ev);
+  // Sends a choice's final event; the last one releases the sink.
+  void SendFinal(Choice& c, ChoiceEvent ev);
 
+  const tokenizer::Tokenizer& tok_;
   const int32_t max_tokens_;
   const uint32_t prompt_tokens_;
   std::shared_ptr<ChoiceSink> sink_;
   Metrics& metrics_;
-  OutputText text_;
   const Clock::time_point start_;
-  Clock::time_point last_token_;
-  uint32_t generated_ = 0;
-  bool finished_ = false;  // the final event was sent (observer calls are serialized: no lock needed)
+  bool first_token_ = true;
+  bool stopped_early_ = false;  // a choice ended at a stop string (the worker may still be generating it)
+  std::vector<Choice> choices_;
+  size_t open_choices_ = 0;
+  bool finished_ = false;  // every final event was sent (observer calls are serialized: no lock needed)
 
   std::mutex handle_mu_;
   std::shared_ptr<GenerationHandle> handle_;

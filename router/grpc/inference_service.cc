@@ -1,5 +1,6 @@
 #include "router/grpc/inference_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <mutex>
@@ -95,33 +96,48 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
       MaybeFinishLocked();
       return;
     }
+    if (ev.index < 0 || static_cast<size_t>(ev.index) >= choices_.size()) return;
+    ChoiceState& c = choices_[static_cast<size_t>(ev.index)];
     v1::GenerateResponse r;
+    r.set_index(static_cast<uint32_t>(ev.index));
     r.mutable_token_ids()->Assign(ev.token_ids.begin(), ev.token_ids.end());
+    for (const TokenLogprobs& lp : ev.logprobs) {
+      v1::TokenLogprobs* out = r.add_logprobs();
+      out->set_token_id(lp.chosen.id);
+      out->set_token(lp.chosen.token);
+      out->set_logprob(lp.chosen.logprob);
+      for (const LogprobEntry& t : lp.top) {
+        v1::TopLogprob* top = out->add_top_logprobs();
+        top->set_token_id(t.id);
+        top->set_token(t.token);
+        top->set_logprob(t.logprob);
+      }
+    }
     std::string finish = ev.final ? ev.finish_reason : "";
-    if (parser_) {
-      openai::ChatDelta d = parser_->Add(ev.text);
+    if (c.parser) {
+      openai::ChatDelta d = c.parser->Add(ev.text);
       if (ev.final) {
-        d.Append(parser_->Finish());
-        if (parser_->tool_calls() > 0 && finish == "stop") finish = "tool_calls";
+        d.Append(c.parser->Finish());
+        if (c.parser->tool_calls() > 0 && finish == "stop") finish = "tool_calls";
       }
       r.set_text(d.content);
       r.set_reasoning_text(d.reasoning);
       for (const auto& tc : d.tool_calls) {
         // Streaming deltas -> whole calls: a delta with an id starts one, later ones extend its arguments.
         if (tc.contains("id")) {
-          tool_calls_.emplace_back();
-          tool_calls_.back().set_id(tc["id"].get<std::string>());
+          c.tool_calls.emplace_back();
+          c.tool_calls.back().set_id(tc["id"].get<std::string>());
         }
-        if (tool_calls_.empty()) continue;
+        if (c.tool_calls.empty()) continue;
         if (tc.contains("function")) {
           const auto& f = tc["function"];
-          if (f.contains("name")) tool_calls_.back().set_name(f["name"].get<std::string>());
-          if (f.contains("arguments")) tool_calls_.back().mutable_arguments()->append(f["arguments"].get<std::string>());
+          if (f.contains("name")) c.tool_calls.back().set_name(f["name"].get<std::string>());
+          if (f.contains("arguments")) c.tool_calls.back().mutable_arguments()->append(f["arguments"].get<std::string>());
         }
       }
       if (ev.final) {
-        for (auto& call : tool_calls_) *r.add_tool_calls() = std::move(call);
-        tool_calls_.clear();
+        for (auto& call : c.tool_calls) *r.add_tool_calls() = std::move(call);
+        c.tool_calls.clear();
       }
     } else {
       r.set_text(std::move(ev.text));
@@ -131,8 +147,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
       r.set_stop_string(ev.stop_string);
       r.mutable_usage()->set_prompt_tokens(ev.prompt_tokens);
       r.mutable_usage()->set_completion_tokens(ev.completion_tokens);
-      final_pending_ = true;
-      final_status_ = absl::OkStatus();
+      if (--open_choices_ == 0) {
+        final_pending_ = true;
+        final_status_ = absl::OkStatus();
+      }
     }
     if (r.token_ids_size() > 0 || !r.text().empty() || !r.reasoning_text().empty() || ev.final) {
       queue_.push_back(std::move(r));
@@ -174,6 +192,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
     RETURN_IF_ERROR(fe.CheckModel(req.model().empty() ? fe.model().id : req.model()));
     std::vector<int32_t> ids;
     std::string param = "prompt";
+    std::unique_ptr<openai::ChatStreamParser> parser;  // chat prompts: choice 0's (the others get copies below)
+    bool starts_in_reasoning = false, tools = false;
     switch (req.prompt_case()) {
       case v1::GenerateRequest::kText: {
         param = "text";
@@ -191,7 +211,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
         if (req.chat().messages_size() == 0) return InvalidParam("chat.messages", "chat.messages is empty");
         ASSIGN_OR_RETURN(auto prompt, chat.Encode(ToChatRequest(req.chat())));
         ids = std::move(prompt.ids);
-        parser_ = std::make_unique<openai::ChatStreamParser>(prompt.starts_in_reasoning, prompt.tools);
+        parser = std::make_unique<openai::ChatStreamParser>(prompt.starts_in_reasoning, prompt.tools);
+        starts_in_reasoning = prompt.starts_in_reasoning;
+        tools = prompt.tools;
         break;
       }
       default:
@@ -207,8 +229,29 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
       if (s.has_top_p()) spec_.sampling.top_p = s.top_p();
       if (s.has_top_k()) spec_.sampling.top_k = s.top_k();
       if (s.has_seed()) spec_.sampling.seed = s.seed();
+      if (s.has_min_p()) spec_.sampling.min_p = s.min_p();
+      if (s.has_presence_penalty()) spec_.sampling.presence_penalty = s.presence_penalty();
+      if (s.has_frequency_penalty()) spec_.sampling.frequency_penalty = s.frequency_penalty();
+      if (s.has_repetition_penalty()) spec_.sampling.repetition_penalty = s.repetition_penalty();
+      for (const auto& [id, bias] : s.logit_bias()) spec_.sampling.logit_bias.emplace_back(id, bias);
+      std::sort(spec_.sampling.logit_bias.begin(), spec_.sampling.logit_bias.end());  // a map's order is unspecified
     }
     RETURN_IF_ERROR(Frontend::CheckSampling(spec_.sampling));
+    if (req.n() > static_cast<uint32_t>(kMaxChoices)) {
+      return InvalidParam("n", absl::StrCat("n must be in [1, ", kMaxChoices, "] (got ", req.n(), ")"));
+    }
+    spec_.n = req.n() == 0 ? 1 : static_cast<int32_t>(req.n());
+    if (req.top_logprobs() > static_cast<uint32_t>(kMaxTopLogprobs)) {
+      return InvalidParam("top_logprobs", absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "] (got ",
+                                                       req.top_logprobs(), ")"));
+    }
+    if (req.top_logprobs() > 0 && !req.logprobs()) return InvalidParam("top_logprobs", "top_logprobs needs logprobs");
+    spec_.logprobs = req.logprobs() ? static_cast<int32_t>(req.top_logprobs()) : -1;
+    choices_.resize(static_cast<size_t>(spec_.n));
+    for (ChoiceState& c : choices_) {
+      if (parser) c.parser = std::make_unique<openai::ChatStreamParser>(starts_in_reasoning, tools);
+    }
+    open_choices_ = spec_.n;
     spec_.ignore_eos = req.ignore_eos();
     std::vector<int64_t> stop_ids(req.stop_token_ids().begin(), req.stop_token_ids().end());
     if (!stop_ids.empty()) {
@@ -216,7 +259,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
     }
     spec_.text.stop.assign(req.stop().begin(), req.stop().end());
     spec_.text.include_stop_in_output = req.include_stop_str_in_output();
-    spec_.text.skip_special_tokens = parser_ ? false : req.skip_special_tokens();
+    spec_.text.skip_special_tokens = parser ? false : req.skip_special_tokens();
     spec_.request_id = req.request_id();
     return absl::OkStatus();
   }
@@ -256,10 +299,16 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
     }
   }
 
+  // One choice's output parsing (chat prompts) and tool calls in progress.
+  struct ChoiceState {
+    std::unique_ptr<openai::ChatStreamParser> parser;
+    std::vector<v1::ToolCall> tool_calls;
+  };
+
   Metrics& metrics_;
   ChoiceSpec spec_;
-  std::unique_ptr<openai::ChatStreamParser> parser_;
-  std::vector<v1::ToolCall> tool_calls_;
+  std::vector<ChoiceState> choices_;
+  int32_t open_choices_ = 1;
 
   std::mutex mu_;
   std::shared_ptr<GenerateReactor> self_;

@@ -66,6 +66,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     bool stream = false;
     bool include_usage = false;
     bool return_token_ids = false;
+    bool logprobs = false;  // choices carry log-probs
+    size_t n = 1;           // choices per spec (their indices are spec * n + choice)
     bool thinking = false;  // chat: the prompt starts the output in reasoning
     bool tools = false;
     std::string model;
@@ -91,9 +93,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     auto self = shared_from_this();
     exchange_->OnClientGone([self] { self->CancelAll(); });
     for (size_t i = 0; i < specs.size(); ++i) {
-      choices_[i].prompt_tokens = specs[i].prompt_ids.size();
-      if (config_.return_token_ids) choices_[i].prompt_ids = specs[i].prompt_ids;
-      auto sink = std::make_shared<Sink>(self, i);
+      // Usage counts each prompt once, however many choices it has.
+      choices_[i * config_.n].prompt_tokens = specs[i].prompt_ids.size();
+      for (size_t j = 0; j < config_.n && config_.return_token_ids; ++j) {
+        choices_[i * config_.n + j].prompt_ids = specs[i].prompt_ids;
+      }
+      auto sink = std::make_shared<Sink>(self, i * config_.n);
       auto run = frontend.Start(std::move(specs[i]), sink);
       if (!run.ok()) {
         Fail(run.status());
@@ -109,11 +114,15 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   }
 
  private:
+  // One spec's events: its choice i is the job's choice base + i.
   struct Sink : ChoiceSink {
-    Sink(std::shared_ptr<CompletionJob> job, size_t index) : job(std::move(job)), index(index) {}
-    void OnEvent(ChoiceEvent event) override { job->OnEvent(index, std::move(event)); }
+    Sink(std::shared_ptr<CompletionJob> job, size_t base) : job(std::move(job)), base(base) {}
+    void OnEvent(ChoiceEvent event) override {
+      const size_t index = base + static_cast<size_t>(std::max(0, event.index));
+      job->OnEvent(index, std::move(event));
+    }
     std::shared_ptr<CompletionJob> job;
-    size_t index;
+    size_t base;
   };
 
   struct Choice {
@@ -125,6 +134,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     bool done = false;
     oa::ChoiceResult result;
     std::vector<int32_t> ids;
+    std::vector<TokenLogprobs> logprobs;
+    size_t text_offset = 0;  // completions log-probs: characters of the tokens so far
     std::unique_ptr<oa::ChatStreamParser> parser;
     int tool_index = 0;
   };
@@ -178,9 +189,10 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     exchange_->SendEvent(oa::SseData(oa::Dump(chunk)));
   }
 
-  // Applies the chat parser's delta to a choice (accumulating, or streaming it). Returns whether `ids` went
-  // out with a chunk.
-  bool ChatDeltaLocked(size_t index, Choice& c, oa::ChatDelta d, const std::vector<int32_t>* ids, bool final) {
+  // Applies the chat parser's delta to a choice (accumulating, or streaming it). Returns whether `ids` and
+  // `logprobs` (null = none) went out with a chunk.
+  bool ChatDeltaLocked(size_t index, Choice& c, oa::ChatDelta d, const std::vector<int32_t>* ids, json logprobs,
+                       bool final) {
     if (!config_.stream) {
       c.result.reasoning_content += d.reasoning;
       c.result.text += d.content;
@@ -203,7 +215,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
       }
       return false;
     }
-    bool pending_ids = ids != nullptr && !ids->empty();
+    bool pending_ids = (ids != nullptr && !ids->empty()) || !logprobs.is_null();
     if (!c.role_sent) {
       c.role_sent = true;
       SendChunkLocked(oa::ChatChunkChoice(index, json{{"role", "assistant"}, {"content", ""}}, "", nullptr),
@@ -211,7 +223,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     }
     // One chunk per kind of delta keeps each chunk in the shape clients expect.
     auto send = [&](json delta) {
-      SendChunkLocked(oa::ChatChunkChoice(index, std::move(delta), "", pending_ids ? ids : nullptr));
+      SendChunkLocked(oa::ChatChunkChoice(index, std::move(delta), "", pending_ids ? ids : nullptr, "",
+                                          pending_ids ? std::move(logprobs) : json(nullptr)));
       pending_ids = false;
     };
     if (!d.reasoning.empty()) send(json{{"reasoning_content", d.reasoning}});
@@ -250,20 +263,25 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     const std::vector<int32_t>* ids = config_.return_token_ids ? &ev.token_ids : nullptr;
     std::string finish = ev.final ? ev.finish_reason : "";
     if (!config_.stream && config_.return_token_ids) c.ids.insert(c.ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+    if (!config_.stream && config_.logprobs) c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+    const bool chunk_logprobs = config_.stream && config_.logprobs && !ev.logprobs.empty();
     if (config_.chat) {
       oa::ChatDelta d = c.parser->Add(ev.text);
       if (ev.final) {
         d.Append(c.parser->Finish());
         if (c.parser->tool_calls() > 0 && finish == "stop") finish = "tool_calls";
       }
-      bool ids_sent = ChatDeltaLocked(index, c, std::move(d), ids, ev.final);
+      json lp = chunk_logprobs ? oa::ChatLogprobsJson(ev.logprobs) : json(nullptr);
+      const bool had_lp = !lp.is_null();
+      bool ids_sent = ChatDeltaLocked(index, c, std::move(d), ids, lp, ev.final);
       if (ev.final) {
         c.result.finish_reason = finish;
         c.result.stop_reason = ev.stop_string;
         if (config_.stream) {
-          SendChunkLocked(oa::ChatChunkChoice(index, json::object(), finish,
-                                              ids != nullptr && !ids->empty() && !ids_sent ? ids : nullptr,
-                                              ev.stop_string));
+          const bool unsent = !ids_sent && ((ids != nullptr && !ids->empty()) || had_lp);
+          SendChunkLocked(oa::ChatChunkChoice(index, json::object(), finish, unsent && ids != nullptr ? ids : nullptr,
+                                              ev.stop_string,
+                                              unsent && had_lp ? oa::ChatLogprobsJson(ev.logprobs) : json(nullptr)));
         }
       }
       return;
@@ -276,10 +294,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
       }
       return;
     }
-    if (!ev.text.empty() || (ids != nullptr && !ids->empty()) || ev.final) {
+    if (!ev.text.empty() || (ids != nullptr && !ids->empty()) || chunk_logprobs || ev.final) {
       const bool first = config_.return_token_ids && !c.prompt_ids_sent;
       c.prompt_ids_sent = true;
-      SendChunkLocked(oa::CompletionChunkChoice(index, ev.text, finish, ids, ev.stop_string),
+      SendChunkLocked(oa::CompletionChunkChoice(
+                          index, ev.text, finish, ids, ev.stop_string,
+                          chunk_logprobs ? oa::CompletionLogprobsJson(ev.logprobs, &c.text_offset) : json(nullptr)),
                       first ? &c.prompt_ids : nullptr);
     }
   }
@@ -305,6 +325,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = choices_[i];
       if (config_.return_token_ids) c.result.token_ids = c.ids;
+      if (config_.logprobs) c.result.logprobs = c.logprobs;
       choices.push_back(config_.chat ? oa::ChatChoiceJson(i, c.result, config_.thinking)
                                      : oa::CompletionChoiceJson(i, c.result));
       if (config_.return_token_ids && !config_.chat) choices.back()["prompt_token_ids"] = c.prompt_ids;
@@ -335,6 +356,8 @@ StatusOr<ChoiceSpec> MakeSpec(const Frontend& fe, const oa::CommonParams& p, std
   ChoiceSpec spec;
   ASSIGN_OR_RETURN(spec.max_tokens, fe.ResolveMaxTokens(prompt_ids.size(), p.max_tokens, prompt_param));
   spec.prompt_ids = std::move(prompt_ids);
+  spec.n = p.n;
+  spec.logprobs = p.logprobs;
   spec.sampling = p.sampling;
   spec.ignore_eos = p.ignore_eos;
   if (!p.stop_token_ids.empty()) {
@@ -467,9 +490,11 @@ void RestGateway::Completions(const HttpRequest& request, const std::shared_ptr<
   config.stream = req->common.stream;
   config.include_usage = req->common.include_usage;
   config.return_token_ids = req->common.return_token_ids;
+  config.logprobs = req->common.logprobs >= 0;
+  config.n = static_cast<size_t>(req->common.n);
   config.model = model;
   config.id = rid;
-  auto job = std::make_shared<CompletionJob>(config, exchange, specs.size());
+  auto job = std::make_shared<CompletionJob>(config, exchange, specs.size() * config.n);
   job->Start(frontend_, std::move(specs));
 }
 
@@ -495,11 +520,13 @@ void RestGateway::ChatCompletions(const HttpRequest& request, const std::shared_
   config.stream = req->common.stream;
   config.include_usage = req->common.include_usage;
   config.return_token_ids = req->common.return_token_ids;
+  config.logprobs = req->common.logprobs >= 0;
+  config.n = static_cast<size_t>(req->common.n);
   config.thinking = prompt->starts_in_reasoning;
   config.tools = prompt->tools;
   config.model = model;
   config.id = rid;
-  auto job = std::make_shared<CompletionJob>(config, exchange, 1);
+  auto job = std::make_shared<CompletionJob>(config, exchange, config.n);
   job->Start(frontend_, std::move(specs));
 }
 

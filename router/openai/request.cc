@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "router/core/errors.h"
 
@@ -114,7 +115,6 @@ Status ParseCommon(const json& body, bool chat, CommonParams* p) {
       return TypeError("seed", "an integer", *v);
     }
   }
-  RETURN_IF_ERROR(Frontend::CheckSampling(p->sampling));
 
   if (const json* v = Field(body, "stop")) {
     if (v->is_string()) {
@@ -154,27 +154,57 @@ Status ParseCommon(const json& body, bool chat, CommonParams* p) {
 
   if (const json* v = Field(body, "n")) {
     ASSIGN_OR_RETURN(int64_t n, AsInt(*v, "n"));
-    if (n != 1) {
-      return InvalidParam("n", absl::StrCat("only n=1 is supported (got ", n,
-                                            "); send several requests, or several prompts in one completions "
-                                            "request"));
+    if (n < 1 || n > kMaxChoices) {
+      return InvalidParam("n", absl::StrCat("n must be in [1, ", kMaxChoices, "] (got ", n, ")"));
+    }
+    p->n = static_cast<int32_t>(n);
+  }
+  RETURN_IF_ERROR(ReadNumber(body, "min_p", &p->sampling.min_p));
+  RETURN_IF_ERROR(ReadNumber(body, "presence_penalty", &p->sampling.presence_penalty));
+  RETURN_IF_ERROR(ReadNumber(body, "frequency_penalty", &p->sampling.frequency_penalty));
+  RETURN_IF_ERROR(ReadNumber(body, "repetition_penalty", &p->sampling.repetition_penalty));
+  if (const json* v = Field(body, "logit_bias")) {
+    if (!v->is_object()) return TypeError("logit_bias", "an object mapping token ids to biases", *v);
+    for (const auto& [key, bias] : v->items()) {
+      const std::string param = absl::StrCat("logit_bias[\"", key, "\"]");
+      int64_t id = 0;
+      if (key.empty() || !absl::SimpleAtoi(key, &id)) {
+        return InvalidParam("logit_bias", absl::StrCat(param, ": the key must be a token id (an integer as a string)"));
+      }
+      if (!bias.is_number()) return InvalidParam("logit_bias", absl::StrCat(param, " must be a number (got ",
+                                                                            JsonTypeName(bias), ")"));
+      p->sampling.logit_bias.emplace_back(id, bias.get<double>());
+    }
+  }
+  RETURN_IF_ERROR(Frontend::CheckSampling(p->sampling));
+  auto max_logprobs = [&](const char* field, int64_t n) -> Status {
+    if (n < 0 || n > kMaxTopLogprobs) {
+      return InvalidParam(field, absl::StrCat(field, " must be in [0, ", kMaxTopLogprobs, "] (got ", n, ")"));
+    }
+    return absl::OkStatus();
+  };
+  if (chat) {
+    bool logprobs = false;
+    RETURN_IF_ERROR(ReadBool(body, "logprobs", &logprobs));
+    std::optional<int64_t> top;
+    RETURN_IF_ERROR(ReadInt(body, "top_logprobs", &top));
+    if (top) {
+      RETURN_IF_ERROR(max_logprobs("top_logprobs", *top));
+      if (!logprobs) return InvalidParam("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+    }
+    if (logprobs) p->logprobs = static_cast<int32_t>(top.value_or(0));
+  } else {
+    std::optional<int64_t> logprobs;
+    RETURN_IF_ERROR(ReadInt(body, "logprobs", &logprobs));
+    if (logprobs) {
+      RETURN_IF_ERROR(max_logprobs("logprobs", *logprobs));
+      p->logprobs = static_cast<int32_t>(*logprobs);
     }
   }
   auto is_one = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
-  auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
   auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
-  auto is_empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
-  RETURN_IF_ERROR(RejectUnless(body, "best_of", is_one, "only best_of=1"));
-  RETURN_IF_ERROR(RejectUnless(body, "presence_penalty", is_zero, "only 0"));
-  RETURN_IF_ERROR(RejectUnless(body, "frequency_penalty", is_zero, "only 0"));
-  RETURN_IF_ERROR(RejectUnless(
-      body, "repetition_penalty", [](const json& v) { return v.is_number() && v.get<double>() == 1.0; }, "only 1"));
-  RETURN_IF_ERROR(RejectUnless(body, "logit_bias", is_empty, "no logit bias"));
-  if (chat) {
-    RETURN_IF_ERROR(RejectUnless(body, "logprobs", is_false, "no log probabilities"));
-    RETURN_IF_ERROR(RejectUnless(body, "top_logprobs", is_zero, "no log probabilities"));
-  } else {
-    RETURN_IF_ERROR(RejectUnless(body, "logprobs", is_zero, "no log probabilities"));
+  RETURN_IF_ERROR(RejectUnless(body, "best_of", is_one, "only best_of=1 (use n for several samples)"));
+  if (!chat) {
     RETURN_IF_ERROR(RejectUnless(body, "echo", is_false, "the prompt is not echoed"));
     RETURN_IF_ERROR(RejectUnless(
         body, "suffix", [](const json& v) { return v.is_string() && v.get<std::string>().empty(); },

@@ -5,12 +5,14 @@
 //   both:   model (string; absent = the served model), max_tokens (integer >= 1 or null;
 //           chat also max_completion_tokens), temperature, top_p (numbers), top_k (integer), seed (integer),
 //           stop (string or array of up to 16 strings), stream (bool), stream_options.include_usage (bool),
-//           n (1 only), and the vLLM extensions ignore_eos, return_token_ids, skip_special_tokens,
+//           n (integer in [1, kMaxChoices]), presence_penalty, frequency_penalty ([-2, 2]), logit_bias
+//           ({"token id": bias in [-100, 100]}, at most kMaxLogitBias), and the vLLM extensions min_p
+//           ([0, 1]), repetition_penalty ((0, 2]), ignore_eos, return_token_ids, skip_special_tokens,
 //           include_stop_str_in_output (bools), stop_token_ids (array of integers).
-//           Unsupported features are rejected rather than silently ignored: n > 1, best_of > 1, logprobs,
-//           top_logprobs, non-zero presence/frequency/repetition penalties, logit_bias, echo, suffix.
+//           Unsupported features are rejected rather than silently ignored: best_of > 1, echo, suffix.
 //   completions: prompt = string | [token ids] | [strings] | [[token ids]] (one choice per element of the
-//           outer list; at most kMaxPrompts).
+//           outer list, n choices each; at most kMaxPrompts), logprobs (integer in [0, kMaxTopLogprobs]).
+//   chat:   logprobs (bool), top_logprobs (integer in [0, kMaxTopLogprobs], needs logprobs).
 //   chat:   messages = [{role: system|developer|user|assistant|tool, content: string | null |
 //           [{type: "text", text}], reasoning_content (or reasoning), tool_calls, tool_call_id, prefix}],
 //           continue_final_message (vLLM: the final assistant message is continued, as with "prefix": true),
@@ -58,6 +60,8 @@ struct CommonParams {
   bool return_token_ids = false;
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
+  int32_t n = 1;          // choices per prompt
+  int32_t logprobs = -1;  // -1 = none; else the chosen token's log-prob and this many top ones
 };
 
 // One completions prompt: text, or token ids as given (range-checked later against the vocab).

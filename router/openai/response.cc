@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/utf8.h"
 #include "router/core/errors.h"
 
 namespace numoe::router::openai {
@@ -87,12 +88,73 @@ json UsageJson(uint64_t prompt_tokens, uint64_t completion_tokens) {
 
 namespace {
 json NullIfEmpty(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// A token as text: its bytes when they are valid UTF-8, else "bytes:\xNN..." (as OpenAI shows a token that is
+// part of a character), so every token has its own distinct text (completions' top_logprobs are keyed by it).
+std::string TokenText(const std::string& raw) {
+  if (tokenizer::FindInvalidUtf8(raw) == std::string::npos) return raw;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (unsigned char c : raw) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+// Characters in a token's bytes: the bytes that start a UTF-8 sequence (a character split over two tokens
+// counts in the token holding its first byte).
+size_t CharCount(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
 }  // namespace
 
+json ChatLogprobsJson(const std::vector<TokenLogprobs>& logprobs) {
+  json content = json::array();
+  for (const TokenLogprobs& lp : logprobs) {
+    json top = json::array();
+    for (const LogprobEntry& t : lp.top) {
+      top.push_back({{"token", TokenText(t.token)}, {"logprob", t.logprob}, {"bytes", Bytes(t.token)}});
+    }
+    content.push_back({{"token", TokenText(lp.chosen.token)},
+                       {"logprob", lp.chosen.logprob},
+                       {"bytes", Bytes(lp.chosen.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json CompletionLogprobsJson(const std::vector<TokenLogprobs>& logprobs, size_t* text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  for (const TokenLogprobs& lp : logprobs) {
+    tokens.push_back(TokenText(lp.chosen.token));
+    token_logprobs.push_back(lp.chosen.logprob);
+    json top = json::object();
+    for (const LogprobEntry& t : lp.top) top[TokenText(t.token)] = t.logprob;
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    *text_offset += CharCount(lp.chosen.token);
+  }
+  return json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)},
+              {"text_offset", std::move(offsets)}};
+}
+
 json CompletionChoiceJson(size_t index, const ChoiceResult& c) {
+  size_t offset = 0;
   json j = {{"index", index},
             {"text", c.text},
-            {"logprobs", nullptr},
+            {"logprobs", c.logprobs ? CompletionLogprobsJson(*c.logprobs, &offset) : json(nullptr)},
             {"finish_reason", NullIfEmpty(c.finish_reason)},
             {"stop_reason", NullIfEmpty(c.stop_reason)}};
   if (c.token_ids) j["token_ids"] = *c.token_ids;
@@ -107,7 +169,7 @@ json ChatChoiceJson(size_t index, const ChoiceResult& c, bool thinking) {
   if (!c.tool_calls.empty()) message["tool_calls"] = c.tool_calls;
   json j = {{"index", index},
             {"message", std::move(message)},
-            {"logprobs", nullptr},
+            {"logprobs", c.logprobs ? ChatLogprobsJson(*c.logprobs) : json(nullptr)},
             {"finish_reason", NullIfEmpty(c.finish_reason)},
             {"stop_reason", NullIfEmpty(c.stop_reason)}};
   if (c.token_ids) j["token_ids"] = *c.token_ids;
@@ -132,18 +194,21 @@ json ChunkJson(const std::string& object, const std::string& id, int64_t created
 }
 
 json CompletionChunkChoice(size_t index, const std::string& text, const std::string& finish_reason,
-                           const std::vector<int32_t>* token_ids, const std::string& stop_reason) {
-  json j = {{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", NullIfEmpty(finish_reason)}};
+                           const std::vector<int32_t>* token_ids, const std::string& stop_reason, json logprobs) {
+  json j = {{"index", index},
+            {"text", text},
+            {"logprobs", std::move(logprobs)},
+            {"finish_reason", NullIfEmpty(finish_reason)}};
   if (!finish_reason.empty()) j["stop_reason"] = NullIfEmpty(stop_reason);
   if (token_ids != nullptr) j["token_ids"] = *token_ids;
   return j;
 }
 
 json ChatChunkChoice(size_t index, json delta, const std::string& finish_reason, const std::vector<int32_t>* token_ids,
-                     const std::string& stop_reason) {
+                     const std::string& stop_reason, json logprobs) {
   json j = {{"index", index},
             {"delta", std::move(delta)},
-            {"logprobs", nullptr},
+            {"logprobs", std::move(logprobs)},
             {"finish_reason", NullIfEmpty(finish_reason)}};
   if (!finish_reason.empty()) j["stop_reason"] = NullIfEmpty(stop_reason);
   if (token_ids != nullptr) j["token_ids"] = *token_ids;

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "router/core/frontend.h"
 
 namespace numoe::router::openai {
 
@@ -55,7 +56,16 @@ struct ChoiceResult {
   std::string finish_reason;
   std::string stop_reason;  // the stop string that matched (vLLM "stop_reason"), "" = null
   std::optional<std::vector<int32_t>> token_ids;  // with return_token_ids
+  std::optional<std::vector<TokenLogprobs>> logprobs;  // with logprobs
 };
+
+// Log-probs in OpenAI's shapes; "token" is the token's text, or "bytes:\xNN..." when its bytes are not
+// valid UTF-8 on their own ("bytes" has them exactly). Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+// "logprob", "bytes"}]}], "refusal": null}. Completions: {"tokens", "token_logprobs", "top_logprobs": [{token:
+// logprob}], "text_offset"}, where text_offset counts characters of the tokens' text from *text_offset (the
+// choice's text so far; advanced past these tokens, so stream chunks continue it).
+nlohmann::json ChatLogprobsJson(const std::vector<TokenLogprobs>& logprobs);
+nlohmann::json CompletionLogprobsJson(const std::vector<TokenLogprobs>& logprobs, size_t* text_offset);
 
 nlohmann::json CompletionChoiceJson(size_t index, const ChoiceResult& c);
 nlohmann::json ChatChoiceJson(size_t index, const ChoiceResult& c, bool thinking);
@@ -72,10 +82,13 @@ nlohmann::json ChunkJson(const std::string& object, const std::string& id, int64
                          const std::string& model, nlohmann::json choices,
                          std::optional<nlohmann::json> usage = std::nullopt);
 
-// Streaming choice objects. finish_reason "" = null; token_ids only when given.
+// Streaming choice objects. finish_reason "" = null; token_ids only when given; logprobs null unless given
+// (ChatLogprobsJson / CompletionLogprobsJson of the chunk's tokens).
 nlohmann::json CompletionChunkChoice(size_t index, const std::string& text, const std::string& finish_reason,
-                                     const std::vector<int32_t>* token_ids, const std::string& stop_reason = "");
+                                     const std::vector<int32_t>* token_ids, const std::string& stop_reason = "",
+                                     nlohmann::json logprobs = nullptr);
 nlohmann::json ChatChunkChoice(size_t index, nlohmann::json delta, const std::string& finish_reason,
-                               const std::vector<int32_t>* token_ids, const std::string& stop_reason = "");
+                               const std::vector<int32_t>* token_ids, const std::string& stop_reason = "",
+                               nlohmann::json logprobs = nullptr);
 
 }  // namespace numoe::router::openai

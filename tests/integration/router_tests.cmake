@@ -17,6 +17,13 @@ foreach(client openai anthropic)
   set_tests_properties(router_${client}_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)
 endforeach()
 
+# Sampling (logprobs against the goldens, n, penalties, logit_bias, min_p) through the `openai` npm client
+# against `numoe serve` on tiny-v4 with the real CPU backend (skipped like router_openai_node).
+add_test(NAME sampling_openai_node
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/node/run_serve_test.sh $<TARGET_FILE:numoe> ${NUMOE_TEST_DATA}/tiny-v4
+          ${CMAKE_CURRENT_BINARY_DIR}/node-serve)
+set_tests_properties(sampling_openai_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 600)
+
 # The end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
 numoe_add_test(router_e2e_test
   SOURCES router_e2e_test.cc

@@ -18,11 +18,22 @@ constexpr double kRateWindowS = 5.0;
 
 }  // namespace
 
-struct Engine::Request {
+// The choices of one request share its id, its sink and their fork.
+struct Engine::Group {
   RequestId id = 0;
-  EngineRequest req;
   std::shared_ptr<TokenSink> sink;
+  int32_t n = 1;
+  bool ended = false;         // OnError was sent: every choice stops
+  Request* leader = nullptr;  // choice 0 while it runs (the fork parent)
+  int32_t awaiting = 0;       // choices admitted and waiting to be forked from the leader
+};
+
+struct Engine::Request {
+  std::shared_ptr<Group> group;
+  int32_t choice = 0;
+  EngineRequest req;
   ExecSeq seq = 0;
+  bool await_fork = false;  // admitted, to be forked from group->leader (no sequence yet)
   bool open = false;     // has an executor sequence
   size_t fed = 0;        // prompt tokens fed
   int32_t next = -1;     // last sampled token, not fed yet
@@ -108,7 +119,7 @@ void Engine::Stop() {
     stats_.outstanding_tokens = 0;
   }
   const Status gone = absl::UnavailableError("the worker is shutting down");
-  for (auto& r : queued) r->sink->OnError(gone);
+  for (auto& r : queued) Fail(*r, gone);
   for (auto& r : running_) {
     if (!r->done) Fail(*r, gone);
   }
@@ -130,11 +141,14 @@ StatusOr<RequestId> Engine::Submit(EngineRequest request, std::shared_ptr<TokenS
                                                      " is out of range [0, ", vocab_, ")"));
     }
   }
+  if (request.n < 1 || request.n > kMaxChoices) {
+    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "] (got ", request.n, ")"));
+  }
   if (request.max_new_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_new_tokens must be >= 0 (got ", request.max_new_tokens, ")"));
   }
-  if (Status st = ValidateSampling(request.sampling); !st.ok()) {
+  if (Status st = ValidateSampling(request.sampling, vocab_); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.", st.message()));
   }
   if (options_.max_context > 0 && static_cast<int64_t>(request.prompt.size()) >= options_.max_context) {
@@ -143,9 +157,18 @@ StatusOr<RequestId> Engine::Submit(EngineRequest request, std::shared_ptr<TokenS
                                                    options_.max_context));
   }
   if (!executor_->healthy()) return absl::UnavailableError("the worker lost its gpu service");
-  auto r = std::make_unique<Request>();
-  r->req = std::move(request);
-  r->sink = std::move(sink);
+  auto group = std::make_shared<Group>();
+  group->sink = std::move(sink);
+  group->n = request.n;
+  std::vector<std::unique_ptr<Request>> choices;
+  for (int32_t i = 0; i < request.n; ++i) {
+    auto r = std::make_unique<Request>();
+    r->group = group;
+    r->choice = i;
+    r->req = request;
+    r->req.sampling.seed = ChoiceSeed(request.sampling.seed, i);
+    choices.push_back(std::move(r));
+  }
   RequestId id;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -154,9 +177,11 @@ StatusOr<RequestId> Engine::Submit(EngineRequest request, std::shared_ptr<TokenS
       return absl::ResourceExhaustedError(
           absl::StrCat("the worker's queue is full (", queue_.size(), " requests waiting); retry later"));
     }
-    id = r->id = next_id_++;
-    stats_.outstanding_tokens += r->outstanding();
-    queue_.push_back(std::move(r));
+    id = group->id = next_id_++;
+    for (auto& r : choices) {
+      stats_.outstanding_tokens += r->outstanding();
+      queue_.push_back(std::move(r));
+    }
     stats_.queued = static_cast<int64_t>(queue_.size());
   }
   cv_.notify_all();
@@ -195,7 +220,68 @@ void Engine::CloseSequence(Request& r) {
 void Engine::Fail(Request& r, const Status& status) {
   CloseSequence(r);
   r.done = true;
-  r.sink->OnError(status);
+  if (r.group->ended) return;
+  r.group->ended = true;  // its other choices stop at the next step
+  r.group->sink->OnError(status);
+}
+
+void Engine::AdmitOne(Request& r, const std::unordered_set<RequestId>& cancels) {
+  Group& g = *r.group;
+  if (g.ended) {
+    r.done = true;
+  } else if (cancels.count(g.id) != 0) {
+    Fail(r, absl::CancelledError("the request was cancelled"));
+  } else if (r.req.max_new_tokens == 0) {
+    r.done = true;
+    g.sink->OnTokens(r.choice, {}, {}, "length");
+  } else if (r.choice > 0 && g.leader != nullptr && !g.leader->done && executor_->limits().model.fork &&
+             r.req.prompt.size() >= 2 && g.leader->fed <= r.req.prompt.size() - 1) {
+    // The leader has not passed the fork point (all but the last prompt token): fork from it there.
+    r.await_fork = true;
+    ++g.awaiting;
+    r.depth = max_drafts_;
+  } else if (auto seq = executor_->Open(r.req.sampling); !seq.ok()) {
+    Fail(r, seq.status());
+  } else {
+    r.seq = *seq;
+    r.open = true;
+    r.depth = max_drafts_;
+    if (options_.spec.method == SpecMethod::kNgram) r.history = r.req.prompt;
+    if (r.choice == 0) g.leader = &r;
+  }
+}
+
+int64_t Engine::RunForks() {
+  int64_t forks = 0;
+  for (auto& rp : running_) {
+    Request& r = *rp;
+    if (!r.await_fork || r.done) continue;
+    Group& g = *r.group;
+    Request* leader = g.leader;
+    const size_t fork_at = r.req.prompt.size() - 1;
+    const bool leader_ok = leader != nullptr && !leader->done && leader->open && leader->fed <= fork_at;
+    if (leader_ok && leader->fed < fork_at) continue;  // not there yet
+    r.await_fork = false;
+    --g.awaiting;
+    StatusOr<ExecSeq> seq = absl::UnavailableError("the leader is gone");
+    if (leader_ok) seq = executor_->Fork(leader->seq, r.req.sampling);
+    if (seq.ok()) {
+      r.fed = fork_at;
+      ++forks;
+    } else {
+      // Prefill it alone (the leader ended, or the fork failed).
+      if (leader_ok) NLOG(WARNING) << "request " << r.req.request_id << ": fork failed, prefilling: " << seq.status();
+      seq = executor_->Open(r.req.sampling);
+      if (!seq.ok()) {
+        Fail(r, seq.status());
+        continue;
+      }
+    }
+    r.seq = *seq;
+    r.open = true;
+    if (options_.spec.method == SpecMethod::kNgram) r.history = r.req.prompt;
+  }
+  return forks;
 }
 
 bool Engine::StepOnce() {
@@ -207,7 +293,7 @@ bool Engine::StepOnce() {
     cancels.swap(cancels_);
     if (!cancels.empty()) {
       for (auto it = queue_.begin(); it != queue_.end();) {
-        if (cancels.count((*it)->id) != 0) {
+        if (cancels.count((*it)->group->id) != 0) {
           stats_.outstanding_tokens -= (*it)->outstanding();
           dropped.push_back(std::move(*it));
           it = queue_.erase(it);
@@ -223,28 +309,22 @@ bool Engine::StepOnce() {
     stats_.queued = static_cast<int64_t>(queue_.size());
   }
   const Status cancelled = absl::CancelledError("the request was cancelled");
-  for (auto& r : dropped) r->sink->OnError(cancelled);
+  for (auto& r : dropped) Fail(*r, cancelled);
   for (auto& r : running_) {
-    if (cancels.count(r->id) != 0) Fail(*r, cancelled);
+    if (!r->done && cancels.count(r->group->id) != 0) Fail(*r, cancelled);
   }
   for (auto& r : admitted) {
-    if (cancels.count(r->id) != 0) {
-      r->done = true;
-      r->sink->OnError(cancelled);
-    } else if (r->req.max_new_tokens == 0) {
-      r->done = true;
-      r->sink->OnTokens({}, "length");
-    } else if (auto seq = executor_->Open(r->req.sampling); !seq.ok()) {
-      r->done = true;
-      r->sink->OnError(seq.status());
-    } else {
-      r->seq = *seq;
-      r->open = true;
-      r->depth = max_drafts_;
-      if (options_.spec.method == SpecMethod::kNgram) r->history = r->req.prompt;
-    }
+    AdmitOne(*r, cancels);
     running_.push_back(std::move(r));
   }
+  // The other choices of a request that failed stop here.
+  for (auto& r : running_) {
+    if (!r->done && r->group->ended) {
+      CloseSequence(*r);
+      r->done = true;
+    }
+  }
+  const int64_t forks = RunForks();
 
   // 2. Build the step: decode tokens first (rotating start so a tight budget is fair), then drafts for
   // those decode items from what is left of the budget, then prompt chunks.
@@ -252,6 +332,7 @@ bool Engine::StepOnce() {
   item_owner_.clear();
   int64_t budget = options_.max_step_tokens;
   StepTrace trace;
+  trace.forks = forks;
   const size_t n = running_.size();
   for (size_t k = 0; k < n && budget > 0; ++k) {
     Request& r = *running_[(rotate_ + k) % n];
@@ -285,8 +366,13 @@ bool Engine::StepOnce() {
   for (auto& rp : running_) {
     if (budget <= 0) break;
     Request& r = *rp;
-    if (r.done || r.fed >= r.req.prompt.size()) continue;
+    if (r.done || !r.open || r.fed >= r.req.prompt.size()) continue;
     int64_t chunk = static_cast<int64_t>(r.req.prompt.size() - r.fed);
+    // A leader with choices to fork stops before the last prompt token (RunForks then copies it).
+    if (r.group->leader == &r && r.group->awaiting > 0) {
+      chunk = std::min<int64_t>(chunk, static_cast<int64_t>(r.req.prompt.size() - 1 - r.fed));
+      if (chunk <= 0) continue;
+    }
     if (options_.prefill_chunk > 0) chunk = std::min(chunk, options_.prefill_chunk);
     chunk = std::min(chunk, budget);
     const bool completes = r.fed + static_cast<size_t>(chunk) == r.req.prompt.size();
@@ -316,7 +402,8 @@ bool Engine::StepOnce() {
         }
       }
     } else {
-      size_t offset = 0;  // into out_.emitted
+      size_t offset = 0;  // into out_.emitted (and out_.logprobs, which is empty or as long)
+      const bool have_logprobs = !out_.logprobs.empty() && out_.logprobs.size() == out_.emitted.size();
       const bool have_counts = out_.counts.size() == items_.size() && out_.drafted.size() == items_.size() &&
                                out_.accepted.size() == items_.size();
       for (size_t i = 0; i < items_.size(); ++i) {
@@ -326,6 +413,7 @@ bool Engine::StepOnce() {
         // The tokens this item emitted: counts[i] of them from out_.emitted, or out_.tokens[i] alone from an
         // executor that fills neither (it never verifies drafts then).
         std::span<const int32_t> emitted;
+        std::span<const EmittedLogprobs> logprobs;
         int64_t drafted = 0, accepted = 0;
         if (have_counts) {
           const int64_t count = out_.counts[i];
@@ -341,6 +429,9 @@ bool Engine::StepOnce() {
             continue;
           }
           emitted = std::span<const int32_t>(out_.emitted).subspan(offset, static_cast<size_t>(count));
+          if (have_logprobs && r.req.sampling.logprobs >= 0) {
+            logprobs = std::span<const EmittedLogprobs>(out_.logprobs).subspan(offset, static_cast<size_t>(count));
+          }
           offset += static_cast<size_t>(count);
         } else {
           if (items_[i].drafts + items_[i].model_drafts > 0) {
@@ -382,9 +473,14 @@ bool Engine::StepOnce() {
           CloseSequence(r);  // before the client hears the end (a remote close rides the next step/flush)
           r.done = true;
         }
-        r.sink->OnTokens(emitted.first(kept), reason);
+        if (r.group->ended) continue;  // a sibling failed in this step: the sweep closes this one
+        r.group->sink->OnTokens(r.choice, emitted.first(kept), logprobs.empty() ? logprobs : logprobs.first(kept),
+                                reason);
       }
     }
+  }
+  for (auto& r : running_) {
+    if (r->done && r->group->leader == r.get()) r->group->leader = nullptr;
   }
   running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& r) { return r->done; }),
                  running_.end());

@@ -19,6 +19,12 @@
 // then finish_reason "stop"), max_new_tokens or the context limit ("length"). Cancel() drops a request
 // wherever it is, and its sequence is closed in the executor (freed in numoe-gpu).
 //
+// n choices (EngineRequest::n): n sequences of one prompt, choice i sampling with ChoiceSeed(seed, i)
+// (model/sampling.h). The prompt is prefilled once when the executor forks (its model's Capabilities::fork, ExecutorLimits::model) and the
+// choices are admitted together: choice 0 prefills all but the last prompt token, then the others are forked
+// from it (Executor::Fork) and all n feed the last token and sample, each its own way from there. A choice
+// admitted after choice 0 passed that point, or without fork, prefills the prompt itself.
+//
 // Ownership and threads: the engine owns the scheduling thread (Start/Stop) and drives the executor
 // only from it. Submit, Cancel and stats() are thread-safe. A request's TokenSink is called on the
 // scheduling thread, never concurrently for one request, and must not block; every accepted request ends
@@ -70,7 +76,8 @@ Status CheckSpec(const SpecConfig& spec, const ExecutorLimits& limits);
 struct EngineRequest {
   std::vector<int32_t> prompt;  // non-empty, ids in [0, vocab)
   int64_t max_new_tokens = 16;  // >= 0 (0: finishes at once with "length")
-  SamplingParams sampling;
+  SamplingParams sampling;      // logprobs >= 0: every token comes with its log-probs (TokenSink::OnTokens)
+  int32_t n = 1;                // choices, in [1, kMaxChoices] (header comment)
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
   std::string request_id;  // for logs
@@ -80,10 +87,13 @@ struct EngineRequest {
 class TokenSink {
  public:
   virtual ~TokenSink() = default;
-  // New tokens (one per step, or 1 + accepted drafts with speculative decoding). A non-empty finish_reason ("stop" | "length") marks the last call;
-  // the request's sequence is already closed by then. max_new_tokens == 0 ends with no tokens.
-  virtual void OnTokens(std::span<const int32_t> tokens, std::string_view finish_reason) = 0;
-  // The request failed or was cancelled (CANCELLED); the last call.
+  // New tokens of choice `choice` (0 .. n-1; one per step, or 1 + accepted drafts with speculative decoding),
+  // with one EmittedLogprobs each when the request asked (sampling.logprobs >= 0; else empty). A non-empty
+  // finish_reason ("stop" | "length") marks the choice's last call; its sequence is already closed by then.
+  // max_new_tokens == 0 ends each choice with no tokens. The request is over once every choice finished.
+  virtual void OnTokens(int32_t choice, std::span<const int32_t> tokens, std::span<const EmittedLogprobs> logprobs,
+                        std::string_view finish_reason) = 0;
+  // The request failed or was cancelled (CANCELLED): the last call, for every choice.
   virtual void OnError(const Status& status) = 0;
 };
 
@@ -115,6 +125,7 @@ struct StepTrace {
   int64_t sequences = 0;
   int64_t largest_prefill_chunk = 0;
   int64_t draft_tokens = 0;  // drafts verified in this step (rows beyond the decode tokens)
+  int64_t forks = 0;         // sequences forked before this step (n choices sharing one prefill)
 };
 
 class Engine {
@@ -129,8 +140,8 @@ class Engine {
   // Ends every request with UNAVAILABLE, closes their sequences and joins the thread. Idempotent.
   void Stop();
 
-  // Validates (INVALID_ARGUMENT naming the field), then queues (RESOURCE_EXHAUSTED when full,
-  // UNAVAILABLE when stopped or the executor is broken).
+  // Validates (INVALID_ARGUMENT naming the field), then queues its n choices (RESOURCE_EXHAUSTED when the
+  // queue is full, UNAVAILABLE when stopped or the executor is broken).
   StatusOr<RequestId> Submit(EngineRequest request, std::shared_ptr<TokenSink> sink);
   // Cancels a queued or running request; unknown or finished ids are ignored.
   void Cancel(RequestId id);
@@ -146,11 +157,16 @@ class Engine {
 
  private:
   struct Request;
+  struct Group;
   void Loop();
   bool HasWorkLocked() const;
   void Admit();
   void Fail(Request& r, const Status& status);
   void CloseSequence(Request& r);
+  // Admits one request taken off the queue (opens its sequence, or marks it to be forked).
+  void AdmitOne(Request& r, const std::unordered_set<RequestId>& cancels);
+  // Forks the choices waiting for their leader once it has prefilled all but the last prompt token.
+  int64_t RunForks();
   void UpdateRateLocked();
   // Drafts `r` may carry this step with `budget` rows left (>= 0).
   int64_t DraftsFor(const Request& r, int64_t budget) const;

@@ -49,6 +49,15 @@ class Executor {
   virtual ~Executor() = default;
   // A new sequence at position 0. The sampler (and its seeded RNG) lives with the sequence.
   virtual StatusOr<ExecSeq> Open(const SamplingParams& sampling) = 0;
+  // A new sequence that starts as a copy of `parent`'s state (ModelBackend::ForkSequence) with its own
+  // sampler (`sampling`; the parent's penalty history). Call it between steps, after a step in which the
+  // parent ran (not speculatively); the copy may be deferred to the next Step (RemoteExecutor), where it
+  // happens before that step runs. Only with limits().model.fork.
+  virtual StatusOr<ExecSeq> Fork(ExecSeq parent, const SamplingParams& sampling) {
+    (void)parent;
+    (void)sampling;
+    return absl::UnimplementedError("this executor cannot fork sequences");
+  }
   // Frees the sequence. May be deferred until the next Step or Flush (RemoteExecutor batches them).
   virtual Status Close(ExecSeq seq) = 0;
   // Runs the items as one step (each sequence at most once). On error, the sequences of this step are in

@@ -11,10 +11,22 @@ LocalExecutor::~LocalExecutor() {
 }
 
 StatusOr<ExecSeq> LocalExecutor::Open(const SamplingParams& sampling) {
-  RETURN_IF_ERROR(ValidateSampling(sampling));
+  RETURN_IF_ERROR(ValidateSampling(sampling, model_->vocab_size()));
   ASSIGN_OR_RETURN(SequenceId model_seq, model_->CreateSequence());
   const ExecSeq id = next_++;
   seqs_.emplace(id, Seq{model_seq, Sampler(sampling)});
+  return id;
+}
+
+StatusOr<ExecSeq> LocalExecutor::Fork(ExecSeq parent, const SamplingParams& sampling) {
+  RETURN_IF_ERROR(ValidateSampling(sampling, model_->vocab_size()));
+  auto it = seqs_.find(parent);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", parent));
+  ASSIGN_OR_RETURN(SequenceId model_seq, model_->ForkSequence(it->second.model_seq));
+  const ExecSeq id = next_++;
+  Seq child{model_seq, Sampler(sampling)};
+  child.sampler.CopyHistoryFrom(it->second.sampler);
+  seqs_.emplace(id, std::move(child));
   return id;
 }
 

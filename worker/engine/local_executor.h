@@ -22,6 +22,7 @@ class LocalExecutor final : public Executor {
   ~LocalExecutor() override;
 
   StatusOr<ExecSeq> Open(const SamplingParams& sampling) override;
+  StatusOr<ExecSeq> Fork(ExecSeq parent, const SamplingParams& sampling) override;
   Status Close(ExecSeq seq) override;
   Status Step(std::span<const StepItem> items, StepOutput* out) override;
   ExecutorLimits limits() const override;

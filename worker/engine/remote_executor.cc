@@ -1,5 +1,7 @@
 #include "worker/engine/remote_executor.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/clock.h"
@@ -24,9 +26,9 @@ Status RemoteExecutor::Broken(const Status& st) {
 
 StatusOr<ExecSeq> RemoteExecutor::Open(const SamplingParams& sampling) {
   RETURN_IF_ERROR(broken_);
-  RETURN_IF_ERROR(ValidateSampling(sampling));
+  RETURN_IF_ERROR(ValidateSampling(sampling, ch_->geometry().vocab));
   const int64_t max_seqs = ch_->geometry().max_seqs;
-  if (static_cast<int64_t>(pending_open_.size() + open_.size()) >= max_seqs) {
+  if (static_cast<int64_t>(pending_open_.size() + forks_.size() + open_.size()) >= max_seqs) {
     return absl::ResourceExhaustedError(absl::StrCat("executor: ", max_seqs, " sequences are already open"));
   }
   const ExecSeq id = next_++;
@@ -34,15 +36,38 @@ StatusOr<ExecSeq> RemoteExecutor::Open(const SamplingParams& sampling) {
   return id;
 }
 
+StatusOr<ExecSeq> RemoteExecutor::Fork(ExecSeq parent, const SamplingParams& sampling) {
+  RETURN_IF_ERROR(broken_);
+  if (ch_->geometry().fork == 0) return absl::UnimplementedError("executor: numoe-gpu cannot fork sequences");
+  RETURN_IF_ERROR(ValidateSampling(sampling, ch_->geometry().vocab));
+  if (open_.count(parent) == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("executor: fork of sequence ", parent, ", which has not run a step (or is closed)"));
+  }
+  const int64_t max_seqs = ch_->geometry().max_seqs;
+  if (static_cast<int64_t>(pending_open_.size() + forks_.size() + open_.size()) >= max_seqs) {
+    return absl::ResourceExhaustedError(absl::StrCat("executor: ", max_seqs, " sequences are already open"));
+  }
+  const ExecSeq id = next_++;
+  forks_.push_back(PendingFork{id, parent, sampling});
+  return id;
+}
+
 Status RemoteExecutor::Close(ExecSeq seq) {
   if (pending_open_.erase(seq) != 0) return absl::OkStatus();
+  for (auto it = forks_.begin(); it != forks_.end(); ++it) {
+    if (it->seq == seq) {
+      forks_.erase(it);
+      return absl::OkStatus();
+    }
+  }
   if (open_.erase(seq) == 0) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", seq));
   releases_.push_back(seq);
   return absl::OkStatus();
 }
 
 Status RemoteExecutor::Flush() {
-  if (releases_.empty() || !broken_.ok()) return absl::OkStatus();
+  if ((releases_.empty() && forks_.empty()) || !broken_.ok()) return absl::OkStatus();
   StepOutput unused;
   return Exchange({}, &unused);
 }
@@ -65,7 +90,17 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
 
   const Capabilities caps = ChannelCapabilities(g);
   shm::MsgHeader& m = ch_->outgoing();
-  int64_t tokens = 0, rows = 0, logits_rows = 0;
+  int64_t tokens = 0, rows = 0, logits_rows = 0, biases = 0;
+  // Logit biases go to `biases`, forks' first, then the opening entries' (in entry order).
+  auto put_biases = [&](const SamplingParams& p) {
+    for (const auto& [token, bias] : p.logit_bias) ch_->biases()[biases++] = shm::WireBias{token, bias};
+  };
+  if (forks_.size() > g.max_seqs) return absl::InternalError("executor: more pending forks than the channel holds");
+  for (size_t i = 0; i < forks_.size(); ++i) {
+    ch_->forks()[i] = shm::WireFork{.seq = forks_[i].seq, .parent = forks_[i].parent,
+                                    .sampling = ToWireSampling(forks_[i].sampling)};
+    put_biases(forks_[i].sampling);
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     // numoe-gpu runs the same checks (ValidateStepItem); failing here keeps a bad item from costing a round trip.
@@ -87,8 +122,11 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
     e.model_drafts = it.model_drafts;
     if (auto p = pending_open_.find(it.seq); p != pending_open_.end()) {
       e.flags |= shm::kEntryOpen;
-      e.sampling = shm::WireSampling{p->second.temperature, p->second.top_p, p->second.top_k, p->second.seed};
-    } else if (open_.count(it.seq) == 0) {
+      e.sampling = ToWireSampling(p->second);
+      put_biases(p->second);
+    } else if (open_.count(it.seq) == 0 &&
+               std::none_of(forks_.begin(), forks_.end(), [&](const PendingFork& f) { return f.seq == it.seq; })) {
+      // (A pending fork is made by numoe-gpu before this step runs.)
       return absl::NotFoundError(absl::StrCat("executor: no open sequence ", it.seq));
     }
     if (it.sample) e.flags |= shm::kEntrySample;
@@ -107,11 +145,18 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
   m.num_entries = static_cast<int64_t>(items.size());
   m.num_tokens = tokens;
   m.num_releases = static_cast<int64_t>(releases_.size());
+  m.num_forks = static_cast<int64_t>(forks_.size());
+  m.num_biases = biases;
   if (Status st = ch_->Send(shm::MsgType::kStepRequest); !st.ok()) return Broken(st);
-  // The gpu has the step: whatever the outcome, it processed the releases and may have opened these.
+  // The gpu has the step: whatever the outcome, it processed the releases and may have made these.
   releases_.clear();
+  for (const PendingFork& f : forks_) open_.emplace(f.seq, f.sampling.logprobs);
+  forks_.clear();
   for (const StepItem& it : items) {
-    if (pending_open_.erase(it.seq) != 0) open_.emplace(it.seq, true);
+    if (auto p = pending_open_.find(it.seq); p != pending_open_.end()) {
+      open_.emplace(it.seq, p->second.logprobs);
+      pending_open_.erase(p);
+    }
   }
 
   Status expert_error;
@@ -155,13 +200,15 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
       case shm::MsgType::kStepResult: {
         if (!expert_error.ok()) return expert_error;
         if (in.num_entries != static_cast<int64_t>(items.size()) || in.num_logits != logits_rows ||
-            in.num_emitted < 0 || in.num_emitted > rows) {
+            in.num_emitted < 0 || in.num_emitted > rows ||
+            (in.num_logprobs != 0 && in.num_logprobs != in.num_emitted)) {
           return Broken(absl::DataLossError(absl::StrCat("StepResult for ", in.num_entries, " entries, ",
-                                                         in.num_logits, " logit rows and ", in.num_emitted,
-                                                         " emitted tokens; expected ", items.size(), ", ",
-                                                         logits_rows, " and at most ", rows)));
+                                                         in.num_logits, " logit rows, ", in.num_emitted,
+                                                         " emitted tokens and ", in.num_logprobs,
+                                                         " log-prob rows; expected ", items.size(), ", ", logits_rows,
+                                                         ", at most ", rows, " and 0 or as many as emitted")));
         }
-        return ReadResult(items, in.num_emitted, out);
+        return ReadResult(items, in.num_emitted, in.num_logprobs > 0, out);
       }
       case shm::MsgType::kError:
         return expert_error.ok() ? ch_->IncomingError() : expert_error;
@@ -172,10 +219,12 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
   }
 }
 
-Status RemoteExecutor::ReadResult(std::span<const StepItem> items, int64_t num_emitted, StepOutput* out) {
+Status RemoteExecutor::ReadResult(std::span<const StepItem> items, int64_t num_emitted, bool logprobs,
+                                  StepOutput* out) {
   const shm::Geometry& g = ch_->geometry();
   const size_t n = items.size();
   out->Reset(n);
+  if (logprobs) out->logprobs.resize(static_cast<size_t>(num_emitted));
   int64_t row = 0, at = 0;
   for (size_t i = 0; i < n; ++i) {
     const StepItem& it = items[i];
@@ -205,6 +254,25 @@ Status RemoteExecutor::ReadResult(std::span<const StepItem> items, int64_t num_e
       }
       out->tokens[i] = e[0];
       out->emitted.insert(out->emitted.end(), e, e + count);
+      const auto want = open_.find(it.seq);
+      // As many top entries as TopLogprobs writes (at most the vocabulary).
+      const int32_t top = want == open_.end() ? -1 : static_cast<int32_t>(std::min<int64_t>(want->second, g.vocab));
+      for (int32_t k = 0; logprobs && top >= 0 && k < count; ++k) {
+        const shm::WireLogprob* row = ch_->logprobs() + (at + k) * (1 + shm::kMaxWireTopLogprobs);
+        EmittedLogprobs& lp = out->logprobs[static_cast<size_t>(at + k)];
+        for (int32_t j = 0; j <= top; ++j) {
+          if (row[j].token < 0 || row[j].token >= static_cast<int32_t>(g.vocab) || (j == 0 && row[j].token != e[k])) {
+            return Broken(absl::DataLossError(absl::StrCat("StepResult entry ", i, ": log-prob token ", row[j].token,
+                                                           " outside the vocabulary or not the emitted one")));
+          }
+          const TokenLogprob t{row[j].token, row[j].logprob};
+          if (j == 0) {
+            lp.chosen = t;
+          } else {
+            lp.top.push_back(t);
+          }
+        }
+      }
       at += count;
     }
     out->counts[i] = count;

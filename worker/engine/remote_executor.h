@@ -6,8 +6,9 @@
 // channel in place, until the StepResult (per entry: emitted tokens, drafts verified and accepted) or an
 // Error arrives. limits() reports what numoe-gpu declared in the geometry (ChannelCapabilities).
 // Open() only reserves a key: the sequence is created on the gpu by the first step that carries it
-// (kEntryOpen + sampling parameters). Close() is deferred: releases ride on the next StepRequest, or go
-// alone on Flush().
+// (kEntryOpen + sampling parameters). Fork() is deferred the same way: the fork rides on the next
+// StepRequest (or Flush), which numoe-gpu carries out before anything else. Close() is deferred: releases
+// ride on the next StepRequest, or go alone on Flush().
 //
 // A transport failure (numoe-gpu exited or closed the channel, protocol violation) makes the executor
 // unhealthy for good: the worker should exit and be restarted, re-registering with a fresh channel.
@@ -29,6 +30,7 @@ class RemoteExecutor final : public Executor {
   RemoteExecutor(shm::Channel* channel, ExpertBackend* experts);
 
   StatusOr<ExecSeq> Open(const SamplingParams& sampling) override;
+  StatusOr<ExecSeq> Fork(ExecSeq parent, const SamplingParams& sampling) override;
   Status Close(ExecSeq seq) override;
   Status Step(std::span<const StepItem> items, StepOutput* out) override;
   Status Flush() override;
@@ -43,13 +45,18 @@ class RemoteExecutor final : public Executor {
   Status Exchange(std::span<const StepItem> items, StepOutput* out);
   // Reads and checks the StepResult's per-entry arrays into `out` (a gpu answer that does not fit the
   // items breaks the executor: the two sides no longer agree).
-  Status ReadResult(std::span<const StepItem> items, int64_t num_emitted, StepOutput* out);
+  Status ReadResult(std::span<const StepItem> items, int64_t num_emitted, bool logprobs, StepOutput* out);
   Status Broken(const Status& st);
 
   shm::Channel* ch_;
   ExpertBackend* experts_;
+  struct PendingFork {
+    ExecSeq seq, parent;
+    SamplingParams sampling;
+  };
   std::map<ExecSeq, SamplingParams> pending_open_;  // opened here, not yet seen by the gpu
-  std::map<ExecSeq, bool> open_;                    // known to the gpu
+  std::vector<PendingFork> forks_;                  // forked here, not yet seen by the gpu
+  std::map<ExecSeq, int32_t> open_;                 // known to the gpu -> its SamplingParams::logprobs
   std::vector<ExecSeq> releases_;                   // closed here, not yet released on the gpu
   ExecSeq next_ = 1;
   Status broken_;

@@ -1,5 +1,6 @@
 #include "worker/service/worker_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,28 @@ StatusOr<engine::EngineRequest> ToEngineRequest(const v1::WorkerGenerateRequest&
   r.sampling.top_p = s.top_p() == 0.0f ? 1.0 : s.top_p();
   r.sampling.top_k = s.top_k();
   r.sampling.seed = s.seed();
+  r.sampling.min_p = s.min_p();
+  r.sampling.presence_penalty = s.presence_penalty();
+  r.sampling.frequency_penalty = s.frequency_penalty();
+  r.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0 : s.repetition_penalty();
+  if (s.logit_bias_size() > static_cast<int>(kMaxLogitBias)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.logit_bias has ", s.logit_bias_size(), " entries; at most ", kMaxLogitBias));
+  }
+  for (const auto& [token, bias] : s.logit_bias()) r.sampling.logit_bias.emplace_back(token, bias);
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());  // a map's order is unspecified
+  if (request.top_logprobs() > static_cast<uint32_t>(kMaxTopLogprobs)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "] (got ", request.top_logprobs(), ")"));
+  }
+  if (request.top_logprobs() > 0 && !request.logprobs()) {
+    return absl::InvalidArgumentError("top_logprobs needs logprobs");
+  }
+  r.sampling.logprobs = request.logprobs() ? static_cast<int32_t>(request.top_logprobs()) : -1;
+  if (request.n() > static_cast<uint32_t>(kMaxChoices)) {
+    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "] (got ", request.n(), ")"));
+  }
+  r.n = request.n() == 0 ? 1 : static_cast<int32_t>(request.n());
   r.ignore_eos = request.ignore_eos();
   r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   r.request_id = request.request_id();
@@ -37,6 +60,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
       FinishNow(req.status());
       return;
     }
+    open_choices_ = req->n;
     auto id = engine_->Submit(std::move(*req), sink_);
     if (!id.ok()) {
       FinishNow(id.status());
@@ -77,9 +101,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
   class Sink final : public engine::TokenSink {
    public:
     explicit Sink(GenerateReactor* r) : r_(r) {}
-    void OnTokens(std::span<const int32_t> tokens, std::string_view reason) override {
+    void OnTokens(int32_t choice, std::span<const int32_t> tokens, std::span<const EmittedLogprobs> logprobs,
+                  std::string_view reason) override {
       std::lock_guard<std::mutex> lk(mu_);
-      if (r_ != nullptr) r_->Push(tokens, reason);
+      if (r_ != nullptr) r_->Push(choice, tokens, logprobs, reason);
     }
     void OnError(const Status& status) override {
       std::lock_guard<std::mutex> lk(mu_);
@@ -101,16 +126,32 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
     Finish(ToGrpcStatus(status));
   }
 
-  void Push(std::span<const int32_t> tokens, std::string_view reason) {
+  void Push(int32_t choice, std::span<const int32_t> tokens, std::span<const EmittedLogprobs> logprobs,
+            std::string_view reason) {
     std::lock_guard<std::mutex> lk(mu_);
-    // Coalesce into the not-yet-started last response when the client reads slower than we produce.
-    if (pending_.empty() || !pending_.back().finish_reason().empty()) pending_.emplace_back();
+    // Coalesce into the not-yet-started last response of the same choice when the client reads slower than
+    // we produce.
+    if (pending_.empty() || !pending_.back().finish_reason().empty() ||
+        pending_.back().index() != static_cast<uint32_t>(choice)) {
+      pending_.emplace_back();
+      pending_.back().set_index(static_cast<uint32_t>(choice));
+    }
     v1::WorkerGenerateResponse& r = pending_.back();
     for (int32_t t : tokens) r.add_token_ids(t);
+    for (const EmittedLogprobs& lp : logprobs) {
+      v1::WorkerTokenLogprobs* out = r.add_logprobs();
+      out->set_logprob(lp.chosen.logprob);
+      for (const TokenLogprob& t : lp.top) {
+        out->add_top_ids(t.token);
+        out->add_top_logprobs(t.logprob);
+      }
+    }
     if (!reason.empty()) {
       r.set_finish_reason(std::string(reason));
-      final_ = grpc::Status::OK;
-      final_ready_ = true;
+      if (--open_choices_ <= 0) {
+        final_ = grpc::Status::OK;
+        final_ready_ = true;
+      }
     }
     MaybeWriteLocked();
   }
@@ -142,6 +183,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
   std::mutex mu_;
   engine::RequestId id_ = 0;
   bool submitted_ = false, cancelled_ = false;
+  int32_t open_choices_ = 1;  // choices that have not finished yet
   std::deque<v1::WorkerGenerateResponse> pending_;
   v1::WorkerGenerateResponse current_;
   bool writing_ = false, final_ready_ = false, finished_ = false;

@@ -476,7 +476,8 @@ class ScriptedExecutor final : public Executor {
 // Records every OnTokens call.
 class CallSink final : public TokenSink {
  public:
-  void OnTokens(std::span<const int32_t> tokens, std::string_view finish_reason) override {
+  void OnTokens(int32_t, std::span<const int32_t> tokens, std::span<const EmittedLogprobs>,
+                std::string_view finish_reason) override {
     calls.emplace_back(tokens.begin(), tokens.end());
     reason = finish_reason;
   }

@@ -28,8 +28,13 @@ struct FakeCall : WorkerCall {
     cancelled = true;
     if (end_on_cancel) End(absl::CancelledError("cancelled"));
   }
-  void Tokens(std::vector<int32_t> ids, const std::string& finish = "") {
-    if (!ended) sink->OnTokens(ids, finish);
+  void Tokens(std::vector<int32_t> ids, const std::string& finish = "", uint32_t index = 0) {
+    if (ended) return;
+    v1::WorkerGenerateResponse r;
+    r.mutable_token_ids()->Assign(ids.begin(), ids.end());
+    r.set_finish_reason(finish);
+    r.set_index(index);
+    sink->OnResponse(r);
   }
   void End(const Status& s = absl::OkStatus()) {
     if (!ended.exchange(true)) sink->OnEnd(s);
@@ -128,9 +133,9 @@ struct RecordingObserver : GenerationObserver {
   bool ended = false;
   Status status;
   std::string finish_reason;
-  void OnTokens(std::span<const int32_t> t) override {
+  void OnResponse(const v1::WorkerGenerateResponse& r) override {
     std::lock_guard<std::mutex> lock(mu);
-    ids.insert(ids.end(), t.begin(), t.end());
+    ids.insert(ids.end(), r.token_ids().begin(), r.token_ids().end());
   }
   void OnEnd(const Status& s, const std::string& fr) override {
     std::lock_guard<std::mutex> lock(mu);

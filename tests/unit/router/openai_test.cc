@@ -1,5 +1,6 @@
 // OpenAI request parsing and validation (every field, prompt shapes, a small fuzz), response and SSE shapes,
 // error mapping, stop strings on detokenized text, and the metrics text.
+#include <algorithm>
 #include <random>
 #include <sstream>
 
@@ -103,6 +104,54 @@ TEST(Request, FieldsAndDefaults) {
   ASSERT_OK(r);
   EXPECT_EQ(r->common.stop, (std::vector<std::string>{"end"}));
   EXPECT_EQ(*r->common.sampling.seed, ~uint64_t{0});
+  EXPECT_EQ(r->common.n, 1);
+  EXPECT_EQ(r->common.logprobs, -1);
+
+  // The sampling extras.
+  r = Completion(R"({"prompt": "x", "n": 4, "logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": -1,
+                     "repetition_penalty": 1.2, "min_p": 0.05, "logit_bias": {"7": -100, "12": 2.5}})");
+  ASSERT_OK(r);
+  EXPECT_EQ(r->common.n, 4);
+  EXPECT_EQ(r->common.logprobs, 3);
+  EXPECT_EQ(*r->common.sampling.presence_penalty, 0.5);
+  EXPECT_EQ(*r->common.sampling.frequency_penalty, -1.0);
+  EXPECT_EQ(*r->common.sampling.repetition_penalty, 1.2);
+  EXPECT_EQ(*r->common.sampling.min_p, 0.05);
+  auto bias = r->common.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int64_t, double>>{{7, -100.0}, {12, 2.5}}));
+  r = Completion(R"({"prompt": "x", "logprobs": 0})");
+  ASSERT_OK(r);
+  EXPECT_EQ(r->common.logprobs, 0);
+  auto chat = Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 20, "n": 2})");
+  ASSERT_OK(chat);
+  EXPECT_EQ(chat->common.logprobs, 20);
+  EXPECT_EQ(chat->common.n, 2);
+  chat = Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})");
+  ASSERT_OK(chat);
+  EXPECT_EQ(chat->common.logprobs, 0);
+  chat = Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": false})");
+  ASSERT_OK(chat);
+  EXPECT_EQ(chat->common.logprobs, -1);
+}
+
+TEST(Response, LogprobsInOpenAIShapes) {
+  std::vector<TokenLogprobs> lps(2);
+  lps[0].chosen = LogprobEntry{5, "Hi", -0.25f};
+  lps[0].top = {LogprobEntry{5, "Hi", -0.25f}, LogprobEntry{9, "\xc3", -1.5f}};
+  lps[1].chosen = LogprobEntry{9, "\xc3", -2.0f};
+  const json chat = openai::ChatLogprobsJson(lps);
+  EXPECT_EQ(chat, json::parse(R"({"content": [
+      {"token": "Hi", "logprob": -0.25, "bytes": [72, 105],
+       "top_logprobs": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105]},
+                        {"token": "bytes:\\xc3", "logprob": -1.5, "bytes": [195]}]},
+      {"token": "bytes:\\xc3", "logprob": -2.0, "bytes": [195], "top_logprobs": []}], "refusal": null})"));
+  size_t offset = 3;
+  const json comp = openai::CompletionLogprobsJson(lps, &offset);
+  EXPECT_EQ(comp, json::parse(R"({"tokens": ["Hi", "bytes:\\xc3"], "token_logprobs": [-0.25, -2.0],
+                                   "top_logprobs": [{"Hi": -0.25, "bytes:\\xc3": -1.5}, {}],
+                                   "text_offset": [3, 5]})"));
+  EXPECT_EQ(offset, 6u);
 }
 
 TEST(Request, EveryBadFieldIsNamed) {
@@ -130,14 +179,25 @@ TEST(Request, EveryBadFieldIsNamed) {
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options", "stream"},
       {R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}})", "stream_options.include_usage",
        "boolean"},
-      {R"({"prompt": "x", "n": 2})", "n", "n=1"},
+      {R"({"prompt": "x", "n": 0})", "n", "n must be in [1, 16]"},
+      {R"({"prompt": "x", "n": 17})", "n", "n must be in [1, 16] (got 17)"},
+      {R"({"prompt": "x", "n": 1.5})", "n", "integer"},
       {R"({"prompt": "x", "best_of": 3})", "best_of", "not supported"},
-      {R"({"prompt": "x", "logprobs": 5})", "logprobs", "not supported"},
+      {R"({"prompt": "x", "logprobs": 21})", "logprobs", "logprobs must be in [0, 20]"},
+      {R"({"prompt": "x", "logprobs": -1})", "logprobs", "[0, 20]"},
+      {R"({"prompt": "x", "logprobs": true})", "logprobs", "integer"},
       {R"({"prompt": "x", "echo": true})", "echo", "not supported"},
       {R"({"prompt": "x", "suffix": "tail"})", "suffix", "not supported"},
-      {R"({"prompt": "x", "presence_penalty": 0.5})", "presence_penalty", "not supported"},
-      {R"({"prompt": "x", "frequency_penalty": 1})", "frequency_penalty", "not supported"},
-      {R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias", "not supported"},
+      {R"({"prompt": "x", "presence_penalty": 2.5})", "presence_penalty", "presence_penalty must be in [-2, 2]"},
+      {R"({"prompt": "x", "presence_penalty": "high"})", "presence_penalty", "number"},
+      {R"({"prompt": "x", "frequency_penalty": -3})", "frequency_penalty", "frequency_penalty must be in [-2, 2]"},
+      {R"({"prompt": "x", "repetition_penalty": 0})", "repetition_penalty", "repetition_penalty must be in (0, 2]"},
+      {R"({"prompt": "x", "repetition_penalty": 2.5})", "repetition_penalty", "(0, 2]"},
+      {R"({"prompt": "x", "min_p": 1.1})", "min_p", "min_p must be in [0, 1]"},
+      {R"({"prompt": "x", "logit_bias": [1]})", "logit_bias", "object"},
+      {R"({"prompt": "x", "logit_bias": {"abc": 1}})", "logit_bias", "token id"},
+      {R"({"prompt": "x", "logit_bias": {"5": "up"}})", "logit_bias", "number"},
+      {R"({"prompt": "x", "logit_bias": {"5": 100.5}})", "logit_bias", "[-100, 100]"},
       {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos", "boolean"},
       {R"({"prompt": "x", "return_token_ids": "true"})", "return_token_ids", "boolean"},
       {R"({"prompt": "x", "stop_token_ids": [1, "2"]})", "stop_token_ids[1]", "integer"},
@@ -200,7 +260,11 @@ TEST(Request, ChatMessagesAndOptions) {
             "tools[0].function");
   ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})").status(),
             "tool_choice");
-  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})").status(), "logprobs");
+  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 3})").status(), "logprobs", "boolean");
+  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})").status(), "top_logprobs",
+            "needs");
+  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})").status(),
+            "top_logprobs", "[0, 20]");
   ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})")
                 .status(),
             "response_format");

@@ -17,6 +17,7 @@
 #include "worker/experts/reference_experts.h"
 #include "backends/cuda/cuda_model.h"
 #include "model/generation.h"
+#include "tests/support/compare.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
@@ -58,15 +59,6 @@ Status Prefill(ModelBackend& m, ExpertBackend& ex, SequenceId seq, const std::ve
   st.tokens = toks;
   std::vector<SequenceLogits> out;
   return m.Forward({&st, 1}, &ex, &out);
-}
-
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float worst = a.size() == b.size() ? 0.0f : INFINITY;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (!(d <= worst)) worst = d;  // NaN counts as worst
-  }
-  return worst;
 }
 
 // Drafts with device experts == drafts with host experts, in both numeric modes, for a few sequences (3-131
@@ -131,12 +123,12 @@ TEST(CudaDrafterExperts, DraftsMatchHostExperts) {
         EXPECT_EQ(da[i].tokens, db[i].tokens) << mode << " " << what << " seq " << i;
         float scale = 1.0f;
         for (float v : da[i].logits) scale = std::max(scale, std::fabs(v));
-        const float d = MaxAbsDiff(da[i].logits, db[i].logits) / scale;
+        const float d = test::MaxAbsDiff(da[i].logits, db[i].logits) / scale;
         worst = std::max(worst, d);
         // Both sides run the same dense device kernels; only the expert sums differ (fp32 on dequantized
         // weights vs fp32 on the fly, different summation order): rounding only.
         EXPECT_LE(d, 1e-4f) << mode << " " << what << " seq " << i;
-        EXPECT_LE(MaxAbsDiff(da[i].confidence, db[i].confidence), 1e-3f) << mode << " " << what << " seq " << i;
+        EXPECT_LE(test::MaxAbsDiff(da[i].confidence, db[i].confidence), 1e-3f) << mode << " " << what << " seq " << i;
       }
       NLOG(INFO) << mode << " " << what << ": max |host - device experts| / max(1, |logit|) = " << worst;
     };

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_model.h"
 #include "common/checkpoint.h"
 #include "common/log.h"
+#include "tests/support/compare.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 #include "worker/experts/reference_experts.h"
@@ -29,15 +30,6 @@ Status Feed(ModelBackend& m, ExpertBackend& ex, SequenceId seq, std::span<const 
   RETURN_IF_ERROR(m.Forward({&st, 1}, &ex, &out));
   if (logits != nullptr) *logits = std::move(out[0].logits);
   return absl::OkStatus();
-}
-
-float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float worst = a.size() == b.size() ? 0.0f : INFINITY;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const float d = std::fabs(a[i] - b[i]);
-    if (!(d <= worst)) worst = d;
-  }
-  return worst;
 }
 
 struct Mode {
@@ -90,7 +82,7 @@ TEST_P(CudaForkTest, ForkContinuesLikeAFreshPrefillAndRunsIndependently) {
     ASSERT_OK(Feed(m, ex, *child, std::span<const int32_t>(cb.data(), 13), false, &lb));
     ASSERT_OK(Feed(m, ex, *ra, std::span<const int32_t>(ca.data(), 13), false, &lra));
     ASSERT_OK(Feed(m, ex, *rb, std::span<const int32_t>(cb.data(), 13), false, &lrb));
-    float worst = std::max(MaxDiff(la, lra), MaxDiff(lb, lrb));
+    float worst = std::max(test::MaxAbsDiff(la, lra), test::MaxAbsDiff(lb, lrb));
     for (size_t t = 13; t < ca.size(); ++t) {
       std::vector<SequenceStep> steps(4);
       steps[0] = {.seq = *parent, .tokens = std::span<const int32_t>(ca.data() + t, 1)};
@@ -99,7 +91,7 @@ TEST_P(CudaForkTest, ForkContinuesLikeAFreshPrefillAndRunsIndependently) {
       steps[3] = {.seq = *rb, .tokens = std::span<const int32_t>(cb.data() + t, 1)};
       std::vector<SequenceLogits> out;
       ASSERT_OK(m.Forward(steps, &ex, &out)) << what;
-      worst = std::max({worst, MaxDiff(out[0].logits, out[2].logits), MaxDiff(out[1].logits, out[3].logits)});
+      worst = std::max({worst, test::MaxAbsDiff(out[0].logits, out[2].logits), test::MaxAbsDiff(out[1].logits, out[3].logits)});
     }
     NLOG(INFO) << what << ": max |fork - fresh| = " << worst;
     EXPECT_LE(worst, tol) << what;
@@ -108,7 +100,7 @@ TEST_P(CudaForkTest, ForkContinuesLikeAFreshPrefillAndRunsIndependently) {
     const int32_t next = cb[0];
     ASSERT_OK(Feed(m, ex, *child, std::span<const int32_t>(&next, 1), false, &lb));
     ASSERT_OK(Feed(m, ex, *rb, std::span<const int32_t>(&next, 1), false, &lrb));
-    EXPECT_LE(MaxDiff(lb, lrb), tol) << what << ": after the parent was released";
+    EXPECT_LE(test::MaxAbsDiff(lb, lrb), tol) << what << ": after the parent was released";
     for (SequenceId s : {*child, *ra, *rb}) ASSERT_OK(m.ReleaseSequence(s));
   }
 }

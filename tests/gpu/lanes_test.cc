@@ -14,6 +14,7 @@
 #include "backends/cuda/cuda_model.h"
 #include "common/checkpoint.h"
 #include "model/backend.h"
+#include "tests/support/compare.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 #include "worker/experts/reference_experts.h"
@@ -41,13 +42,6 @@ class LaneExperts final : public ExpertBackend {
   ExpertBackend* inner_;
   int lane_;
 };
-
-float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float d = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
 
 TEST(CudaLanes, InterleavedStepsOnTwoLanesEqualTheSameStepsInTurn) {
   if (!CudaCompiledIn() || CudaDeviceCount() < 1) GTEST_SKIP() << "no CUDA device";
@@ -122,8 +116,8 @@ TEST(CudaLanes, InterleavedStepsOnTwoLanesEqualTheSameStepsInTurn) {
     // The same kernels on the same inputs. Measured on an H200: up to ~3e-5 apart (the order of the
     // kernels' floating-point accumulation varies run to run); a step that read another lane's scratch or
     // staging is off by O(1).
-    EXPECT_LE(MaxDiff(got_x[k], want_x[k]), 1e-3f);
-    EXPECT_LE(MaxDiff(got_y[k], want_y[k]), 1e-3f);
+    EXPECT_LE(test::MaxAbsDiff(got_x[k], want_x[k]), 1e-3f);
+    EXPECT_LE(test::MaxAbsDiff(got_y[k], want_y[k]), 1e-3f);
     EXPECT_EQ(std::max_element(got_x[k].begin(), got_x[k].end()) - got_x[k].begin(),
               std::max_element(want_x[k].begin(), want_x[k].end()) - want_x[k].begin());
     EXPECT_EQ(std::max_element(got_y[k].begin(), got_y[k].end()) - got_y[k].begin(),

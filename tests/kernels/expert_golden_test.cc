@@ -18,17 +18,12 @@
 #include "model/generation.h"
 #include "worker/experts/inprocess.h"
 #include "worker/experts/isa.h"
+#include "tests/support/compare.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
 
 namespace numoe {
 namespace {
-
-float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  float worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  return a.size() == b.size() ? worst : INFINITY;
-}
 
 struct Case {
   std::string model;
@@ -67,7 +62,8 @@ TEST_P(ExpertGoldenTest, GreedyTokensMatchTheGoldens) {
     ASSERT_OK(res);
     const GenerateResult& r = (*res)[0];
     EXPECT_EQ(r.tokens, g.greedy);
-    const float prefill = MaxDiff(r.prefill_logits, g.prefill_logits), step = MaxDiff(r.step_logits, g.step_logits);
+    const float prefill = test::MaxAbsDiff(r.prefill_logits, g.prefill_logits);
+    const float step = test::MaxAbsDiff(r.step_logits, g.step_logits);
     EXPECT_LE(prefill, tol);
     EXPECT_LE(step, tol);
     RecordProperty(g.name + "_max_logit_diff", std::to_string(std::max(prefill, step)));

@@ -14,6 +14,7 @@
 #include "backends/cpu/cpu_model.h"
 #include "worker/experts/reference_experts.h"
 #include "model/state_size.h"
+#include "tests/support/compare.h"
 #include "tests/support/files.h"
 #include "tests/support/status_matchers.h"
 
@@ -109,20 +110,13 @@ std::vector<int32_t> Tokens(int64_t n, int64_t vocab, int salt) {
   return ids;
 }
 
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float d = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
-
 TEST_P(FamilyTest, ChunkingDoesNotChangeLogits) {
   const int64_t V = ckpt_->config().vocab_size;
   const auto ids = Tokens(45, V, 1);  // crosses several compression windows, not a multiple of any rate
   const auto whole = RunChunked(ids, 0);
   for (float v : whole) ASSERT_TRUE(std::isfinite(v));
-  EXPECT_LE(MaxAbsDiff(whole, RunChunked(ids, 3)), 1e-4f);
-  EXPECT_LE(MaxAbsDiff(whole, RunChunked(ids, 1)), 1e-4f);
+  EXPECT_LE(test::MaxAbsDiff(whole, RunChunked(ids, 3)), 1e-4f);
+  EXPECT_LE(test::MaxAbsDiff(whole, RunChunked(ids, 1)), 1e-4f);
 }
 
 TEST_P(FamilyTest, BatchOfSequencesAtDifferentPositions) {
@@ -140,8 +134,8 @@ TEST_P(FamilyTest, BatchOfSequencesAtDifferentPositions) {
   SequenceStep both[2] = {{*sa, std::span<const int32_t>(a.data() + 20, 10), true}, {*sb, b, true}};
   ASSERT_OK(model_->Forward({both, 2}, experts_.get(), &out));
   a_batched.insert(a_batched.end(), out[0].logits.begin(), out[0].logits.end());
-  EXPECT_LE(MaxAbsDiff(a_alone, a_batched), 1e-4f);
-  EXPECT_LE(MaxAbsDiff(b_alone, out[1].logits), 1e-4f);
+  EXPECT_LE(test::MaxAbsDiff(a_alone, a_batched), 1e-4f);
+  EXPECT_LE(test::MaxAbsDiff(b_alone, out[1].logits), 1e-4f);
 }
 
 // Speculative steps that are rolled back leave no trace: windows, compressor pending buffers, CSA
@@ -173,7 +167,7 @@ TEST_P(FamilyTest, RollbackLeavesNoTrace) {
     at += take;
     ++round;
   }
-  EXPECT_LE(MaxAbsDiff(reference, got), 1e-4f);
+  EXPECT_LE(test::MaxAbsDiff(reference, got), 1e-4f);
   // A non-speculative step cannot be rolled back.
   std::vector<int32_t> one = {1};
   SequenceStep plain{*seq, one, false, false};

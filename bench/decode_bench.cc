@@ -55,6 +55,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/commands.h"
 #include "bench/read_bandwidth.h"
+#include "bench/serve_harness.h"
 #include "common/args.h"
 #include "common/checkpoint.h"
 #include "common/numa.h"
@@ -69,209 +70,9 @@ namespace numoe::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-double Since(Clock::time_point t0, Clock::time_point t1) { return std::chrono::duration<double>(t1 - t0).count(); }
-
-// ---- a minimal HTTP/1.1 client for one streaming POST on loopback ----------------------------------------
-
-class SseClient {
- public:
-  ~SseClient() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  // Connects, sends the request (POST `body`, or GET when `method` says so) and reads the response head.
-  // Non-2xx: the body is in the error.
-  Status Open(int port, const std::string& path, const std::string& body, Clock::time_point deadline,
-              const std::string& method = "POST") {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) return absl::InternalError("socket() failed");
-    const int one = 1;
-    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
-      return absl::UnavailableError(absl::StrCat("connect to 127.0.0.1:", port, ": ", std::strerror(errno)));
-    const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1:", port,
-                                         "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-                                         "Connection: close\r\nContent-Length: ",
-                                         body.size(), "\r\n\r\n", body);
-    for (size_t off = 0; off < req.size();) {
-      const ssize_t n = ::send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
-      off += static_cast<size_t>(n);
-    }
-    size_t end;
-    while ((end = raw_.find("\r\n\r\n")) == std::string::npos) RETURN_IF_ERROR(Fill(deadline));
-    const std::string head = raw_.substr(0, end);
-    raw_.erase(0, end + 4);
-    int status = 0;
-    if (std::sscanf(head.c_str(), "HTTP/1.%*d %d", &status) != 1)
-      return absl::DataLossError("bad HTTP status line: " + head.substr(0, head.find('\r')));
-    std::string lower = head;
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-    chunked_ = lower.find("transfer-encoding: chunked") != std::string::npos;
-    if (status < 200 || status >= 300) {
-      while (!eof_ && Fill(deadline).ok()) {
-      }
-      Decode();
-      return absl::FailedPreconditionError(absl::StrCat("HTTP ", status, ": ", body_.substr(0, 500)));
-    }
-    return absl::OkStatus();
-  }
-
-  // The whole (rest of the) body, to the end of the response.
-  StatusOr<std::string> ReadAll(Clock::time_point deadline) {
-    while (!eof_) RETURN_IF_ERROR(Fill(deadline));
-    Decode();
-    return std::move(body_);
-  }
-
-  // The next SSE "data:" payload, or nullopt at the end of the stream.
-  StatusOr<std::optional<std::string>> Next(Clock::time_point deadline) {
-    for (;;) {
-      Decode();
-      const size_t end = body_.find("\n\n");
-      if (end != std::string::npos) {
-        std::string event = body_.substr(0, end);
-        body_.erase(0, end + 2);
-        std::string data;
-        for (size_t pos = 0; pos <= event.size();) {
-          size_t nl = event.find('\n', pos);
-          if (nl == std::string::npos) nl = event.size();
-          if (event.compare(pos, 5, "data:") == 0) {
-            size_t from = pos + 5;
-            if (from < nl && event[from] == ' ') ++from;
-            data.append(event, from, nl - from);
-          }
-          pos = nl + 1;
-        }
-        if (data.empty()) continue;  // comments, keep-alives
-        return std::optional<std::string>(std::move(data));
-      }
-      if (eof_) return std::optional<std::string>();
-      RETURN_IF_ERROR(Fill(deadline));
-    }
-  }
-
- private:
-  Status Fill(Clock::time_point deadline) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return absl::DeadlineExceededError("no response within the request timeout");
-    pollfd p{fd_, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-    if (r < 0 && errno != EINTR) return absl::InternalError("poll failed");
-    if (r <= 0) return absl::OkStatus();
-    char buf[16384];
-    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-    if (n < 0) return absl::UnavailableError(absl::StrCat("recv: ", std::strerror(errno)));
-    if (n == 0) {
-      eof_ = true;
-      return absl::OkStatus();
-    }
-    raw_.append(buf, static_cast<size_t>(n));
-    return absl::OkStatus();
-  }
-  // Moves complete chunks (or everything, without chunked encoding) from raw_ to body_.
-  void Decode() {
-    if (!chunked_) {
-      body_ += raw_;
-      raw_.clear();
-      return;
-    }
-    for (;;) {
-      const size_t eol = raw_.find("\r\n");
-      if (eol == std::string::npos) return;
-      const size_t size = std::strtoul(raw_.substr(0, eol).c_str(), nullptr, 16);
-      if (size == 0) {
-        eof_ = true;
-        raw_.clear();
-        return;
-      }
-      if (raw_.size() < eol + 2 + size + 2) return;
-      body_.append(raw_, eol + 2, size);
-      raw_.erase(0, eol + 2 + size + 2);
-    }
-  }
-
-  int fd_ = -1;
-  bool chunked_ = false, eof_ = false;
-  std::string raw_, body_;
-};
-
-// ---- one streamed completion ------------------------------------------------------------------------------
-
-struct StreamResult {
-  Status status;
-  Clock::time_point sent;
-  std::vector<std::pair<Clock::time_point, int>> events;  // arrival time, tokens in the event
-  int64_t tokens = 0;
-  std::string finish_reason;
-};
-
-StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s) {
-  StreamResult r;
-  const json body = {{"prompt", prompt},         {"max_tokens", max_tokens},  {"ignore_eos", true},
-                     {"temperature", 0.0},       {"stream", true},            {"return_token_ids", true},
-                     {"stream_options", {{"include_usage", true}}}};
-  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  SseClient client;
-  r.sent = Clock::now();
-  r.status = client.Open(port, "/v1/completions", body.dump(), deadline);
-  if (!r.status.ok()) return r;
-  for (;;) {
-    auto next = client.Next(deadline);
-    if (!next.ok()) {
-      r.status = next.status();
-      return r;
-    }
-    const auto now = Clock::now();
-    if (!next->has_value() || **next == "[DONE]") break;
-    const json chunk = json::parse(**next, nullptr, /*allow_exceptions=*/false);
-    if (chunk.is_discarded()) {
-      r.status = absl::DataLossError("unparsable SSE event: " + (*next)->substr(0, 200));
-      return r;
-    }
-    if (chunk.contains("error")) {
-      r.status = absl::InternalError("error event: " + chunk["error"].dump());
-      return r;
-    }
-    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;  // the usage chunk
-    const json& c = chunk["choices"][0];
-    int n = 0;
-    if (c.contains("token_ids") && c["token_ids"].is_array()) n = static_cast<int>(c["token_ids"].size());
-    if (c.contains("finish_reason") && c["finish_reason"].is_string()) r.finish_reason = c["finish_reason"];
-    if (n > 0) {
-      r.events.push_back({now, n});
-      r.tokens += n;
-    }
-  }
-  return r;
-}
-
 // ---- the workers' expert time ---------------------------------------------------------------------------
-
-// The router's workers (GET /health: worker_list[].address).
-StatusOr<std::vector<std::string>> WorkerAddresses(int port) {
-  SseClient client;
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  RETURN_IF_ERROR(client.Open(port, "/health", "", deadline, "GET"));
-  ASSIGN_OR_RETURN(std::string body, client.ReadAll(deadline));
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.contains("worker_list") || !j["worker_list"].is_array()) {
-    return absl::DataLossError("the router's /health has no worker_list: " + body.substr(0, 200));
-  }
-  std::vector<std::string> out;
-  for (const json& w : j["worker_list"]) {
-    if (w.contains("address") && w["address"].is_string()) out.push_back(w["address"]);
-  }
-  if (out.empty()) return absl::DataLossError("the router's /health lists no worker");
-  return out;
-}
 
 // Polls every worker's Stats (expert_seconds) from its own thread, every `interval`, and keeps the samples,
 // so that a round can read each worker's expert time at any instant of it (ExpertSecondsAt).
@@ -475,121 +276,6 @@ StatusOr<ReadResult> MeasureRead(const WorkerPlacement& w, size_t bytes, int pas
   return r;
 }
 
-// ---- numoe serve as a child ---------------------------------------------------------------------------------
-
-StatusOr<int> FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  if (!ok) return absl::InternalError("no free loopback port");
-  return static_cast<int>(ntohs(a.sin_port));
-}
-
-std::string TailOf(const std::string& path, size_t bytes) {
-  std::ifstream f(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return s.size() > bytes ? "..." + s.substr(s.size() - bytes) : s;
-}
-
-class ServeProcess {
- public:
-  ~ServeProcess() { Stop(5.0); }
-
-  Status Start(const std::vector<std::string>& argv, const std::string& log_path) {
-    log_path_ = log_path;
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
-    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log < 0) return absl::PermissionDeniedError(absl::StrCat(log_path, ": cannot create"));
-    pid_ = ::fork();
-    if (pid_ < 0) return absl::InternalError("fork failed");
-    if (pid_ == 0) {
-      ::setpgid(0, 0);  // serve and its children form one group: stopped together, never orphaned
-      ::dup2(fds[1], 1);
-      ::dup2(log, 2);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-    ::close(fds[1]);
-    ::close(log);
-    out_fd_ = fds[0];
-    return absl::OkStatus();
-  }
-
-  // The ready line from serve's stdout.
-  StatusOr<std::string> WaitReady(double timeout_s) {
-    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-    std::string out;
-    while (Clock::now() < deadline) {
-      pollfd p{out_fd_, POLLIN, 0};
-      if (::poll(&p, 1, 500) > 0) {
-        char buf[1024];
-        const ssize_t n = ::read(out_fd_, buf, sizeof(buf));
-        if (n > 0) out.append(buf, static_cast<size_t>(n));
-        const size_t nl = out.find('\n');
-        if (nl != std::string::npos) return out.substr(0, nl);
-        if (n == 0) break;  // stdout closed: serve exited
-      }
-      int status;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return absl::UnavailableError(absl::StrCat("numoe serve exited before it was ready; its log (", log_path_,
-                                                   ") ends with:\n", TailOf(log_path_, 3000)));
-      }
-    }
-    return absl::DeadlineExceededError(absl::StrCat("numoe serve was not ready within ", timeout_s, " s; log: ",
-                                                    log_path_, "\n", TailOf(log_path_, 2000)));
-  }
-
-  // SIGTERM to serve (it stops its children), SIGKILL to the whole group after `timeout_s`.
-  void Stop(double timeout_s) {
-    if (out_fd_ >= 0) ::close(out_fd_);
-    out_fd_ = -1;
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-    while (Clock::now() < deadline) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        ::kill(-pid_, SIGKILL);  // anything of the group left behind
-        pid_ = -1;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ::kill(-pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  std::string log_path_;
-};
-
-std::string BinDir() {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : exe.parent_path().string();
-}
-
-std::string Fmt(double v, int digits) {
-  char b[64];
-  std::snprintf(b, sizeof(b), "%.*f", digits, v);
-  return b;
-}
-
 }  // namespace
 
 int RunDecodeBench(int argc, char** argv) {
@@ -690,18 +376,12 @@ int RunDecodeBench(int argc, char** argv) {
   }
   std::error_code ec;
   fs::create_directories(log_dir, ec);
-  auto port = FreePort(), grpc_port = FreePort();
-  if (!port.ok() || !grpc_port.ok()) return fail(absl::UnavailableError("no free loopback ports"));
-  std::vector<std::string> serve_argv = {BinDir() + "/numoe", "serve", "--model", model, "--workers",
-                                         std::to_string(workers), "--backend", backend, "--port",
-                                         std::to_string(*port), "--grpc-port", std::to_string(*grpc_port),
-                                         "--log-dir", log_dir, "--spec", std::string(ChoiceName(spec)),
-                                         // The streams' prompts share no prefix: balance by outstanding work
-                                         // alone, so C streams spread evenly over the workers.
-                                         "--affinity-prefix-tokens", "0"};
-  if (threads > 0) serve_argv.insert(serve_argv.end(), {"--threads-per-worker", std::to_string(threads)});
-  if (lanes >= 0) serve_argv.insert(serve_argv.end(), {"--lanes", std::to_string(lanes)});
-  if (sim) serve_argv.insert(serve_argv.end(), {"--sim-expert-gbps", absl::StrCat(sim_gbps)});
+  ServeSpec serve_spec{.model = model, .backend = backend, .spec = std::string(ChoiceName(spec)), .log_dir = log_dir,
+                       .workers = workers, .threads = threads, .lanes = lanes, .sim_expert_gbps = sim_gbps};
+  auto endpoints = ServeCommand(serve_spec);
+  if (!endpoints.ok()) return fail(endpoints.status());
+  const int* port = &endpoints->port;
+  const std::vector<std::string>& serve_argv = endpoints->argv;
   say("starting: " + absl::StrJoin(serve_argv, " "));
   ServeProcess serve;
   const auto t_start = Clock::now();

@@ -171,23 +171,6 @@ struct RoundResult {
   std::vector<double> expert_busy;  // per worker: expert seconds in the window / window
 };
 
-// splitmix64, for prompts that are the same on every run.
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-std::vector<int32_t> Prompt(int64_t len, uint64_t stream, int64_t vocab) {
-  // Ordinary (non-special) ids: DeepSeek's BPE range [3, 128000) where the vocabulary is that large.
-  const int64_t hi = std::min<int64_t>(vocab, 128000), lo = std::min<int64_t>(3, hi - 1);
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(lo + static_cast<int64_t>(Mix(stream * 1000003 + i) % (hi - lo))));
-  return ids;
-}
-
 StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, int64_t max_tokens, int64_t vocab,
                                uint64_t round_seed, double timeout_s) {
   std::vector<StreamResult> results(concurrency);
@@ -195,7 +178,7 @@ StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, in
   std::atomic<bool> go{false};
   for (int i = 0; i < concurrency; ++i) {
     threads.emplace_back([&, i] {
-      const std::vector<int32_t> prompt = Prompt(prompt_len, round_seed * 64 + i, vocab);
+      const std::vector<int32_t> prompt = RandomPrompt(prompt_len, round_seed * 64 + i, vocab);
       while (!go.load()) std::this_thread::yield();
       results[i] = StreamCompletion(port, prompt, max_tokens, timeout_s);
     });
@@ -236,17 +219,6 @@ StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, in
 }
 
 // ---- the bandwidth ----------------------------------------------------------------------------------------
-
-// Worker-0's placement as `numoe serve --workers N [--threads-per-worker T]` gives it: the one rule of
-// deploy/placement.h on this machine.
-StatusOr<WorkerPlacement> Worker0Placement(int64_t workers, int64_t threads) {
-  ASSIGN_OR_RETURN(Topology topology, ProbeTopology());
-  ASSIGN_OR_RETURN(std::vector<WorkerPlacement> placed,
-                   deploy::PlaceWorkers(topology, {.workers = static_cast<int>(workers),
-                                                   .threads_per_worker = static_cast<int>(threads),
-                                                   .threads_flag = "--threads"}));
-  return placed.front();
-}
 
 struct ReadResult {
   const ReadMethod* method = nullptr;

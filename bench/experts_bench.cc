@@ -8,7 +8,9 @@
 // Reported: medians over runs. A ratio above --max-ratio (1.05) exits 1: no kernel can stream faster than
 // the fastest read, so such a ratio means the yardstick is wrong, not that the kernel is fast.
 // The last line is one JSON object:
-//   {"isa","tokens","threads","kernel_gbps","read_gbps","ratio","tflops","read_method"}.
+//   {"isa","tokens","threads","kernel_gbps","read_gbps","ratio","tflops","read_method"}, and with --peak also
+//   "peak_tflops" (the multiply instruction's register-resident peak on the same threads) and "tflops_ratio"
+//   (tflops / peak_tflops: how near a prefill-sized call comes to the compute it could do).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "bench/commands.h"
 #include "bench/read_bandwidth.h"
 #include "common/args.h"
@@ -249,6 +252,7 @@ int RunExpertsBench(int argc, char** argv) {
                 tokens, moe_options.prefetch_bytes, moe_options.gate_up_chunk, moe_options.down_chunk);
   }
 
+  double peak_tflops = 0;  // in the JSON when --peak measured it
   if (peak && (isa == Isa::kAmx || isa == Isa::kAvx512)) {
     std::vector<double> per_thread(pool.size());
     pool.RunOnAll([&](int t) {
@@ -256,6 +260,7 @@ int RunExpertsBench(int argc, char** argv) {
     });
     double total = 0;
     for (double f : per_thread) total += f;
+    peak_tflops = total / 1e12;
     if (!json) {
       std::printf("peak %.3f TFLOP/s on %d threads (%s, register-resident)\n", total / 1e12, pool.size(),
                   isa == Isa::kAmx ? "AMX TDPBF16PS bf16" : "AVX-512 VPDPBUSD int8");
@@ -352,8 +357,11 @@ int RunExpertsBench(int argc, char** argv) {
                 Median(handoff_us), 0.1 * Median(handoff_us) / Median(step_ms), Median(step_ms));
   }
   std::printf("{\"isa\":\"%s\",\"tokens\":%ld,\"threads\":%d,\"kernel_gbps\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.4f,"
-              "\"tflops\":%.5f,\"read_method\":\"%s\"}\n",
-              IsaName(isa), tokens, pool.size(), k, r, k / r, Median(tflops), reader.name);
+              "\"tflops\":%.5f,\"read_method\":\"%s\"%s}\n",
+              IsaName(isa), tokens, pool.size(), k, r, k / r, Median(tflops), reader.name,
+              peak_tflops > 0 ? absl::StrFormat(",\"peak_tflops\":%.4f,\"tflops_ratio\":%.4f", peak_tflops,
+                                                Median(tflops) / peak_tflops).c_str()
+                              : "");
   if (k / r > max_ratio) {
     std::fprintf(stderr,
                  "%s: FAILED: the kernel streamed %.2f GB/s, %.3f x the read yardstick's %.2f GB/s (%s), above "

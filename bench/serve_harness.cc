@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "deploy/placement.h"
 #include "nlohmann/json.hpp"
 
 namespace numoe::bench {
@@ -216,6 +217,37 @@ StatusOr<std::vector<std::string>> WorkerAddresses(int port) {
   }
   if (out.empty()) return absl::DataLossError("the router's /health lists no worker");
   return out;
+}
+
+namespace {
+// splitmix64, for prompts that are the same on every run.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::vector<int32_t> RandomPrompt(int64_t len, uint64_t stream, int64_t vocab) {
+  // Ordinary (non-special) ids: DeepSeek's BPE range [3, 128000) where the vocabulary is that large.
+  const int64_t hi = std::min<int64_t>(vocab, 128000), lo = std::min<int64_t>(3, hi - 1);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < len; ++i)
+    ids.push_back(static_cast<int32_t>(lo + static_cast<int64_t>(Mix(stream * 1000003 + i) % (hi - lo))));
+  return ids;
+}
+
+// Worker-0's placement as `numoe serve --workers N [--threads-per-worker T]` gives it: the one rule of
+// deploy/placement.h on this machine.
+StatusOr<WorkerPlacement> Worker0Placement(int64_t workers, int64_t threads) {
+  ASSIGN_OR_RETURN(Topology topology, ProbeTopology());
+  ASSIGN_OR_RETURN(std::vector<WorkerPlacement> placed,
+                   deploy::PlaceWorkers(topology, {.workers = static_cast<int>(workers),
+                                                   .threads_per_worker = static_cast<int>(threads),
+                                                   .threads_flag = "--threads"}));
+  return placed.front();
 }
 
 StatusOr<int> FreePort() {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/topology.h"
 
 namespace numoe::bench {
 
@@ -65,6 +66,14 @@ StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int6
 
 // The router's workers (GET /health: worker_list[].address).
 StatusOr<std::vector<std::string>> WorkerAddresses(int port);
+
+// A prompt of `len` ordinary token ids (DeepSeek's BPE range [3, 128000) where the vocabulary is that large),
+// the same on every run for the same `stream`; different streams share no prefix.
+std::vector<int32_t> RandomPrompt(int64_t len, uint64_t stream, int64_t vocab);
+
+// Worker-0's placement as `numoe serve --workers N [--threads-per-worker T]` gives it on this machine (the one
+// rule of deploy/placement.h): where the benchmarks measure read bandwidth and peak FLOP/s before serving.
+StatusOr<WorkerPlacement> Worker0Placement(int64_t workers, int64_t threads);
 
 StatusOr<int> FreePort();
 std::string TailOf(const std::string& path, size_t bytes);  // the last `bytes` of a file

@@ -27,6 +27,7 @@
 #include "common/config.h"
 #include "common/thread_pool.h"
 #include "backends/cuda/cuda_model.h"
+#include "backends/cuda/kernel_profile.h"
 #include "worker/experts/inprocess.h"
 
 namespace numoe::bench {
@@ -311,6 +312,115 @@ int RunDraftExpertsBench(const std::string& model_dir, const std::string& placem
   return 0;
 }
 
+// Kernels of a profile grouped by (kernel, note): device time summed, most time first.
+struct KernelRecordGroup {
+  std::string kernel, what;
+  int64_t calls = 0, bytes = 0;
+  double us = 0;
+};
+std::vector<KernelRecordGroup> GroupKernels(const std::vector<cuda::KernelRecord>& records) {
+  std::map<std::pair<std::string, std::string>, KernelRecordGroup> by;
+  for (const cuda::KernelRecord& r : records) {
+    KernelRecordGroup& g = by[{r.kernel, r.what}];
+    g.kernel = r.kernel;
+    g.what = r.what;
+    ++g.calls;
+    g.bytes += r.bytes;
+    g.us += static_cast<double>(r.end_ns - r.start_ns) / 1e3;
+  }
+  std::vector<KernelRecordGroup> out;
+  for (auto& [key, g] : by) out.push_back(std::move(g));
+  std::sort(out.begin(), out.end(), [](const KernelRecordGroup& a, const KernelRecordGroup& b) { return a.us > b.us; });
+  return out;
+}
+
+// --kernels: one decode step per batch with every kernel launched on its own (graphs off, so each launch keeps
+// its CUPTI correlation and the GEMM launcher's note), recorded, and grouped by kernel and note.
+StatusOr<nlohmann::json> ProfileKernels(const ModelConfig& cfg, const std::string& fmt, const std::string& cache,
+                                        int device, int tp, const std::vector<int64_t>& batches, int64_t context,
+                                        double copy_gbps, int64_t layers, bool json) {
+  const int64_t max_b = *std::max_element(batches.begin(), batches.end());
+  CudaOptions opt;
+  opt.bf16_cache = cache == "bf16";
+  opt.device = device;
+  opt.tp = tp;
+  opt.fp8_weights = fmt == "fp8";
+  opt.max_sequences = max_b;
+  opt.max_context = context + 16;
+  opt.max_step_tokens = std::max<int64_t>(max_b, 16);
+  opt.graphs = false;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> model, CreateSyntheticCudaBackend(cfg, opt, 42));
+  CudaBackend& m = *model;
+  ZeroExperts zero(cfg.hidden_size);
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t B : batches) {
+    std::vector<SequenceId> seqs;
+    for (int64_t i = 0; i < B; ++i) {
+      ASSIGN_OR_RETURN(SequenceId s, m.CreateSequence());
+      seqs.push_back(s);
+      RETURN_IF_ERROR(m.FillRandomContext(s, context, 1000 + static_cast<uint64_t>(i)));
+    }
+    std::vector<int32_t> toks(static_cast<size_t>(B), 5), next;
+    std::vector<KernelRecordGroup> groups;
+    double eager_gpu_ms = 0;
+    for (int it = 0; it < 4; ++it) {  // three warm-up steps, then the profiled one
+      std::vector<SequenceStep> step(static_cast<size_t>(B));
+      for (int64_t i = 0; i < B; ++i) {
+        step[static_cast<size_t>(i)].seq = seqs[static_cast<size_t>(i)];
+        step[static_cast<size_t>(i)].tokens = std::span<const int32_t>(&toks[static_cast<size_t>(i)], 1);
+      }
+      m.set_collect_stats(it == 3);
+      if (it == 3) RETURN_IF_ERROR(cuda::StartKernelProfile());
+      Status st = m.ForwardGreedy(step, &zero, &next);
+      if (it == 3) {
+        auto records = cuda::StopKernelProfile();
+        RETURN_IF_ERROR(st);
+        if (!records.ok()) return records.status();
+        groups = GroupKernels(*records);
+        eager_gpu_ms = m.last_stats().gpu_ms;
+      }
+      RETURN_IF_ERROR(st);
+      toks = next;
+    }
+    for (SequenceId s : seqs) (void)m.ReleaseSequence(s);
+    double total_us = 0;
+    int64_t launches = 0;
+    for (const auto& g : groups) total_us += g.us, launches += g.calls;
+    if (!json) {
+      std::printf("\n[kernels of one decode step: %s weights, %s cache, batch %lld, context %lld, %lld layers; "
+                  "launched one by one] %lld launches, %.3f ms of kernels, step gpu_ms %.3f\n",
+                  fmt.c_str(), cache.c_str(), static_cast<long long>(B), static_cast<long long>(context),
+                  static_cast<long long>(layers), static_cast<long long>(launches), total_us / 1e3, eager_gpu_ms);
+      std::printf("%9s %6s %7s %9s %9s %7s  %s\n", "us/step", "share", "calls", "us/call", "GB/s", "of_copy",
+                  "kernel [what it moves]");
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const KernelRecordGroup& g = groups[i];
+      const double gbps = g.bytes > 0 ? static_cast<double>(g.bytes) / (g.us * 1e3) : 0;
+      if (!json && (i < 60 || g.us >= 0.005 * total_us)) {
+        char gb[32] = "-", of[32] = "-";
+        if (gbps > 0) {
+          std::snprintf(gb, sizeof(gb), "%.0f", gbps);
+          std::snprintf(of, sizeof(of), "%.0f%%", 100.0 * gbps / copy_gbps);
+        }
+        std::printf("%9.1f %5.1f%% %7lld %9.2f %9s %7s  %s%s%s%s\n", g.us, 100.0 * g.us / total_us,
+                    static_cast<long long>(g.calls), g.us / static_cast<double>(g.calls), gb, of, g.kernel.c_str(),
+                    g.what.empty() ? "" : " [", g.what.c_str(), g.what.empty() ? "" : "]");
+      }
+      rows.push_back({{"kernel", g.kernel}, {"what", g.what}, {"calls", g.calls}, {"us", g.us}, {"bytes", g.bytes}});
+    }
+    out.push_back({{"batch", B}, {"context", context}, {"weights", fmt}, {"cache", cache}, {"kernel_us", total_us},
+                   {"launches", launches}, {"eager_gpu_ms", eager_gpu_ms}, {"rows", rows}});
+  }
+  if (!json) {
+    std::printf("\nGB/s: bytes the launcher says it moves (weights and their scales once, activations in and out) "
+                "over its device time; of_copy: of the device copy bandwidth above. Launched one by one, a step has "
+                "launch gaps that graphs remove: compare the kernel sum with gpu_ms above.\n");
+  }
+  return out;
+}
+
 }  // namespace
 
 int RunCudaBench(int argc, char** argv) {
@@ -319,7 +429,7 @@ int RunCudaBench(int argc, char** argv) {
                    "the memory-bandwidth floor, and device memory per sequence per 1K tokens.");
   std::string batch_s = "1,4,16", context_s = "4096,65536", weights_s = "fp8,bf16", cache_s = "bf16";
   int64_t layers = 43, steps = 10, device = 0, tp = 1, verify = 0;
-  bool json = false, no_graphs = false;
+  bool json = false, no_graphs = false, kernels = false;
   parser.AddString("batch", "LIST", "batch sizes (sequences decoding together)", &batch_s);
   parser.AddString("context", "LIST", "tokens of context per sequence", &context_s);
   parser.AddString("weights", "LIST", "dense weight formats on the device: fp8 (weight-only GEMM) and/or bf16", &weights_s);
@@ -342,6 +452,11 @@ int RunCudaBench(int argc, char** argv) {
                 1 << 20);
   parser.AddInt("threads", "N", "--draft-experts: CPU expert threads (0 = every core)", &threads, 0, 4096);
   parser.AddFlag("no-graphs", "launch kernels one by one instead of replaying CUDA graphs", &no_graphs);
+  parser.AddFlag("kernels",
+                 "also profile one decode step per batch (first weights/cache/context, kernels launched one by one): "
+                 "every kernel's device time, what it moves, GB/s and share of the step (needs libcupti; NUMOE_CUPTI "
+                 "names it)",
+                 &kernels);
   parser.AddFlag("json", "print only the JSON summary line", &json);
   int rc = 0;
   if (!parser.ParseOrExit(argc, argv, &rc)) return rc;
@@ -534,8 +649,20 @@ int RunCudaBench(int argc, char** argv) {
     std::printf("\ngpu_ms: device time of the step's segments (CUDA events; the per-layer expert exchange with the "
                 "host is excluded); floor: bytes read / copy bandwidth.\n");
   }
+  nlohmann::json profiles = nlohmann::json::array();
+  if (kernels) {
+    const auto& [fmt, cache] = configs.front();
+    auto p = ProfileKernels(*cfg, fmt, cache, static_cast<int>(device), static_cast<int>(tp), *batches,
+                            contexts->front(), *bw, layers, json);
+    if (!p.ok()) {
+      std::fprintf(stderr, "--kernels: %s\n", std::string(p.status().message()).c_str());
+      return 1;
+    }
+    profiles = *p;
+  }
   nlohmann::json summary = {{"bench", "cuda"},      {"layers", layers},      {"copy_gbps", *bw},
                             {"tp", tp},             {"graphs", !no_graphs},  {"results", results}};
+  if (kernels) summary["kernels"] = profiles;
   std::printf("%s\n", summary.dump().c_str());
   return 0;
 }

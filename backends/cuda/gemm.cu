@@ -1,9 +1,11 @@
 // y = x · Wᵀ on the GPU: the fp32 SIMT path (fp32 mode, F32 weights) and the dispatcher that picks the
 // tensor-core path (sm80_gemm_mma.cu) and the split-K factor.
 #include <algorithm>
+#include <string>
 
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch_note.h"
 
 namespace numoe::cuda {
 
@@ -122,13 +124,25 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   int64_t kspan = CeilDiv(CeilDiv(w.in, ksplit), k_chunk) * k_chunk;
   ksplit = CeilDiv(w.in, kspan);
   if (ksplit > 1) cudaMemsetAsync(c.y, 0, static_cast<size_t>(c.n * c.ldy) * sizeof(float), stream);
+  // What this launch moves: the weights (and FP8 block scales) once, x and y once per group.
+  const int64_t scale_bytes =
+      w.type == WType::kFP8 ? CeilDiv(w.out, w.bo) * CeilDiv(w.in, w.bi) * static_cast<int64_t>(sizeof(float)) : 0;
+  const int64_t bytes = c.groups * (w.data_bytes() + scale_bytes + c.n * (w.in + w.out) * 4);
+  const LaunchNote launch_note(bytes, [&] {
+    std::string note = std::string(WTypeName(w.type)) + " " + std::to_string(w.out) + "x" + std::to_string(w.in);
+    if (c.groups > 1) note += " x" + std::to_string(c.groups) + " groups";
+    note += ", " + std::to_string(c.n) + (c.n == 1 ? " row" : " rows");
+    if (ksplit > 1) note += ", split-k " + std::to_string(ksplit);
+    note += mma ? (wide ? ", mma wide" : ", mma narrow") : ", simt";
+    return note;
+  });
   if (mma) {
     GemmMma(c, static_cast<int>(ksplit), stream);
-    return;
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(w.out, kBM)), static_cast<unsigned>(CeilDiv(c.n, kBN)),
+                    static_cast<unsigned>(c.groups * ksplit));
+    GemmSimtKernel<<<grid, 256, 0, stream>>>(c, w, static_cast<int>(ksplit), kspan);
   }
-  const dim3 grid(static_cast<unsigned>(CeilDiv(w.out, kBM)), static_cast<unsigned>(CeilDiv(c.n, kBN)),
-                  static_cast<unsigned>(c.groups * ksplit));
-  GemmSimtKernel<<<grid, 256, 0, stream>>>(c, w, static_cast<int>(ksplit), kspan);
 }
 
 }  // namespace numoe::cuda

@@ -146,7 +146,13 @@ __global__ void CompUpdateKernel(CompArgs a, StepDev s, CacheDev cache) {
 // ---- indexer ---------------------------------------------------------------------------------------------
 
 constexpr int kMaxIndexHeads = 64;
-constexpr int kScoreThreads = 128;
+// One block scores kScoreEntries compressed entries (a warp's lanes) of one row; its kScoreWarps warps split
+// the heads (kHeadsPerWarp each) and their partial sums are added in warp order, so a score does not depend
+// on the launch. Short rows still spread over many blocks: at 4K context a CSA row has 1024 entries = 32 blocks.
+constexpr int kScoreEntries = 32;
+constexpr int kScoreWarps = 8;
+constexpr int kScoreThreads = kScoreEntries * kScoreWarps;
+constexpr int kHeadsPerWarp = kMaxIndexHeads / kScoreWarps;
 
 template <typename CacheT>
 __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
@@ -154,10 +160,11 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ws = qs + a.ih * a.id;
+  float* part = ws + a.ih;  // [kScoreWarps][kScoreEntries]
   const int64_t r = r0 + blockIdx.x;
   const int64_t p = s.pos[r];
   const int64_t vis = (p + 1) / a.rate;
-  const int64_t e0 = static_cast<int64_t>(blockIdx.y) * blockDim.x;
+  const int64_t e0 = static_cast<int64_t>(blockIdx.y) * kScoreEntries;
   if (e0 >= vis) return;
   const float wscale = 1.0f / sqrtf(static_cast<float>(a.ih));
   {  // 16-byte loads, unrolled: one row's queries (up to 32 KiB) must not be a chain of dependent round trips
@@ -168,28 +175,37 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
   }
   for (int h = threadIdx.x; h < a.ih; h += blockDim.x) ws[h] = a.iw[r * a.ldw + h] * wscale;
   __syncthreads();
-  const int64_t e = e0 + threadIdx.x;
-  if (e >= vis) return;
-  const int32_t slot = s.seqs[s.seq[r]].slot;
-  const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
-  float acc[kMaxIndexHeads];
+  const int warp = threadIdx.x / kScoreEntries, lane = threadIdx.x % kScoreEntries;
+  const int64_t e = e0 + lane;
+  const int h0 = warp * kHeadsPerWarp;
+  float partial = 0.0f;
+  if (e < vis && h0 < a.ih) {
+    const int32_t slot = s.seqs[s.seq[r]].slot;
+    const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
+    float acc[kHeadsPerWarp];
 #pragma unroll
-  for (int h = 0; h < kMaxIndexHeads; ++h) acc[h] = 0.0f;
-  for (int d = 0; d < a.id; d += 4) {
-    const float4 kv = Load4(k, d);
+    for (int j = 0; j < kHeadsPerWarp; ++j) acc[j] = 0.0f;
+    for (int d = 0; d < a.id; d += 4) {
+      const float4 kv = Load4(k, d);
 #pragma unroll
-    for (int h = 0; h < kMaxIndexHeads; ++h) {
-      if (h < a.ih) {
-        const float4 q = *reinterpret_cast<const float4*>(qs + h * a.id + d);
-        acc[h] = fmaf(q.x, kv.x, fmaf(q.y, kv.y, fmaf(q.z, kv.z, fmaf(q.w, kv.w, acc[h]))));
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+        if (h0 + j < a.ih) {
+          const float4 q = *reinterpret_cast<const float4*>(qs + (h0 + j) * a.id + d);
+          acc[j] = fmaf(q.x, kv.x, fmaf(q.y, kv.y, fmaf(q.z, kv.z, fmaf(q.w, kv.w, acc[j]))));
+        }
       }
     }
+#pragma unroll
+    for (int j = 0; j < kHeadsPerWarp; ++j) {
+      if (h0 + j < a.ih) partial += ws[h0 + j] * fmaxf(acc[j], 0.0f);
+    }
   }
+  part[warp * kScoreEntries + lane] = partial;
+  __syncthreads();
+  if (warp != 0 || e >= vis) return;
   float score = 0.0f;
 #pragma unroll
-  for (int h = 0; h < kMaxIndexHeads; ++h) {
-    if (h < a.ih) score += ws[h] * fmaxf(acc[h], 0.0f);
-  }
+  for (int w = 0; w < kScoreWarps; ++w) score += part[w * kScoreEntries + lane];
   scores[blockIdx.x * lds + e] = score * (1.0f / sqrtf(static_cast<float>(a.id)));
 }
 
@@ -572,8 +588,8 @@ template <typename CacheT>
 void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int64_t r0, int64_t rows, int64_t max_vis,
                float* scores, int64_t lds, int32_t* sel, cudaStream_t stream) {
   if (rows <= 0 || max_vis <= 0) return;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((max_vis + kScoreThreads - 1) / kScoreThreads));
-  const size_t smem = static_cast<size_t>(a.ih * a.id + a.ih) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((max_vis + kScoreEntries - 1) / kScoreEntries));
+  const size_t smem = static_cast<size_t>(a.ih * a.id + a.ih + kScoreThreads) * sizeof(float);
   IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, scores, lds);
   const bool use_smem = max_vis <= kTopKSmemEntries;
   const size_t tk_smem = use_smem ? static_cast<size_t>(max_vis) * sizeof(float) : 0;

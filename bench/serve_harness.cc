@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "deploy/placement.h"
 #include "nlohmann/json.hpp"
 
@@ -219,23 +220,12 @@ StatusOr<std::vector<std::string>> WorkerAddresses(int port) {
   return out;
 }
 
-namespace {
-// splitmix64, for prompts that are the same on every run.
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 std::vector<int32_t> RandomPrompt(int64_t len, uint64_t stream, int64_t vocab) {
   // Ordinary (non-special) ids: DeepSeek's BPE range [3, 128000) where the vocabulary is that large.
   const int64_t hi = std::min<int64_t>(vocab, 128000), lo = std::min<int64_t>(3, hi - 1);
   std::vector<int32_t> ids;
   for (int64_t i = 0; i < len; ++i)
-    ids.push_back(static_cast<int32_t>(lo + static_cast<int64_t>(Mix(stream * 1000003 + i) % (hi - lo))));
+    ids.push_back(static_cast<int32_t>(lo + static_cast<int64_t>(SplitMix64(stream * 1000003 + i) % (hi - lo))));
   return ids;
 }
 

@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "common/hash.h"
+
 namespace numoe {
 
 Status ValidateSampling(const SamplingParams& p, int64_t vocab) {
@@ -44,10 +46,7 @@ Status ValidateSampling(const SamplingParams& p, int64_t vocab) {
 uint64_t ChoiceSeed(uint64_t seed, int64_t index) {
   if (index == 0) return seed;
   // splitmix64 of the seed mixed with the index: neighbouring seeds and indices give unrelated streams.
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(index + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+  return SplitMix64Finalize(seed + kSplitMix64Gamma * static_cast<uint64_t>(index + 1));
 }
 
 int32_t Argmax(const float* logits, int64_t vocab) {

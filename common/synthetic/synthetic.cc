@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/quant.h"
 #include "nlohmann/json.hpp"
@@ -50,16 +51,10 @@ constexpr const char* kTinyConfigJson = R"({
 // the pieces of one tensor be drawn on different threads and still be the same numbers.
 class Rng {
  public:
-  static constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
   explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (s_ += kGamma);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return SplitMix64Finalize(s_ += kSplitMix64Gamma); }
   // Moves past `draws` calls of Next(). Only valid between Normal() pairs (no spare pending).
-  void Skip(uint64_t draws) { s_ += draws * kGamma; }
+  void Skip(uint64_t draws) { s_ += draws * kSplitMix64Gamma; }
   double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
   double Normal() {
     if (has_spare_) {
@@ -81,7 +76,7 @@ class Rng {
 };
 
 uint64_t HashName(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
+  uint64_t h = 1469598103934665603ull ^ (seed * kSplitMix64Gamma);
   for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
   return h;
 }

@@ -3,18 +3,9 @@
 #include <algorithm>
 #include <string_view>
 
+#include "common/hash.h"
+
 namespace numoe::router {
-namespace {
-
-// splitmix64 finalizer: spreads similar inputs over the whole range.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 uint64_t StableHash(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -22,14 +13,14 @@ uint64_t StableHash(std::string_view s) {
     h ^= c;
     h *= 0x100000001b3ULL;
   }
-  return Mix(h);
+  return SplitMix64(h);
 }
 
 uint64_t PrefixHash(std::span<const int32_t> prompt_ids, int n) {
   if (n <= 0 || prompt_ids.empty()) return 0;
   size_t count = std::min(prompt_ids.size(), static_cast<size_t>(n));
   uint64_t h = 0x51ed270b27c9e3a5ULL;
-  for (size_t i = 0; i < count; ++i) h = Mix(h ^ static_cast<uint32_t>(prompt_ids[i]));
+  for (size_t i = 0; i < count; ++i) h = SplitMix64(h ^ static_cast<uint32_t>(prompt_ids[i]));
   return h == 0 ? 1 : h;
 }
 
@@ -39,7 +30,7 @@ std::optional<size_t> PreferredWorker(std::span<const WorkerLoad> workers, uint6
   for (size_t i = 0; i < workers.size(); ++i) {
     const WorkerLoad& w = workers[i];
     if (!w.up || w.excluded) continue;
-    uint64_t weight = Mix(prefix_hash ^ w.id_hash);
+    uint64_t weight = SplitMix64(prefix_hash ^ w.id_hash);
     if (!best || weight > best_weight) {
       best = i;
       best_weight = weight;

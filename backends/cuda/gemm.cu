@@ -105,6 +105,15 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   const DevW& w = *c.w;
   if (c.n <= 0 || w.out <= 0) return;
   const bool mma = tensor_cores && w.type != WType::kF32;
+  if (mma && GemvApplies(c)) {
+    const LaunchNote launch_note(c.groups * (w.data_bytes() + c.n * (w.in + w.out) * 4), [&] {
+      return std::string(WTypeName(w.type)) + " " + std::to_string(w.out) + "x" + std::to_string(w.in) +
+             (c.groups > 1 ? " x" + std::to_string(c.groups) + " groups" : "") + ", " + std::to_string(c.n) +
+             (c.n == 1 ? " row" : " rows") + ", gemv";
+    });
+    Gemv(c, stream);
+    return;
+  }
   // Tiles of the output; when they cannot fill the GPU twice over, split the reduction dimension and
   // accumulate with atomics (only when y is dense, so one memset zeroes it).
   const bool wide = mma && c.n > kMmaNarrowRows;

@@ -61,6 +61,12 @@ struct GemmCall {
   bool split_x = true;
 };
 void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream);
+// Passes of up to kGemvMaxRows rows on FP8/BF16 weights of at least kGemvMinRows rows (all groups), aligned for
+// 16-byte loads: a weight-streaming GEMV on CUDA cores (gemv.cu) that Gemm takes when GemvApplies.
+inline constexpr int64_t kGemvMaxRows = 1;  // at 2 rows the mma kernel was faster (H200)
+inline constexpr int64_t kGemvMinRows = 1024;
+bool GemvApplies(const GemmCall& c);
+void Gemv(const GemmCall& c, cudaStream_t stream);
 // The tensor-core path (sm80_gemm_mma.cu); `ksplit` > 1 accumulates with atomics into a zeroed y.
 void GemmMma(const GemmCall& c, int ksplit, cudaStream_t stream);
 // Its tiling, for split-K sizing: up to kMmaNarrowRows rows of x, blocks of 64 weight rows x 8/16 rows of x;

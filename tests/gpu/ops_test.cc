@@ -1,5 +1,5 @@
 // The CUDA backend's kernels one by one against a CPU reference (label gpu): every GEMM path (FP8 block-scaled
-// and BF16 weights on the narrow and wide tensor-core kernels, fp32 SIMT; 1, 16, 17, 64 and 640 rows; shapes
+// and BF16 weights on the GEMV, narrow and wide tensor-core kernels, fp32 SIMT; 1, 16, 17, 64 and 640 rows; shapes
 // with tails; split-K; grouped projections; strided x and y), and the row kernels (RMSNorm, SwiGLU, argmax), each
 // with a stated error bound and guard bytes around every output. Skips without a device, and compiles to a
 // skip in a build without CUDA.
@@ -205,6 +205,9 @@ TEST(CudaOpsTest, GemmEveryPathAgainstTheCpu) {
       CheckGemm({t, 1000, 1000, n});            // tails in both dimensions (FP8: partial scale blocks)
       CheckGemm({t, 256, 4096, n});             // few tiles: split-K with atomics
     }
+    CheckGemm({t, 1536, 2000, 1});              // the GEMV path (1-2 rows, >= 1024 weight rows) with a k tail
+    CheckGemm({t, 2048, 1000, 2});              // BF16: GEMV with a tail; FP8: 1000 is no multiple of 16
+    CheckGemm({t, 4096, 1024, 2, 1, 4, 0});     // GEMV on strided x
     CheckGemm({t, 512, 1024, 1, 4});            // grouped projection, decode
     CheckGemm({t, 512, 1024, 40, 4});           // grouped projection, wide
     CheckGemm({t, 768, 1024, 3, 1, 4, 8});      // strided x and y (no split-K: y is not dense)

@@ -52,7 +52,7 @@ for n in "${names[@]}"; do
   start=$(date +%s)
   rc=0
   "$BUILD_DIR/bin/fuzz_$n" "$corpus" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
-      -artifact_prefix="$findings/fuzz_$n-" -print_final_stats=1 >"$log" 2>&1 || rc=$?
+      -artifact_prefix="$findings/fuzz_$n-" -print_final_stats=1 -print_funcs=0 >"$log" 2>&1 || rc=$?
   took=$(( $(date +%s) - start ))
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
@@ -61,7 +61,7 @@ for n in "${names[@]}"; do
       "${cov:-?}" "$seeds" "$(find "$corpus" -type f | wc -l)"
   else
     failed=1
-    what=$(grep -m1 -oE 'ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer): [a-zA-Z-]+|runtime error: .*|deadly signal' "$log" || true)
+    what=$(grep -m1 -oE '(ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer): |runtime error: ).*' "$log" | cut -c1-140 || true)
     artifact=$(grep -m1 -oE "Test unit written to [^ ]+" "$log" | sed 's/Test unit written to //' || true)
     printf 'fuzz %-16s FINDING  exit %s after %ss: %s; input %s; log %s\n' "$n" "$rc" "$took" "${what:-see log}" \
       "${artifact:-none}" "$log"

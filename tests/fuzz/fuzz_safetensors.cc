@@ -51,7 +51,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (v->nbytes > 0) sum += v->data[0] + v->data[v->nbytes - 1];
     (void)v->ShapeString();
   }
-  static volatile unsigned sink;
-  sink = sum;
-  return 0;
+  return sum == 0xFFFFFFFFu ? -1 : 0;  // keeps the reads (never true: at most 2 x 255 per tensor)
 }

@@ -49,6 +49,7 @@ for n in "${names[@]}"; do
   if [ -d "tests/fuzz/corpus/$n" ]; then cp -R "tests/fuzz/corpus/$n/." "$corpus/"; fi
   seeds=$(find "$corpus" -type f | wc -l)
   log="$findings/fuzz_$n.log"
+  rm -f "$findings/fuzz_$n"-*  # the findings of an earlier run
   start=$(date +%s)
   rc=0
   "$BUILD_DIR/bin/fuzz_$n" "$corpus" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \

@@ -352,6 +352,19 @@ void CheckResult(const shm::Channel& ch) {
   }
 }
 
+// How the attacker's steps ended, printed at exit with NUMOE_FUZZ_STATS=1 (to see that inputs get past the checks).
+struct Outcomes {
+  std::atomic<uint64_t> results{0}, errors{0}, ended{0};
+  ~Outcomes() {
+    if (std::getenv("NUMOE_FUZZ_STATS") != nullptr) {
+      std::fprintf(stderr, "gpu step fuzz: %lu StepResults, %lu Errors, %lu sessions ended by the worker\n",
+                   static_cast<unsigned long>(results.load()), static_cast<unsigned long>(errors.load()),
+                   static_cast<unsigned long>(ended.load()));
+    }
+  }
+};
+Outcomes outcomes;
+
 struct World {
   World() {
     host.model = &model;
@@ -399,7 +412,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // Serve the step's MoE calls as the input says, until its result.
       for (;;) {
         auto type = Await(ch, session);
-        if (!type) break;
+        if (!type) {
+          ++outcomes.ended;
+          break;
+        }
         if (*type == shm::MsgType::kMoeRequest) {
           const shm::MsgHeader in = ch.incoming();
           if (in.rows < 0 || in.rows > ch.geometry().max_rows) Fail("a MoeRequest past max_rows");
@@ -417,7 +433,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (void)ch.Send(how == 3 ? shm::MsgType::kStepRequest : shm::MsgType::kMoeResponse);
           continue;
         }
-        if (*type == shm::MsgType::kStepResult) CheckResult(ch);
+        if (*type == shm::MsgType::kStepResult) {
+          CheckResult(ch);
+          ++outcomes.results;
+        } else {
+          ++outcomes.errors;
+        }
         break;
       }
     }

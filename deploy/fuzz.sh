@@ -9,6 +9,10 @@
 #   deploy/fuzz.sh [SECONDS] [NAME...]    e.g. deploy/fuzz.sh 60 config safetensors
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 SECONDS_EACH=${1:-20}
 shift || true
 if ! [[ "$SECONDS_EACH" =~ ^[0-9]+$ ]] || [ "$SECONDS_EACH" -lt 1 ]; then

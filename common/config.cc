@@ -503,6 +503,9 @@ StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
       return r.Error("dspark_target_layer_ids", absl::StrCat("entry ", id, " is not a layer in [0, ", n - 1, "]"));
   if (c.dspark_block_size > 0 && c.dspark_target_layer_ids.empty())
     return r.Error("dspark_target_layer_ids", "must list the target layers when dspark_block_size > 0");
+  // The drafter feeds this token after the first of each block; a DSpark config without it is no DSpark config.
+  if (c.dspark_block_size > 0 && c.dspark_noise_token_id < 0)
+    return r.Error("dspark_noise_token_id", "must be set (a token id) when dspark_block_size > 0");
   return c;
 }
 

@@ -379,7 +379,7 @@ Status Channel::SendError(const Status& status) {
   m.status_code = static_cast<uint32_t>(status.code());
   const absl::string_view text = status.message();
   const size_t n = std::min(text.size(), kErrorTextBytes - 1);
-  std::memcpy(out_error_text(), text.data(), n);
+  if (n > 0) std::memcpy(out_error_text(), text.data(), n);  // an empty message's data() may be null
   out_error_text()[n] = '\0';
   m.text_len = static_cast<int64_t>(n);
   return Send(MsgType::kError);

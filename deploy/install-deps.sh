@@ -13,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libnuma-dev numactl libhwloc-dev hwloc-nox
   curl ca-certificates procps
+  clang libclang-rt-14-dev  # deploy/fuzz.sh: clang with libFuzzer and the sanitizer runtimes
 )
 
 missing=()

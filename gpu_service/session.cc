@@ -114,7 +114,9 @@ void WorkerSession::Serve() {
 }
 
 Status WorkerSession::HandleStep() {
-  const shm::MsgHeader& m = channel_->incoming();
+  // A copy: the header lives in memory the worker can write, so every count is checked and used from one read
+  // (a hostile worker rewriting it between the check and the copy below must not move the copy's bounds).
+  const shm::MsgHeader m = channel_->incoming();
   const shm::Geometry& g = channel_->geometry();
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("StepRequest: ", what)); };
   if (m.num_releases < 0 || m.num_releases > g.max_seqs) {

@@ -1,5 +1,6 @@
 #include "gpu_service/shm_experts.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/clock.h"
@@ -43,7 +44,9 @@ Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
                                                       " rows ", in.rows));
   }
   std::memcpy(r.out, ch_->moe_out(), rows * D * sizeof(float));
-  if (hops_ != nullptr) hops_->Add(static_cast<double>(std::max<int64_t>(rtt - in.compute_ns, 0)) * 1e-3);
+  // compute_ns comes from the worker: clamped to [0, rtt] (a hostile value must not overflow the subtraction).
+  const int64_t compute_ns = std::clamp<int64_t>(in.compute_ns, 0, rtt);
+  if (hops_ != nullptr) hops_->Add(static_cast<double>(rtt - compute_ns) * 1e-3);
   return absl::OkStatus();
 }
 

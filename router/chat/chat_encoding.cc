@@ -602,7 +602,6 @@ bool MatchParameter(std::string_view s, std::string* key, bool* is_string, std::
   constexpr std::string_view kPrefix = " name=\"";
   if (s.substr(0, kPrefix.size()) != kPrefix) return false;
   s.remove_prefix(kPrefix.size());
-  std::string_view rest;
   size_t end = std::string_view::npos;
   if (s.size() >= 2 && s.substr(s.size() - 2) == "<\n") {
     end = s.size() - 2;

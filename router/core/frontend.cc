@@ -54,6 +54,9 @@ StatusOr<std::vector<int32_t>> Frontend::CheckTokenIds(std::span<const int64_t> 
 StatusOr<int32_t> Frontend::ResolveMaxTokens(size_t prompt_len, std::optional<int64_t> requested,
                                              const std::string& prompt_param) const {
   const int64_t ctx = model_.max_context;
+  if (prompt_len == 0) {  // e.g. "" with add_special_tokens false: a worker needs at least one token
+    return InvalidParam(prompt_param, absl::StrCat(prompt_param, ": the prompt is empty (it encodes to no tokens)"));
+  }
   if (static_cast<int64_t>(prompt_len) >= ctx) {
     return InvalidParam(prompt_param,
                         absl::StrCat("This model's maximum context length is ", ctx, " tokens; the prompt has ",

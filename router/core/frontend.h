@@ -117,7 +117,8 @@ class Frontend {
   StatusOr<std::vector<int32_t>> TokenizeText(std::string_view text, bool add_bos, const std::string& param) const;
   // Token ids given by a client: each in [0, vocab_size), at least one. Errors name `param`.
   StatusOr<std::vector<int32_t>> CheckTokenIds(std::span<const int64_t> ids, const std::string& param) const;
-  // The prompt must leave room for one new token; `requested` (if given) must fit in the context.
+  // The prompt must hold at least one token and leave room for one new token; `requested` (if given) must fit
+  // in the context.
   // Returns the max_tokens to use. Errors name `prompt_param` or "max_tokens".
   StatusOr<int32_t> ResolveMaxTokens(size_t prompt_len, std::optional<int64_t> requested,
                                      const std::string& prompt_param) const;

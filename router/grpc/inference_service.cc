@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "numoe/v1/inference.grpc.pb.h"
 #include "router/core/errors.h"
+#include "router/grpc/generate_request.h"
 #include "router/openai/chat.h"
 
 namespace numoe::router {
@@ -46,22 +47,6 @@ Status CheckAuth(const grpc::CallbackServerContext* ctx, const std::string& api_
     return absl::UnauthenticatedError("invalid API key");
   }
   return absl::OkStatus();
-}
-
-// Proto chat -> the OpenAI-shaped request the chat encoder takes.
-openai::ChatRequest ToChatRequest(const v1::Chat& chat) {
-  openai::ChatRequest req;
-  req.thinking = chat.thinking();
-  if (!chat.reasoning_effort().empty()) req.reasoning_effort = chat.reasoning_effort();
-  for (const auto& m : chat.messages()) {
-    openai::ChatMessage msg;
-    msg.role = m.role();
-    msg.content = m.content();
-    msg.has_content = true;
-    msg.reasoning_content = m.reasoning_content();
-    req.messages.push_back(std::move(msg));
-  }
-  return req;
 }
 
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, public ChoiceSink {
@@ -189,78 +174,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
   Status Prepare(Frontend& fe, const openai::ChatEncoder& chat, const std::string& api_key,
                  grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     RETURN_IF_ERROR(CheckAuth(ctx, api_key));
-    RETURN_IF_ERROR(fe.CheckModel(req.model().empty() ? fe.model().id : req.model()));
-    std::vector<int32_t> ids;
-    std::string param = "prompt";
-    std::unique_ptr<openai::ChatStreamParser> parser;  // chat prompts: choice 0's (the others get copies below)
-    bool starts_in_reasoning = false, tools = false;
-    switch (req.prompt_case()) {
-      case v1::GenerateRequest::kText: {
-        param = "text";
-        ASSIGN_OR_RETURN(ids, fe.TokenizeText(req.text(), /*add_bos=*/true, param));
-        break;
-      }
-      case v1::GenerateRequest::kTokenIds: {
-        param = "token_ids";
-        std::vector<int64_t> raw(req.token_ids().ids().begin(), req.token_ids().ids().end());
-        ASSIGN_OR_RETURN(ids, fe.CheckTokenIds(raw, param));
-        break;
-      }
-      case v1::GenerateRequest::kChat: {
-        param = "chat";
-        if (req.chat().messages_size() == 0) return InvalidParam("chat.messages", "chat.messages is empty");
-        ASSIGN_OR_RETURN(auto prompt, chat.Encode(ToChatRequest(req.chat())));
-        ids = std::move(prompt.ids);
-        parser = std::make_unique<openai::ChatStreamParser>(prompt.starts_in_reasoning, prompt.tools);
-        starts_in_reasoning = prompt.starts_in_reasoning;
-        tools = prompt.tools;
-        break;
-      }
-      default:
-        return InvalidParam("prompt", "prompt: set one of text, token_ids or chat");
-    }
-    std::optional<int64_t> max_tokens;
-    if (req.max_tokens() > 0) max_tokens = req.max_tokens();
-    ASSIGN_OR_RETURN(spec_.max_tokens, fe.ResolveMaxTokens(ids.size(), max_tokens, param));
-    spec_.prompt_ids = std::move(ids);
-    if (req.has_sampling()) {
-      const auto& s = req.sampling();
-      if (s.has_temperature()) spec_.sampling.temperature = s.temperature();
-      if (s.has_top_p()) spec_.sampling.top_p = s.top_p();
-      if (s.has_top_k()) spec_.sampling.top_k = s.top_k();
-      if (s.has_seed()) spec_.sampling.seed = s.seed();
-      if (s.has_min_p()) spec_.sampling.min_p = s.min_p();
-      if (s.has_presence_penalty()) spec_.sampling.presence_penalty = s.presence_penalty();
-      if (s.has_frequency_penalty()) spec_.sampling.frequency_penalty = s.frequency_penalty();
-      if (s.has_repetition_penalty()) spec_.sampling.repetition_penalty = s.repetition_penalty();
-      for (const auto& [id, bias] : s.logit_bias()) spec_.sampling.logit_bias.emplace_back(id, bias);
-      std::sort(spec_.sampling.logit_bias.begin(), spec_.sampling.logit_bias.end());  // a map's order is unspecified
-    }
-    RETURN_IF_ERROR(Frontend::CheckSampling(spec_.sampling));
-    if (req.n() > static_cast<uint32_t>(kMaxChoices)) {
-      return InvalidParam("n", absl::StrCat("n must be in [1, ", kMaxChoices, "] (got ", req.n(), ")"));
-    }
-    spec_.n = req.n() == 0 ? 1 : static_cast<int32_t>(req.n());
-    if (req.top_logprobs() > static_cast<uint32_t>(kMaxTopLogprobs)) {
-      return InvalidParam("top_logprobs", absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "] (got ",
-                                                       req.top_logprobs(), ")"));
-    }
-    if (req.top_logprobs() > 0 && !req.logprobs()) return InvalidParam("top_logprobs", "top_logprobs needs logprobs");
-    spec_.logprobs = req.logprobs() ? static_cast<int32_t>(req.top_logprobs()) : -1;
+    ASSIGN_OR_RETURN(GenerateCall call, PrepareGenerate(fe, chat, req));
+    spec_ = std::move(call.spec);
     choices_.resize(static_cast<size_t>(spec_.n));
     for (ChoiceState& c : choices_) {
-      if (parser) c.parser = std::make_unique<openai::ChatStreamParser>(starts_in_reasoning, tools);
+      if (call.chat) c.parser = std::make_unique<openai::ChatStreamParser>(call.starts_in_reasoning, call.tools);
     }
     open_choices_ = spec_.n;
-    spec_.ignore_eos = req.ignore_eos();
-    std::vector<int64_t> stop_ids(req.stop_token_ids().begin(), req.stop_token_ids().end());
-    if (!stop_ids.empty()) {
-      ASSIGN_OR_RETURN(spec_.stop_token_ids, fe.CheckTokenIds(stop_ids, "stop_token_ids"));
-    }
-    spec_.text.stop.assign(req.stop().begin(), req.stop().end());
-    spec_.text.include_stop_in_output = req.include_stop_str_in_output();
-    spec_.text.skip_special_tokens = parser ? false : req.skip_special_tokens();
-    spec_.request_id = req.request_id();
     return absl::OkStatus();
   }
 
@@ -338,13 +258,12 @@ class InferenceService final : public v1::Inference::CallbackService {
                                      v1::TokenizeResponse* resp) override {
     auto* reactor = ctx->DefaultReactor();
     Status s = CheckAuth(ctx, api_key_);
-    if (s.ok()) s = fe_.CheckModel(req->model().empty() ? fe_.model().id : req->model());
     if (s.ok()) {
-      auto ids = fe_.tokenizer().Encode(req->text());
+      auto ids = PrepareTokenize(fe_, *req);
       if (ids.ok()) {
         resp->mutable_token_ids()->Assign(ids->begin(), ids->end());
       } else {
-        s = InvalidParam("text", ids.status().message());
+        s = ids.status();
       }
     }
     grpc::Status g = ToGrpc(s);

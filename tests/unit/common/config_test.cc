@@ -282,6 +282,10 @@ TEST(Config, Validation) {
   ExpectError(j, {"expert_dtype", "'int4'"});
   j = TinyJson(); j["dspark_target_layer_ids"] = {2, 3, 5};
   ExpectError(j, {"dspark_target_layer_ids", "entry 5"});
+  // Found by fuzz_config: without the noise token a DSpark config parsed, and ModelConfigToJson then wrote
+  // dspark_noise_token_id -1, which does not parse.
+  j = TinyJson(); j.erase("dspark_noise_token_id");
+  ExpectError(j, {"dspark_noise_token_id", "dspark_block_size"});
   j = TinyJson(); j["model_type"] = "llama";
   ExpectError(j, {"model_type", "llama"});
   j = TinyJson(); j["eos_token_id"] = 5000;

@@ -245,6 +245,21 @@ TEST(ShmChannel, ErrorsTravelWithCodeAndText) {
   EXPECT_EQ(st.message(), "entries[1].tokens[0]: token id 5000 >= vocab");
 }
 
+// Found by fuzz_gpu_step (UBSan): an empty message was copied from a null pointer.
+TEST(ShmChannel, AnErrorWithoutTextTravels) {
+  auto gpu = Channel::CreateAnonymous(SmallGeometry());
+  ASSERT_OK(gpu);
+  auto worker = (*gpu)->PeerEndpoint();
+  ASSERT_OK(worker);
+  ASSERT_OK((*worker)->SendError(Status(absl::StatusCode::kInternal, "")));
+  auto t = (*gpu)->Receive(1000);
+  ASSERT_OK(t);
+  ASSERT_EQ(*t, MsgType::kError);
+  Status st = (*gpu)->IncomingError();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(st.message(), "");
+}
+
 TEST(ShmChannel, TimeoutInterruptAndClose) {
   auto gpu = Channel::CreateAnonymous(SmallGeometry(), {.spin_us = 10, .poll_ms = 5});
   ASSERT_OK(gpu);

@@ -179,6 +179,19 @@ TEST_F(GatewayTest, CompletionWhole) {
   EXPECT_FLOAT_EQ(call->request.sampling().temperature(), 1.0f);
 }
 
+// "" without BOS encodes to no tokens; that empty prompt used to reach the worker (found while writing
+// tests/fuzz/fuzz_rest_request.cc, whose echo workers need a token to echo).
+TEST_F(GatewayTest, AnEmptyPromptIsRefusedBeforeAnyWorker) {
+  auto ex = Post("/v1/completions", {{"prompt", ""}, {"add_special_tokens", false}});
+  ASSERT_EQ(ex->status(), 400) << ex->raw_body();
+  EXPECT_EQ(ex->body()["error"]["param"], "prompt");
+  EXPECT_NE(ex->body()["error"]["message"].get<std::string>().find("empty"), std::string::npos);
+  EXPECT_TRUE(cluster_->Calls().empty());
+  // With BOS the same text is a one-token prompt.
+  ex = Post("/v1/completions", {{"prompt", ""}, {"max_tokens", 1}});
+  EXPECT_EQ(ex->status(), 200) << ex->raw_body();
+}
+
 TEST_F(GatewayTest, DefaultMaxTokensIsCappedByTheContext) {
   // Context 1024, default 16: a 1020-token prompt gets 4.
   std::vector<int> ids(1020, 47);

@@ -54,6 +54,9 @@ struct MoeComputeOptions {
   // Tests only: run Isa::kAmx with the tile instructions emulated in scalar code (needs AVX-512 BF16 and
   // VBMI, not AMX).
   bool emulate_amx = false;
+  // Tests and benchmarks only: the AVX-512 int8 kernel without its VBMI nibble decode on a CPU that has
+  // VBMI (the results are the same bit for bit; the decode costs more uops).
+  bool avx512_without_vbmi = false;
   // Steps whose weight work is below this many bytes run on the calling thread alone, without waking
   // the pool (work = each used expert's streamed bytes times ceil(rows / 16)); 0 = always use the pool.
   // Such a step is ~10 us or less on one core (weights in cache), while a hand-off costs 1-2 us to a
@@ -72,6 +75,12 @@ struct MoeComputeOptions {
   // and none at all 0.55 at 2 threads (the rows of a column compare settings within one process). 4 and 8 KiB are within the noise of that shared host; 4 KiB wastes less
   // at the end of short work units (the kernels never prefetch past the tiles of their call).
   int64_t prefetch_bytes = 4096;
+  // Tiles the int8 kernels read at once, each its own sequential stream (0: as many as the registers hold
+  // for the expert's row count: 4 for 1 row on AVX-512; 1 = one tile after the other).
+  int64_t max_streams = 0;
+  // > 0: the software prefetch touches only the first this many lines of each 4 KiB page, prefetch_bytes
+  // ahead (the L2 streamer, which stops at page boundaries, fetches the rest); 0: every line.
+  int64_t prefetch_page_lines = 1;
   // Work units: gate/up tile pairs per unit (one expert, contiguous), down tiles per unit (of every used
   // expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of a step when
   // there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2 threads 0.67 ->
@@ -104,6 +113,8 @@ class MoeCompute {
   // The kernel that runs an expert with `rows` routed rows of a layer whose weights are (not) exact in bf16
   // (ExpertLayer::bf16_exact).
   const experts::KernelOps& OpsFor(int64_t rows, bool bf16_exact) const;
+  // The AVX-512 int8 kernel: with the VBMI decode where the CPU has it.
+  const experts::KernelOps& Int8Ops() const;
 
  private:
   class Buffer;
@@ -116,6 +127,7 @@ class MoeCompute {
   Isa isa_;
   MoeComputeOptions options_;
   Status usable_;
+  bool vbmi_ = false;
   // Scratch reused across Runs (grown, never shrunk): no allocation once warmed up.
   std::vector<int64_t> counts_, first_route_;
   std::vector<int64_t> route_row_;

@@ -130,10 +130,10 @@ inline void PrefetchL2(const uint8_t* p) { __builtin_prefetch(p, 0, 2); }
 
 // One pass (S::kLanes rows of 16-row tiles) for one group of NG rows, over the whole K, of KT tiles at once
 // (tile k at tile0 + k * tile_stride, its outputs at column 16 k of `out`). Each tile is its own sequential
-// stream, read in lock step with the others: the L2 hardware streamer runs ahead of every stream it
-// tracks, so KT streams keep about KT times the lines in flight of one while the core computes (the
-// measurements are at MoeComputeOptions::prefetch_bytes). Per tile the arithmetic and its order are those of
-// one tile alone, so the result does not depend on KT.
+// stream, read in lock step with the others. One tile alone is two dependent vpdpbusd chains per row
+// (each level's block sum), latency-bound; KT tiles are 2 KT independent chains (the measurements are at
+// MoeComputeOptions::max_streams). Per tile the arithmetic and its order are those of one tile alone, so
+// the result does not depend on KT.
 template <class S, int NG, int kLevels, int KT>
 inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t supers, int pass,
                           const GroupActs<kLevels>& ga, float* out, int64_t ldo, int64_t prefetch_bytes,

@@ -77,7 +77,8 @@ struct MoeComputeOptions {
   // 2-vCPU Emerald Rapids VM (numoe-bench experts --compare-*, 5 runs interleaved, medians of ratios), the
   // kernel of four tiles at once (27.5 GB/s per thread in L2), T=1, 2 threads: every line 4 KiB ahead
   // 0.68-0.71, 2 KiB 0.67, 8 KiB 0.66, 1 KiB 0.78, none 0.78-0.79, only the first line of each 4 KiB page
-  // 4 KiB ahead (prefetch_page_lines = 1) 0.79, its first 4 lines 0.75. The likely reason: a prefetch to L2
+  // 4 KiB ahead (prefetch_page_lines = 1) 0.79, its first 4 lines 0.75; another run, T=1 / T=4: page-start
+  // 0.79 / 0.77, none 0.79 / 0.76, every line 4 KiB ahead 0.76 / 0.69. The likely reason: a prefetch to L2
   // holds one of the core's 16 L1 fill buffers until DRAM answers, so one per line caps the core near 16
   // lines in flight and stalls its loads; the L2 streamer holds none but stops at each 4 KiB page, so one
   // line per page, ahead, restarts it there without the cap.

@@ -101,9 +101,11 @@ int RunExpertsBench(int argc, char** argv) {
                    "Routed-expert kernel GB/s against the machine's streaming-read GB/s (same threads, same run).");
   std::string preset_name = "v4-flash", isa_name, precision_name = "high";
   int64_t tokens = 1, threads = 0, layers = 0, runs = 5, seed = 1, amx_min_rows = -1;
-  int64_t prefetch = -1, gate_up_chunk = 0, down_chunk = 0, huge_pages = 1, read_trials = 3, spin_us = -1;
+  int64_t prefetch = -1, gate_up_chunk = 0, down_chunk = 0, huge_pages = 1, read_trials = 3, spin_us = -1, vbmi = 1,
+          page_lines = -1;
   double seconds = 1.0, max_ratio = 1.05;
-  bool json = false, peak = false, in_cache = false;
+  bool json = false, peak = false, in_cache = false, compare_vbmi = false;
+  std::vector<int> compare_prefetch, compare_streams, compare_page_lines;
   parser.AddString("preset", "NAME", "expert shapes: v4-flash (4096x2048, 256 experts, top-6) or small", &preset_name);
   parser.AddInt("tokens", "T", "tokens per step (each routed to top-k random experts per layer)", &tokens, 1, 1 << 20);
   parser.AddInt("threads", "N", "kernel threads, pinned to the first N CPUs of NUMA node 0 (default: all)", &threads,
@@ -124,6 +126,26 @@ int RunExpertsBench(int argc, char** argv) {
   parser.AddInt("down-chunk", "N", "tiles per down work unit (default: MoeCompute's)", &down_chunk, 0, 1 << 16);
   parser.AddInt("huge-pages", "0|1", "pack the weights on 2 MB pages when the system allows (default 1)", &huge_pages,
                 0, 1);
+  parser.AddInt("page-lines", "N",
+                "int8 kernels: prefetch only the first N lines of each 4 KiB page, 0 = every line (default: "
+                "MoeCompute's)",
+                &page_lines, -1, 64);
+  parser.AddInt("vbmi", "0|1",
+                "AVX-512 int8 kernel: decode nibbles with VBMI permutes where the CPU has them (default 1)", &vbmi, 0,
+                1);
+  parser.AddIntList("compare-prefetch", "LIST",
+                    "also run the kernel with these prefetch distances (bytes), interleaved with the main setting in "
+                    "every run, so that all see the same memory; each gets its own medians",
+                    &compare_prefetch);
+  parser.AddIntList("compare-streams", "LIST",
+                    "also run the kernel with at most these many tiles read at once, interleaved the same way",
+                    &compare_streams);
+  parser.AddIntList("compare-page-lines", "LIST",
+                    "also run the kernel prefetching only the first N lines of each 4 KiB page, for each N listed, "
+                    "interleaved the same way",
+                    &compare_page_lines);
+  parser.AddFlag("compare-vbmi", "also run the main setting without the VBMI decode, interleaved the same way",
+                 &compare_vbmi);
   parser.AddInt("spin-us", "US", "how long idle pool threads poll for the next job (default: the pool's)", &spin_us,
                 -1, 1 << 20);
   parser.AddInt("read-trials", "N", "passes of each read loop when choosing the fastest (medians compared)",
@@ -162,6 +184,8 @@ int RunExpertsBench(int argc, char** argv) {
   if (prefetch >= 0) moe_options.prefetch_bytes = prefetch;
   if (gate_up_chunk > 0) moe_options.gate_up_chunk = gate_up_chunk;
   if (down_chunk > 0) moe_options.down_chunk = down_chunk;
+  moe_options.avx512_without_vbmi = vbmi == 0;
+  if (page_lines >= 0) moe_options.prefetch_page_lines = page_lines;
   if (precision_name == "low") {
     moe_options.precision = ActivationPrecision::kLow;
   } else if (precision_name != "high") {
@@ -248,8 +272,14 @@ int RunExpertsBench(int argc, char** argv) {
                 llc / 1048576.0, packed[0]->page_mode().c_str(), pack_s);
     std::printf("isa %s, precision %s, %d threads on CPUs", IsaName(isa), precision_name.c_str(), pool.size());
     for (int c : pool.cpus()) std::printf(" %d", c);
-    std::printf(", tokens %ld; kernel prefetch %ld bytes ahead, units of %ld gate/up tile pairs and %ld down tiles\n",
-                tokens, moe_options.prefetch_bytes, moe_options.gate_up_chunk, moe_options.down_chunk);
+    std::printf(", tokens %ld; kernel %s, prefetch %ld bytes ahead (%s), units of %ld gate/up tile pairs and %ld "
+                "down tiles\n",
+                tokens, MoeCompute(&pool, isa, moe_options).OpsFor(std::min<int64_t>(tokens, 8), false).name,
+                moe_options.prefetch_bytes,
+                moe_options.prefetch_page_lines > 0
+                    ? absl::StrCat("the first ", moe_options.prefetch_page_lines, " line(s) of each 4 KiB page").c_str()
+                    : "every line",
+                moe_options.gate_up_chunk, moe_options.down_chunk);
   }
 
   double peak_tflops = 0;  // in the JSON when --peak measured it
@@ -275,7 +305,36 @@ int RunExpertsBench(int argc, char** argv) {
                 "all\n",
                 ops.name, rows, Median(per_thread), pool.size(), Median(per_thread) * pool.size());
   }
-  MoeCompute moe(&pool, isa, moe_options);
+  // The main setting, then the --compare-* variants: each run times them one after another between its two
+  // read passes.
+  struct Variant {
+    std::string name;
+    std::unique_ptr<MoeCompute> moe;
+    std::vector<double> kernel_gbps, ratios;
+  };
+  std::vector<Variant> variants;
+  variants.push_back({"main", std::make_unique<MoeCompute>(&pool, isa, moe_options), {}, {}});
+  for (int pf : compare_prefetch) {
+    MoeComputeOptions o = moe_options;
+    o.prefetch_bytes = pf;
+    variants.push_back({absl::StrCat("prefetch ", pf), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  for (int n : compare_streams) {
+    MoeComputeOptions o = moe_options;
+    o.max_streams = n;
+    variants.push_back({absl::StrCat("streams ", n), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  for (int n : compare_page_lines) {
+    MoeComputeOptions o = moe_options;
+    o.prefetch_page_lines = n;
+    variants.push_back({absl::StrCat("page lines ", n), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  if (compare_vbmi) {
+    MoeComputeOptions o = moe_options;
+    o.avx512_without_vbmi = true;
+    variants.push_back({"without vbmi", std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  MoeCompute& moe = *variants[0].moe;
   std::vector<float> x(tokens * preset->hidden), out(tokens * preset->hidden), w(tokens * preset->top_k);
   std::vector<int32_t> ids(tokens * preset->top_k);
   std::uniform_real_distribution<float> ux(-1.0f, 1.0f), uw(0.1f, 1.0f);
@@ -315,34 +374,58 @@ int RunExpertsBench(int argc, char** argv) {
     return fail(st);
   }
 
+  for (size_t v = 1; v < variants.size(); ++v) {  // their scratch too
+    if (Status st = variants[v].moe->Run(*packed[0], 10.0f,
+                                         MoeBatch{tokens, preset->top_k, x.data(), ids.data(), w.data(), out.data()});
+        !st.ok()) {
+      return fail(st);
+    }
+  }
+
   std::vector<double> kernel_gbps, read_gbps, tflops, step_ms, handoff_us;
   for (int64_t run = 0; run < runs; ++run) {
     double read_s = ReadPass(pool, reader, spans, &sink), read_bytes = SpanBytes(spans);
-    double kernel_s = 0, bytes = 0, flops = 0;
-    int64_t steps = 0;
-    const double handoff0 = moe.handoff_seconds();
-    while (steps < 3 || kernel_s < seconds) {
-      const ExpertLayer& layer = *packed[steps % layers];
-      const int64_t unique = route();
-      const auto t0 = Clock::now();
-      Status st = moe.Run(layer, 10.0f, MoeBatch{tokens, preset->top_k, x.data(), ids.data(), w.data(), out.data()});
-      kernel_s += std::chrono::duration<double>(Clock::now() - t0).count();
-      if (!st.ok()) return fail(st);
-      bytes += static_cast<double>(unique * layer.expert_stream_bytes());
-      flops += 6.0 * tokens * preset->top_k * preset->hidden * preset->inter;
-      ++steps;
+    std::vector<double> run_gbps;
+    for (size_t v = 0; v < variants.size(); ++v) {
+      MoeCompute& vm = *variants[v].moe;
+      double kernel_s = 0, bytes = 0, flops = 0;
+      int64_t steps = 0;
+      const double handoff0 = vm.handoff_seconds();
+      while (steps < 3 || kernel_s < seconds) {
+        const ExpertLayer& layer = *packed[steps % layers];
+        const int64_t unique = route();
+        const auto t0 = Clock::now();
+        Status st =
+            vm.Run(layer, 10.0f, MoeBatch{tokens, preset->top_k, x.data(), ids.data(), w.data(), out.data()});
+        kernel_s += std::chrono::duration<double>(Clock::now() - t0).count();
+        if (!st.ok()) return fail(st);
+        bytes += static_cast<double>(unique * layer.expert_stream_bytes());
+        flops += 6.0 * tokens * preset->top_k * preset->hidden * preset->inter;
+        ++steps;
+      }
+      run_gbps.push_back(bytes / kernel_s / 1e9);
+      if (v == 0) {
+        tflops.push_back(flops / kernel_s / 1e12);
+        step_ms.push_back(1e3 * kernel_s / steps);
+        handoff_us.push_back(1e6 * (vm.handoff_seconds() - handoff0) / steps);
+      }
     }
     read_s += ReadPass(pool, reader, spans, &sink);
     read_bytes += SpanBytes(spans);
-    kernel_gbps.push_back(bytes / kernel_s / 1e9);
     read_gbps.push_back(read_bytes / read_s / 1e9);
-    tflops.push_back(flops / kernel_s / 1e12);
-    step_ms.push_back(1e3 * kernel_s / steps);
-    handoff_us.push_back(1e6 * (moe.handoff_seconds() - handoff0) / steps);
+    for (size_t v = 0; v < variants.size(); ++v) {
+      variants[v].kernel_gbps.push_back(run_gbps[v]);
+      variants[v].ratios.push_back(run_gbps[v] / read_gbps.back());
+    }
+    kernel_gbps.push_back(run_gbps[0]);
     if (!json) {
-      std::printf("run %ld: %ld steps, %.3f ms/step, kernel %.2f GB/s, read %.2f GB/s, ratio %.3f, %.4f TFLOP/s\n",
-                  run + 1, steps, 1e3 * kernel_s / steps, kernel_gbps.back(), read_gbps.back(),
-                  kernel_gbps.back() / read_gbps.back(), tflops.back());
+      std::printf("run %ld: %.3f ms/step, kernel %.2f GB/s, read %.2f GB/s, ratio %.3f, %.4f TFLOP/s", run + 1,
+                  step_ms.back(), kernel_gbps.back(), read_gbps.back(), kernel_gbps.back() / read_gbps.back(),
+                  tflops.back());
+      for (size_t v = 1; v < variants.size(); ++v) {
+        std::printf("; %s: %.2f GB/s, %.3f", variants[v].name.c_str(), run_gbps[v], variants[v].ratios.back());
+      }
+      std::printf("\n");
     }
   }
   const double k = Median(kernel_gbps), r = Median(read_gbps);
@@ -355,6 +438,11 @@ int RunExpertsBench(int argc, char** argv) {
     std::printf("hand-off (a step's time outside its threads' work, median over runs): %.1f us = %.2f%% of a %.3f ms "
                 "step\n",
                 Median(handoff_us), 0.1 * Median(handoff_us) / Median(step_ms), Median(step_ms));
+    for (size_t v = 1; v < variants.size(); ++v) {
+      std::printf("compared, %s: kernel %.2f GB/s, median of ratios %.3f (main setting %.3f)\n",
+                  variants[v].name.c_str(), Median(variants[v].kernel_gbps), Median(variants[v].ratios),
+                  Median(ratios));
+    }
   }
   std::printf("{\"isa\":\"%s\",\"tokens\":%ld,\"threads\":%d,\"kernel_gbps\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.4f,"
               "\"tflops\":%.5f,\"read_method\":\"%s\"%s}\n",

@@ -41,6 +41,7 @@ struct IsaCase {
   Isa isa;
   bool emulate_amx;
   ActivationPrecision precision;
+  bool without_vbmi = false;  // the AVX-512 int8 kernel's plain decode even where the CPU has VBMI
 };
 
 void PrintTo(const IsaCase& c, std::ostream* os) { *os << c.name; }
@@ -53,6 +54,8 @@ const IsaCase kCases[] = {
     {"avx2_int8", Isa::kAvx2, false, kLow},
     {"avx512", Isa::kAvx512, false, kHigh},
     {"avx512_int8", Isa::kAvx512, false, kLow},
+    {"avx512_novbmi", Isa::kAvx512, false, kHigh, true},
+    {"avx512_novbmi_int8", Isa::kAvx512, false, kLow, true},
     {"amx", Isa::kAmx, false, kHigh},
     {"amx_bf16x1", Isa::kAmx, false, kLow},
     {"amx_emulated", Isa::kAmx, true, kHigh},
@@ -109,6 +112,7 @@ class ExpertKernelTest : public ::testing::TestWithParam<IsaCase> {
     MoeComputeOptions o;
     o.emulate_amx = GetParam().emulate_amx;
     o.precision = GetParam().precision;
+    o.avx512_without_vbmi = GetParam().without_vbmi;
     return o;
   }
 
@@ -279,7 +283,7 @@ TEST_P(ExpertKernelTest, TileKernelSingleGemvBound) {
   switch (c.isa) {
     case Isa::kGeneric: ops = &experts::GenericKernelOps(); break;
     case Isa::kAvx2: ops = &experts::Avx2KernelOps(c.precision); break;
-    case Isa::kAvx512: ops = &experts::Avx512KernelOps(c.precision); break;
+    case Isa::kAvx512: ops = &MoeCompute(pool_.get(), c.isa, Options()).Int8Ops(); break;
     case Isa::kAmx:
       ops = c.emulate_amx ? &experts::AmxEmulatedKernelOps(c.precision) : &experts::AmxKernelOps(c.precision);
       break;
@@ -326,6 +330,63 @@ TEST_P(ExpertKernelTest, TileKernelSingleGemvBound) {
         const double got = y.data()[i * ldo + r];
         ASSERT_LE(std::abs(got - want[r]), bound[r]) << "row " << i << " output " << r << ": " << got << " vs "
                                                        << want[r];
+      }
+    }
+  }
+}
+
+// The int8 kernels read up to four tiles at once (int8_tiles.h StreamsFor) and, with VBMI, decode with
+// byte permutes: neither may change a bit of the result. Every tile count 1..9 (all remainders of the
+// stream counts) and row count 1..13 (group sizes and their remainders), one call against tile by tile.
+TEST_P(ExpertKernelTest, Int8StreamsAndDecodeSameBits) {
+  const IsaCase& c = GetParam();
+  if (c.isa != Isa::kAvx2 && c.isa != Isa::kAvx512) GTEST_SKIP() << "int8 kernels only";
+  const experts::KernelOps& ops = c.isa == Isa::kAvx2 ? experts::Avx2KernelOps(c.precision)
+                                                       : MoeCompute(pool_.get(), c.isa, Options()).Int8Ops();
+  const experts::KernelOps& one =
+      c.isa == Isa::kAvx2 ? experts::Avx2KernelOps(c.precision) : experts::Avx512KernelOps(c.precision);
+  std::mt19937 rng(21);
+  const int64_t hidden = 256, inter = 72;  // 5 gate tiles (the last partial), 10 in w13
+  auto experts = RandomExperts(1, hidden, inter, rng);
+  ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(hidden, inter, Refs(experts), PackIsa(c)));
+  const auto& shape = layer->shape();
+  const int64_t kp = shape.gate_up().padded_cols(), tile_bytes = shape.gate_up().tile_bytes();
+  std::uniform_real_distribution<float> ux(-2.0f, 2.0f);
+  for (int64_t m = 1; m <= 13; ++m) {
+    std::vector<float> x(m * hidden);
+    for (auto& v : x) v = ux(rng);
+    std::vector<const float*> rows(m);
+    for (int64_t i = 0; i < m; ++i) rows[i] = x.data() + i * hidden;
+    std::vector<uint8_t> acts(ops.act_bytes(m, kp) + 64);
+    uint8_t* acts64 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(acts.data()) + 63) & ~uintptr_t{63});
+    ops.prepare_acts(rows.data(), m, hidden, kp, acts64);
+    for (int64_t tiles = 1; tiles <= 9; ++tiles) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << ", tiles " << tiles);
+      const int64_t ldo = 16 * tiles + 3;
+      std::vector<float> all(m * ldo, std::nanf("")), each(m * ldo, std::nanf(""));
+      experts::TileArgs args;
+      args.tiles = layer->expert_data(0);
+      args.num_tiles = tiles;
+      args.tile_stride = tile_bytes;
+      args.supers = kp / 128;
+      args.acts = acts64;
+      args.m = m;
+      args.out = all.data();
+      args.ldo = ldo;
+      args.prefetch_bytes = 4096;
+      ops.tiles(args);
+      for (int64_t t = 0; t < tiles; ++t) {
+        experts::TileArgs a1 = args;
+        a1.tiles = layer->expert_data(0) + t * tile_bytes;
+        a1.num_tiles = 1;
+        a1.out = each.data() + 16 * t;
+        one.tiles(a1);
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t col = 0; col < 16 * tiles; ++col) {
+          const float a = all[i * ldo + col], e = each[i * ldo + col];
+          ASSERT_EQ(std::memcmp(&a, &e, 4), 0) << "row " << i << " column " << col << ": " << a << " vs " << e;
+        }
       }
     }
   }

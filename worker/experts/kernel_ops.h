@@ -28,6 +28,11 @@ struct TileArgs {
   // Software prefetch of the int8 kernels (MoeComputeOptions::prefetch_bytes): bytes ahead of the super-block
   // being read, within this call's tiles (0: none).
   int64_t prefetch_bytes = 0;
+  // The int8 kernels' tiles read at once (MoeComputeOptions::max_streams; 0: as many as the registers hold).
+  int64_t max_streams = 0;
+  // > 0: prefetch only the first this many lines of each 4 KiB page, prefetch_bytes ahead, instead of every
+  // line (MoeComputeOptions::prefetch_page_lines).
+  int64_t prefetch_page_lines = 0;
 };
 
 struct KernelOps {
@@ -44,6 +49,8 @@ struct KernelOps {
 const KernelOps& GenericKernelOps();
 const KernelOps& Avx2KernelOps(ActivationPrecision precision);
 const KernelOps& Avx512KernelOps(ActivationPrecision precision);
+// The same kernel with the VBMI nibble decode (same results, fewer uops); needs AVX-512 VBMI as well.
+const KernelOps& Avx512VbmiKernelOps(ActivationPrecision precision);
 const KernelOps& AmxKernelOps(ActivationPrecision precision);
 // The AMX kernel with its tile instructions replaced by scalar code (same decode, same data layout);
 // needs only AVX-512 BW/VBMI/BF16. For tests on machines without AMX.

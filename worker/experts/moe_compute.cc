@@ -86,6 +86,7 @@ MoeCompute::MoeCompute(ThreadPool* pool, Isa isa, const MoeComputeOptions& optio
     usable_ = absl::FailedPreconditionError(
         absl::StrCat("ISA ", IsaName(isa), " is not available here (cpu: ", f.ToString(), ")"));
   }
+  vbmi_ = f.avx512vbmi && !options.avx512_without_vbmi;
   thread_scratch_.resize(pool_->size());
 }
 
@@ -95,15 +96,19 @@ const KernelOps& MoeCompute::OpsFor(int64_t rows, bool bf16_exact) const {
   switch (isa_) {
     case Isa::kGeneric: return experts::GenericKernelOps();
     case Isa::kAvx2: return experts::Avx2KernelOps(options_.precision);
-    case Isa::kAvx512: return experts::Avx512KernelOps(options_.precision);
+    case Isa::kAvx512: return Int8Ops();
     case Isa::kAmx:
       if (rows >= options_.amx_min_rows && bf16_exact) {
         return options_.emulate_amx ? experts::AmxEmulatedKernelOps(options_.precision)
                                     : experts::AmxKernelOps(options_.precision);
       }
-      return experts::Avx512KernelOps(options_.precision);
+      return Int8Ops();
   }
   return experts::GenericKernelOps();
+}
+
+const KernelOps& MoeCompute::Int8Ops() const {
+  return vbmi_ ? experts::Avx512VbmiKernelOps(options_.precision) : experts::Avx512KernelOps(options_.precision);
 }
 
 Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBatch& b) {
@@ -270,6 +275,8 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       args.ldo = 2 * pairs * kTileRows;
       args.scratch = scratch.kernel.data();
       args.prefetch_bytes = options_.prefetch_bytes;
+        args.max_streams = options_.max_streams;
+        args.prefetch_page_lines = options_.prefetch_page_lines;
       p.ops->tiles(args);
       for (int64_t i = 0; i < p.rows; ++i) {
         float* hrow = reinterpret_cast<float*>(h) + (p.first_route + i) * ldh + unit.tile_begin * kTileRows;
@@ -311,6 +318,8 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
         args.ldo = (t1 - t0) * kTileRows;
         args.scratch = scratch.kernel.data();
         args.prefetch_bytes = options_.prefetch_bytes;
+        args.max_streams = options_.max_streams;
+        args.prefetch_page_lines = options_.prefetch_page_lines;
         p.ops->tiles(args);
         for (int64_t i = 0; i < p.rows; ++i) {
           const int64_t q = p.first_route + i;

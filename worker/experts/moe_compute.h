@@ -54,6 +54,9 @@ struct MoeComputeOptions {
   // Tests only: run Isa::kAmx with the tile instructions emulated in scalar code (needs AVX-512 BF16 and
   // VBMI, not AMX).
   bool emulate_amx = false;
+  // Tests and benchmarks only: the AVX-512 int8 kernel without its VBMI nibble decode on a CPU that has
+  // VBMI (the results are the same bit for bit; the decode costs more uops).
+  bool avx512_without_vbmi = false;
   // Steps whose weight work is below this many bytes run on the calling thread alone, without waking
   // the pool (work = each used expert's streamed bytes times ceil(rows / 16)); 0 = always use the pool.
   // Such a step is ~10 us or less on one core (weights in cache), while a hand-off costs 1-2 us to a
@@ -63,15 +66,32 @@ struct MoeComputeOptions {
   int64_t inline_max_bytes = 256 << 10;
   // Software prefetch of the int8 (AVX2/AVX-512) kernels into L2: bytes ahead of the super-block being read
   // (0 = none). Measured with numoe-bench experts on the Emerald Rapids host (V4-Flash experts, T=1, random
-  // top-6, ratio of kernel GB/s to the read yardstick, medians of 3 runs interleaved in one process):
+  // top-6, ratio of kernel GB/s to the read yardstick, medians of 3 runs interleaved in one process), with
+  // the earlier kernel (one tile at a time, 16.7 GB/s per thread in L2), every line prefetched:
   //   threads            2      8      16
   //   2 KiB, into L1   0.73     -    0.71   (the old setting, 17 prefetches at each super-block's start)
   //   4 KiB, into L1   0.69   0.82   0.90   (these three rows: down units of 4 tiles)
   //   4 KiB, into L2   0.73   0.82   0.91
   //   8 KiB, into L2   0.71   0.94   0.90
-  // and none at all 0.55 at 2 threads (the rows of a column compare settings within one process). 4 and 8 KiB are within the noise of that shared host; 4 KiB wastes less
-  // at the end of short work units (the kernels never prefetch past the tiles of their call).
+  // and none at all 0.55 at 2 threads (the rows of a column compare settings within one process). On the
+  // 2-vCPU Emerald Rapids VM (numoe-bench experts --compare-*, 5 runs interleaved, medians of ratios), the
+  // kernel of four tiles at once (27.5 GB/s per thread in L2), T=1, 2 threads: every line 4 KiB ahead
+  // 0.68-0.71, 2 KiB 0.67, 8 KiB 0.66, 1 KiB 0.78, none 0.78-0.79, only the first line of each 4 KiB page
+  // 4 KiB ahead (prefetch_page_lines = 1) 0.79, its first 4 lines 0.75; another run, T=1 / T=4: page-start
+  // 0.79 / 0.77, none 0.79 / 0.76, every line 4 KiB ahead 0.76 / 0.69. The likely reason: a prefetch to L2
+  // holds one of the core's 16 L1 fill buffers until DRAM answers, so one per line caps the core near 16
+  // lines in flight and stalls its loads; the L2 streamer holds none but stops at each 4 KiB page, so one
+  // line per page, ahead, restarts it there without the cap.
   int64_t prefetch_bytes = 4096;
+  // Tiles the int8 kernels read at once, each its own sequential stream (0: as many as the registers hold
+  // for the expert's row count: 4 for 1 row on AVX-512; 1 = one tile after the other). Four tiles give
+  // the core four times the independent accumulator chains: 1 row in L2 (numoe-bench experts --in-cache,
+  // the 2-vCPU VM), 16.7 GB/s per thread one tile at a time, 27.5 with four and the VBMI decode. From
+  // DRAM it made no difference there (--compare-streams 1: 0.684 against 0.677, T=1, 2 threads).
+  int64_t max_streams = 0;
+  // > 0: the software prefetch touches only the first this many lines of each 4 KiB page, prefetch_bytes
+  // ahead (the L2 streamer, which stops at page boundaries, fetches the rest); 0: every line.
+  int64_t prefetch_page_lines = 1;
   // Work units: gate/up tile pairs per unit (one expert, contiguous), down tiles per unit (of every used
   // expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of a step when
   // there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2 threads 0.67 ->
@@ -104,6 +124,8 @@ class MoeCompute {
   // The kernel that runs an expert with `rows` routed rows of a layer whose weights are (not) exact in bf16
   // (ExpertLayer::bf16_exact).
   const experts::KernelOps& OpsFor(int64_t rows, bool bf16_exact) const;
+  // The AVX-512 int8 kernel: with the VBMI decode where the CPU has it.
+  const experts::KernelOps& Int8Ops() const;
 
  private:
   class Buffer;
@@ -116,6 +138,7 @@ class MoeCompute {
   Isa isa_;
   MoeComputeOptions options_;
   Status usable_;
+  bool vbmi_ = false;
   // Scratch reused across Runs (grown, never shrunk): no allocation once warmed up.
   std::vector<int64_t> counts_, first_route_;
   std::vector<int64_t> route_row_;

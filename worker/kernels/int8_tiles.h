@@ -128,95 +128,152 @@ void Int8PrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp,
 // has the measurements. (A function: GCC 12 drops __builtin_prefetch calls made from a lambda in these loops.)
 inline void PrefetchL2(const uint8_t* p) { __builtin_prefetch(p, 0, 2); }
 
-// One pass (S::kLanes rows of a 16-row tile) for one group of NG rows, over the whole K.
-template <class S, int NG, int kLevels>
-inline void TilePassGroup(const uint8_t* tile, int64_t supers, int pass, const GroupActs<kLevels>& ga, float* out,
-                          int64_t ldo, int64_t prefetch_bytes, const uint8_t* prefetch_end) {
+// One pass (S::kLanes rows of 16-row tiles) for one group of NG rows, over the whole K, of KT tiles at once
+// (tile k at tile0 + k * tile_stride, its outputs at column 16 k of `out`). Each tile is its own sequential
+// stream, read in lock step with the others. One tile alone is two dependent vpdpbusd chains per row
+// (each level's block sum), latency-bound; KT tiles are 2 KT independent chains (the measurements are at
+// MoeComputeOptions::max_streams). Per tile the arithmetic and its order are those of one tile alone, so
+// the result does not depend on KT.
+template <class S, int NG, int kLevels, int KT>
+inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t supers, int pass,
+                          const GroupActs<kLevels>& ga, float* out, int64_t ldo, int64_t prefetch_bytes,
+                          int64_t page_lines, const uint8_t* prefetch_end) {
   using VI = typename S::VI;
   using VF = typename S::VF;
   const VI lut = S::WeightLut();
-  VF acc[NG];
+  VF acc[KT][NG];
+#pragma GCC unroll 4
+  for (int k = 0; k < KT; ++k) {
 #pragma GCC unroll 16
-  for (int i = 0; i < NG; ++i) acc[i] = S::ZeroF();
+    for (int i = 0; i < NG; ++i) acc[k][i] = S::ZeroF();
+  }
   const int chunk_off = 4 * S::kLanes * pass;
   const int scale_off = S::kLanes * pass;
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* p = tile + s * kSuperBytes;
-    // The super-block prefetch_bytes ahead, while that is still inside this call's tiles (the next bytes
-    // usually belong to another thread's work unit); else this one again, which costs no memory traffic.
-    const uint8_t* ahead = prefetch_bytes > 0 && p + prefetch_bytes < prefetch_end ? p + prefetch_bytes : p;
-    asm("" : "+r"(ahead));  // one base register (GCC would otherwise keep 17 addresses in xmm registers)
-    PrefetchL2(ahead + kSuperNibbleBytes);  // the scale line
+    const uint8_t* p = tile0 + s * kSuperBytes;
+    // The super-block prefetch_bytes ahead in each stream, while that is still inside this call's tiles (the
+    // next bytes usually belong to another thread's work unit); else this one again, which costs no memory
+    // traffic.
+    const uint8_t* ahead[KT];
+#pragma GCC unroll 4
+    for (int k = 0; k < KT; ++k) {
+      const uint8_t* pk = p + k * tile_stride;
+      ahead[k] = prefetch_bytes > 0 && pk + prefetch_bytes < prefetch_end ? pk + prefetch_bytes : pk;
+      if (page_lines > 0) {
+        // Only the first page_lines lines of a 4 KiB page that starts within the super-block prefetch_bytes
+        // ahead: the L2 streamer stops at page boundaries, and this starts it on the next page early.
+        const uintptr_t a = reinterpret_cast<uintptr_t>(ahead[k]);
+        const uintptr_t page = (a + kSuperBytes - 1) & ~uintptr_t{4095};
+        if (ahead[k] != pk && page >= a && page + 64 * page_lines <= reinterpret_cast<uintptr_t>(prefetch_end)) {
+          for (int64_t j = 0; j < page_lines; ++j) PrefetchL2(reinterpret_cast<const uint8_t*>(page) + 64 * j);
+        }
+        ahead[k] = pk;
+      }
+      asm("" : "+r"(ahead[k]));  // one base register (GCC would otherwise keep 17 addresses in xmm registers)
+      PrefetchL2(ahead[k] + kSuperNibbleBytes);  // the scale line
+    }
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
       const int64_t kb = 4 * s + b;
-      const VF sv = S::Scales(p + kSuperNibbleBytes + 16 * b + scale_off);
-      VI bacc[NG], bacc2[kLevels == 2 ? NG : 1];
+      VI bacc[KT][NG], bacc2[KT][kLevels == 2 ? NG : 1];
+#pragma GCC unroll 4
+      for (int k = 0; k < KT; ++k) {
 #pragma GCC unroll 16
-      for (int i = 0; i < NG; ++i) {
-        bacc[i] = S::SetI(kLevels == 2 ? 0 : ga.corr[kb * NG + i]);
-        if constexpr (kLevels == 2) bacc2[i] = S::SetI(ga.corr[kb * NG + i]);
+        for (int i = 0; i < NG; ++i) {
+          bacc[k][i] = S::SetI(kLevels == 2 ? 0 : ga.corr[kb * NG + i]);
+          if constexpr (kLevels == 2) bacc2[k][i] = S::SetI(ga.corr[kb * NG + i]);
+        }
       }
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
-        // One line per chunk, spread over the super-block rather than 17 in a burst at its start, which
-        // would take all of the core's fill buffers at once.
-        PrefetchL2(ahead + 256 * b + 64 * g);
-        const VI v = S::LoadChunk(p + 256 * b + 64 * g + chunk_off);
-        const VI lo = S::Lookup(lut, S::LowNibbles(v));
-        const VI hi = S::Lookup(lut, S::HighNibbles(v));
         const int64_t qlo = (8 * kb + g) * NG, qhi = (8 * kb + 4 + g) * NG;
+#pragma GCC unroll 4
+        for (int k = 0; k < KT; ++k) {
+          // One line per chunk, spread over the super-block rather than 17 in a burst at its start, which
+          // would take all of the core's fill buffers at once.
+          PrefetchL2(ahead[k] + 256 * b + 64 * g);
+          const VI v = S::LoadChunk(p + k * tile_stride + 256 * b + 64 * g + chunk_off);
+          VI lo, hi;
+          S::Decode(lut, v, lo, hi);
 #pragma GCC unroll 16
-        for (int i = 0; i < NG; ++i) {
-          bacc[i] = S::Dot(bacc[i], lo, ga.q[qlo + i]);
-          bacc[i] = S::Dot(bacc[i], hi, ga.q[qhi + i]);
-          if constexpr (kLevels == 2) {
-            bacc2[i] = S::Dot(bacc2[i], lo, ga.l[qlo + i]);
-            bacc2[i] = S::Dot(bacc2[i], hi, ga.l[qhi + i]);
+          for (int i = 0; i < NG; ++i) {
+            bacc[k][i] = S::Dot(bacc[k][i], lo, ga.q[qlo + i]);
+            bacc[k][i] = S::Dot(bacc[k][i], hi, ga.q[qhi + i]);
+            if constexpr (kLevels == 2) {
+              bacc2[k][i] = S::Dot(bacc2[k][i], lo, ga.l[qlo + i]);
+              bacc2[k][i] = S::Dot(bacc2[k][i], hi, ga.l[qhi + i]);
+            }
           }
         }
       }
+#pragma GCC unroll 4
+      for (int k = 0; k < KT; ++k) {
+        const VF sv = S::Scales(p + k * tile_stride + kSuperNibbleBytes + 16 * b + scale_off);
 #pragma GCC unroll 16
-      for (int i = 0; i < NG; ++i) {
-        VI total = bacc[i];
-        if constexpr (kLevels == 2) total = S::ShiftAdd8(bacc[i], bacc2[i]);
-        acc[i] = S::ScaleAdd(total, S::Mul(sv, S::SetF(ga.xs[kb * NG + i])), acc[i]);
+        for (int i = 0; i < NG; ++i) {
+          VI total = bacc[k][i];
+          if constexpr (kLevels == 2) total = S::ShiftAdd8(bacc[k][i], bacc2[k][i]);
+          acc[k][i] = S::ScaleAdd(total, S::Mul(sv, S::SetF(ga.xs[kb * NG + i])), acc[k][i]);
+        }
       }
     }
   }
+#pragma GCC unroll 4
+  for (int k = 0; k < KT; ++k) {
 #pragma GCC unroll 16
-  for (int i = 0; i < NG; ++i) S::StoreF(out + i * ldo + S::kLanes * pass, acc[i]);
+    for (int i = 0; i < NG; ++i) S::StoreF(out + i * ldo + 16 * k + S::kLanes * pass, acc[k][i]);
+  }
 }
 
+// Tiles read at once for a group of NG rows: as many as the vector registers hold (accumulators per tile:
+// NG fp32 plus NG per level, and two decoded weight registers), 1, 2 or 4.
 template <class S, int NG, int kLevels>
+constexpr int StreamsFor() {
+  constexpr int per_tile = NG * (kLevels + 1) + 2;
+  return 4 * per_tile <= S::kAccRegs ? 4 : (2 * per_tile <= S::kAccRegs ? 2 : 1);
+}
+
+template <class S, int NG, int kLevels, int KT>
 void RunGroup(const TileArgs& a, int64_t g0, const uint8_t* tile, float* out_tile) {
   const int64_t kp = a.supers * kSuperCols;
   const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), NG, kp);
   for (int pass = 0; pass < kTileRows / S::kLanes; ++pass) {
-    TilePassGroup<S, NG, kLevels>(tile, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo, a.prefetch_bytes,
-                                  a.tiles + a.num_tiles * a.tile_stride);
+    TilePassGroup<S, NG, kLevels, KT>(tile, a.tile_stride, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo,
+                                      a.prefetch_bytes, a.prefetch_page_lines, a.tiles + a.num_tiles * a.tile_stride);
+  }
+}
+
+// Runs tiles [t, t + n) (n <= StreamsFor) for the group at g0 of gs rows: KT tiles at a time, KT halving
+// for the remainder.
+template <class S, int NG, int kLevels, int KT>
+void RunGroupTiles(const TileArgs& a, int64_t g0, int64_t t, int64_t n) {
+  if constexpr (KT >= 1) {
+    for (; n >= KT; n -= KT, t += KT) RunGroup<S, NG, kLevels, KT>(a, g0, a.tiles + t * a.tile_stride, a.out + 16 * t);
+    if constexpr (KT > 1) RunGroupTiles<S, NG, kLevels, KT / 2>(a, g0, t, n);
   }
 }
 
 template <class S, int NG, int kLevels>
-void RunGroupDispatch(const TileArgs& a, int64_t g0, int gs, const uint8_t* tile, float* out_tile) {
+void RunGroupDispatch(const TileArgs& a, int64_t g0, int gs, int64_t t, int64_t n) {
   if constexpr (NG == 0) {
-    (void)a, (void)g0, (void)gs, (void)tile, (void)out_tile;
+    (void)a, (void)g0, (void)gs, (void)t, (void)n;
   } else if (gs == NG) {
-    RunGroup<S, NG, kLevels>(a, g0, tile, out_tile);
+    RunGroupTiles<S, NG, kLevels, StreamsFor<S, NG, kLevels>()>(a, g0, t, n);
   } else {
-    RunGroupDispatch<S, NG - 1, kLevels>(a, g0, gs, tile, out_tile);
+    RunGroupDispatch<S, NG - 1, kLevels>(a, g0, gs, t, n);
   }
 }
 
 template <class S, int kLevels>
 void Int8Tiles(const TileArgs& a) {
   constexpr int kGroup = S::template Group<kLevels>();
-  for (int64_t t = 0; t < a.num_tiles; ++t) {
-    const uint8_t* tile = a.tiles + t * a.tile_stride;
+  constexpr int kMostStreams = StreamsFor<S, 1, kLevels>();  // the most of any group size
+  const int64_t streams = a.max_streams > 0 && a.max_streams < kMostStreams ? a.max_streams : kMostStreams;
+  for (int64_t t = 0; t < a.num_tiles; t += streams) {
+    const int64_t n = a.num_tiles - t < streams ? a.num_tiles - t : streams;
     for (int64_t g0 = 0; g0 < a.m; g0 += kGroup) {
       const int gs = static_cast<int>(a.m - g0 < kGroup ? a.m - g0 : kGroup);
-      RunGroupDispatch<S, kGroup, kLevels>(a, g0, gs, tile, a.out + 16 * t);
+      RunGroupDispatch<S, kGroup, kLevels>(a, g0, gs, t, n);
     }
   }
 }

@@ -17,6 +17,8 @@ struct SimdAvx2 {
   using VF = __m256;
   static constexpr int kLanes = 8;  // tile rows per register (two passes per tile)
   // Activation rows per pass: one fp32 accumulator plus one int32 accumulator per level and row.
+  // Vector registers the kernel may fill with accumulators and decoded weights (int8_tiles.h StreamsFor).
+  static constexpr int kAccRegs = 12;
   template <int kLevels>
   static constexpr int Group() {
     return kLevels == 2 ? 2 : 3;
@@ -28,6 +30,11 @@ struct SimdAvx2 {
   static VI LoadChunk(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
   static VI LowNibbles(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static VI HighNibbles(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+  // A chunk's low and high nibbles, looked up.
+  static void Decode(VI lut, VI v, VI& lo, VI& hi) {
+    lo = Lookup(lut, LowNibbles(v));
+    hi = Lookup(lut, HighNibbles(v));
+  }
   static VI Lookup(VI lut, VI idx) { return _mm256_shuffle_epi8(lut, idx); }
   static VI Dot(VI acc, VI w, int32_t x4) {
     const __m256i pairs = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4));

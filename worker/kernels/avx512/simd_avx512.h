@@ -15,6 +15,8 @@ struct SimdAvx512 {
   using VF = __m512;
   static constexpr int kLanes = 16;  // tile rows per register (one pass per tile)
   // Activation rows per pass: one fp32 accumulator plus one int32 accumulator per level and row.
+  // Vector registers the kernel may fill with accumulators and decoded weights (int8_tiles.h StreamsFor).
+  static constexpr int kAccRegs = 26;
   template <int kLevels>
   static constexpr int Group() {
     return kLevels == 2 ? 6 : 8;
@@ -27,6 +29,11 @@ struct SimdAvx512 {
   static VI LoadChunk(const uint8_t* p) { return _mm512_load_si512(p); }
   static VI LowNibbles(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static VI HighNibbles(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  // A chunk's low and high nibbles, looked up.
+  static void Decode(VI lut, VI v, VI& lo, VI& hi) {
+    lo = Lookup(lut, LowNibbles(v));
+    hi = Lookup(lut, HighNibbles(v));
+  }
   static VI Lookup(VI lut, VI idx) { return _mm512_shuffle_epi8(lut, idx); }
   static VI Dot(VI acc, VI w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
   static VI ShiftAdd8(VI hi, VI lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }

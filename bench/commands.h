@@ -10,5 +10,6 @@ int RunDecodeBench(int argc, char** argv);     // bench/decode_bench.cc
 int RunCudaBench(int argc, char** argv);       // bench/cuda_bench.cc
 int RunHopBench(int argc, char** argv);        // bench/hop_bench.cc
 int RunSpecBench(int argc, char** argv);       // bench/spec_bench.cc
+int RunPrefixBench(int argc, char** argv);     // bench/prefix_bench.cc
 
 }  // namespace numoe::bench

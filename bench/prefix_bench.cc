@@ -83,8 +83,9 @@ int RunPrefixBench(int argc, char** argv) {
   p.AddDouble("request-timeout", "S", "give up on a request after this long", &request_timeout, 1, 86400);
   p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json_only);
   p.AddEpilog(
-      "\nExample (the small trained fixture on the CPU backend; the last turn resends a ~4.3K-token prefix):\n"
-      "  numoe-bench prefix --model tests/data/demo-v4 --system-tokens 2048 --turns 8 --user-tokens 256\n");
+      "\nExample (the small trained fixture on the CPU backend, context 4096: the last turn resends a ~3.8K-token\n"
+      "prefix):\n"
+      "  numoe-bench prefix --model tests/data/demo-v4 --system-tokens 2048 --turns 8 --user-tokens 220\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   const auto fail = [&](const Status& st) {

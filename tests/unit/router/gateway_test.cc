@@ -677,7 +677,7 @@ TEST_F(GatewayTest, MessagesWholeAndStreamed) {
   EXPECT_EQ(json::parse(args), json({{"city", "Paris"}}));
   EXPECT_EQ(events[events.size() - 2], json::parse(absl::StrCat(
       R"({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"input_tokens": )",
-      prompt.size(), R"(, "output_tokens": )", out->size() + 1, "}}")));
+      prompt.size(), R"(, "output_tokens": )", out->size() + 1, R"(, "cache_read_input_tokens": 0}})")));
   EXPECT_EQ(events.back(), json({{"type", "message_stop"}}));
 
   // A stop sequence; max_tokens.

@@ -19,6 +19,7 @@ constexpr Bench kBenches[] = {
     {"model", "one-process prefill and decode tokens/s (CPU backend)", numoe::bench::RunModelBench},
     {"decode", "end-to-end decode tokens/s through numoe serve vs the memory-bandwidth bound", numoe::bench::RunDecodeBench},
     {"cuda", "CUDA decode step on V4-Flash-shaped weights vs the memory-bandwidth floor", numoe::bench::RunCudaBench},
+    {"prefix", "the prefix cache over a multi-turn conversation: TTFT cold vs warm per turn, hit rate", numoe::bench::RunPrefixBench},
     {"spec", "speculative vs plain decode tokens/s, accepted length, vs the experts-read prediction", numoe::bench::RunSpecBench},
     {"prefill", "time to first token and prefill tokens/s of long prompts through numoe serve vs the compute bound", numoe::bench::RunPrefillBench},
     {"hop", "layer-hop round trip over the shared-memory data plane, p50/p99 in us", numoe::bench::RunHopBench},

@@ -192,7 +192,10 @@ StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int6
     if (!chunk.contains("choices") || chunk["choices"].empty()) continue;  // the usage chunk
     const json& c = chunk["choices"][0];
     int n = 0;
-    if (c.contains("token_ids") && c["token_ids"].is_array()) n = static_cast<int>(c["token_ids"].size());
+    if (c.contains("token_ids") && c["token_ids"].is_array()) {
+      n = static_cast<int>(c["token_ids"].size());
+      for (const json& id : c["token_ids"]) r.token_ids.push_back(id.get<int32_t>());
+    }
     if (c.contains("finish_reason") && c["finish_reason"].is_string()) r.finish_reason = c["finish_reason"];
     if (n > 0) {
       r.events.push_back({now, n});
@@ -349,7 +352,10 @@ StatusOr<ServeEndpoints> ServeCommand(const ServeSpec& s) {
   ASSIGN_OR_RETURN(e.grpc_port, FreePort());
   e.argv = {BinDir() + "/numoe", "serve", "--model", s.model, "--workers", std::to_string(s.workers),
             "--backend", s.backend, "--port", std::to_string(e.port), "--grpc-port", std::to_string(e.grpc_port),
-            "--spec", s.spec, "--affinity-prefix-tokens", std::to_string(s.affinity_prefix_tokens)};
+            "--spec", s.spec};
+  if (s.affinity_prefix_tokens >= 0) {
+    e.argv.insert(e.argv.end(), {"--affinity-prefix-tokens", std::to_string(s.affinity_prefix_tokens)});
+  }
   if (!s.log_dir.empty()) e.argv.insert(e.argv.end(), {"--log-dir", s.log_dir});
   if (s.threads > 0) e.argv.insert(e.argv.end(), {"--threads-per-worker", std::to_string(s.threads)});
   if (s.lanes >= 0) e.argv.insert(e.argv.end(), {"--lanes", std::to_string(s.lanes)});

@@ -60,6 +60,7 @@ struct StreamResult {
   std::vector<std::pair<Clock::time_point, int>> events;  // arrival time, tokens in the event
   int64_t tokens = 0;
   std::string finish_reason;
+  std::vector<int32_t> token_ids;                  // every token id received, in order
   int64_t prompt_tokens = -1, cached_tokens = -1;  // from the usage chunk, when it has them
 };
 StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s);
@@ -106,7 +107,7 @@ struct ServeSpec {
   std::string model, backend = "cpu", spec = "auto", log_dir;
   int64_t workers = 1, threads = 0, lanes = -1;
   double sim_expert_gbps = 0;
-  int affinity_prefix_tokens = 0;          // 0: balance by outstanding work alone (prompts share no prefix)
+  int affinity_prefix_tokens = 0;          // 0: balance by outstanding work alone (prompts share no prefix); -1: serve's default
   std::vector<std::string> extra;          // further serve flags, passed as given
 };
 struct ServeEndpoints {

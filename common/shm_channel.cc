@@ -129,6 +129,7 @@ Layout ComputeLayout(const Geometry& g) {
   take(&l.counts, S * sizeof(int32_t));
   take(&l.drafted, S * sizeof(int32_t));
   take(&l.accepted, S * sizeof(int32_t));
+  take(&l.cached, S * sizeof(int32_t));
   take(&l.emitted, rows * sizeof(int32_t));
   take(&l.logprobs, rows * (1 + kMaxWireTopLogprobs) * sizeof(WireLogprob));
   take(&l.logits, size_t{g.logits_rows} * g.vocab * sizeof(float));
@@ -348,6 +349,7 @@ int32_t* Channel::sampled() const { return reinterpret_cast<int32_t*>(base_ + la
 int32_t* Channel::counts() const { return reinterpret_cast<int32_t*>(base_ + layout_.counts); }
 int32_t* Channel::drafted() const { return reinterpret_cast<int32_t*>(base_ + layout_.drafted); }
 int32_t* Channel::accepted() const { return reinterpret_cast<int32_t*>(base_ + layout_.accepted); }
+int32_t* Channel::cached() const { return reinterpret_cast<int32_t*>(base_ + layout_.cached); }
 int32_t* Channel::emitted() const { return reinterpret_cast<int32_t*>(base_ + layout_.emitted); }
 WireLogprob* Channel::logprobs() const { return reinterpret_cast<WireLogprob*>(base_ + layout_.logprobs); }
 float* Channel::logits() const { return reinterpret_cast<float*>(base_ + layout_.logits); }

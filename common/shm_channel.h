@@ -21,7 +21,8 @@
 //                              moe_out[max_rows x hidden] f32, error text
 //   down slot (gpu -> worker): MsgHeader, x[max_rows x hidden] f32, ids[max_rows x top_k] i32,
 //                              weights[max_rows x top_k] f32, sampled[max_seqs] i32, counts[max_seqs] i32,
-//                              drafted[max_seqs] i32, accepted[max_seqs] i32, emitted[max_rows] i32,
+//                              drafted[max_seqs] i32, accepted[max_seqs] i32, cached[max_seqs] i32,
+//                              emitted[max_rows] i32,
 //                              logprobs[max_rows x (1 + kMaxWireTopLogprobs)] WireLogprob,
 //                              logits[logits_rows x vocab] f32, error text
 // The arrays are read and written in place (zero copy): the worker's expert backend reads x straight
@@ -66,8 +67,8 @@
 namespace numoe::shm {
 
 inline constexpr uint64_t kMagic = 0x314d48535f454f4eULL;  // "NOE_SHM1" little-endian
-inline constexpr uint32_t kVersion = 3;  // 2: speculative decoding (drafts, emitted tokens); 3: penalties,
-                                         // logit bias, log-probs, forks
+inline constexpr uint32_t kVersion = 4;  // 2: speculative decoding (drafts, emitted tokens); 3: penalties,
+                                         // logit bias, log-probs, forks; 4: prefix cache (cached, cache bytes)
 inline constexpr size_t kErrorTextBytes = 1024;
 // Capacities of the sampling extras (common/sampling_limits.h).
 inline constexpr uint32_t kMaxWireBias = static_cast<uint32_t>(kMaxLogitBias);
@@ -100,7 +101,7 @@ struct Layout {
   size_t header = 0, to_gpu = 0, to_worker = 0;
   size_t up_msg = 0, entries = 0, tokens = 0, releases = 0, forks = 0, biases = 0, moe_out = 0, up_error = 0;
   size_t down_msg = 0, moe_x = 0, moe_ids = 0, moe_weights = 0, sampled = 0, counts = 0, drafted = 0, accepted = 0,
-         emitted = 0, logprobs = 0, logits = 0, down_error = 0;
+         cached = 0, emitted = 0, logprobs = 0, logits = 0, down_error = 0;
   size_t total = 0;
 };
 Layout ComputeLayout(const Geometry& g);
@@ -181,6 +182,11 @@ struct MsgHeader {
   int64_t num_logits = 0;    // kStepResult: rows in logits (entries with kEntryLogits, in order)
   int64_t num_emitted = 0;   // kStepResult: tokens in emitted (the sum of counts)
   int64_t compute_ns = 0;    // kMoeResponse: time the worker spent computing (hop overhead = RTT - this)
+  // kStepResult: numoe-gpu's prefix cache (gpu_service/session.h): bytes its checkpoints hold (-1: off), and
+  // the prompt tokens its lookups queried and restored since it started.
+  int64_t prefix_cache_bytes = -1;
+  int64_t prefix_queried_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
   int64_t text_len = 0;      // kError
 };
 
@@ -274,6 +280,7 @@ class Channel {
   int32_t* counts() const;      // down: [max_seqs] tokens emitted per entry (0, 1, or 1 + accepted)
   int32_t* drafted() const;     // down: [max_seqs] drafts verified per entry
   int32_t* accepted() const;    // down: [max_seqs] drafts kept per entry
+  int32_t* cached() const;      // down: [max_seqs] prompt tokens restored from numoe-gpu's prefix cache
   int32_t* emitted() const;     // down: [max_rows] every entry's emitted tokens, entry after entry
   WireLogprob* logprobs() const;  // down: [max_rows, 1 + kMaxWireTopLogprobs]: chosen, then the top ones
   float* logits() const;        // down: [logits_rows, vocab]

@@ -34,6 +34,14 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
                &o->gpus);
   p.AddInt("lanes", "N", "numoe-gpu --lanes: workers whose steps interleave on the GPU (--backend cuda; -1 = its default)",
            &o->lanes, -1, 64);
+  p.AddFlag("no-prefix-cache", "numoe-gpu --no-prefix-cache: compute every prompt from its first token",
+            &o->no_prefix_cache);
+  p.AddDouble("prefix-cache-gb", "GB", "numoe-gpu --prefix-cache-gb: the prefix cache's memory (-1 = its default)",
+              &o->prefix_cache_gb, -1, 1e6);
+  p.AddInt("prefix-checkpoint-tokens", "N",
+           "numoe-gpu --prefix-checkpoint-tokens: a prefix-cache checkpoint every N tokens of a long prompt (-1 = its "
+           "default)",
+           &o->prefix_checkpoint_tokens, -1, int64_t{1} << 30);
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &o->max_seqs, 0, 4096);
   // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
   p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &o->max_step_tokens, 0,
@@ -79,6 +87,9 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   g.tp = o.tp;
   g.gpus = o.gpus;
   if (o.lanes >= 0) g.lanes = o.lanes;
+  g.no_prefix_cache = o.no_prefix_cache;
+  if (o.prefix_cache_gb >= 0) g.prefix_cache_gb = o.prefix_cache_gb;
+  if (o.prefix_checkpoint_tokens >= 0) g.prefix_checkpoint_tokens = o.prefix_checkpoint_tokens;
   // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
   g.max_sequences = std::max(g.max_sequences, o.max_seqs);
 

@@ -45,11 +45,17 @@ struct LaunchOptions {
   int router_port = 8000;               // REST
   int router_grpc_port = 8001;
   int64_t affinity_prefix_tokens = -1;  // numoe-router --affinity-prefix-tokens; -1 = its default
+  // numoe-gpu's prefix cache: --no-prefix-cache, --prefix-cache-gb (< 0 = its default),
+  // --prefix-checkpoint-tokens (-1 = its default).
+  bool no_prefix_cache = false;
+  double prefix_cache_gb = -1;
+  int64_t prefix_checkpoint_tokens = -1;
 };
 
 // --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs,
 // --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --host, --port,
-// --grpc-port and --affinity-prefix-tokens (the router's),
+// --grpc-port, --affinity-prefix-tokens (the router's) and numoe-gpu's --no-prefix-cache, --prefix-cache-gb,
+// --prefix-checkpoint-tokens,
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 

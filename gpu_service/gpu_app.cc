@@ -112,6 +112,22 @@ int RunGpuApp(const GpuAppConfig& flags) {
   opts.max_model_drafts = MaxDraftsPerItem(caps);
   opts.fork = caps.fork;
   opts.drafter_experts_on_gpu = config.drafter_experts == DrafterExperts::kGpu && (*model)->drafter() == SpecMethod::kDspark;
+  opts.prefix_cache = !config.no_prefix_cache;
+  opts.prefix.budget_bytes = static_cast<int64_t>(config.prefix_cache_gb * double(int64_t{1} << 30));
+  opts.prefix.checkpoint_tokens = config.prefix_checkpoint_tokens;
+  // A checkpoint takes one of the CUDA backend's sequence slots (--max-sequences): keep most for running ones
+  // (a running sequence that finds none free evicts checkpoints anyway: PrefixCache::MakeRoom).
+  if (config.backend == Backend::kCuda) opts.prefix.max_entries = std::max<int64_t>(1, config.max_sequences / 4);
+  if (Status st = ValidatePrefixCacheOptions(opts.prefix); !st.ok()) return fail(st);
+  if (!opts.prefix_cache) {
+    NLOG(INFO) << "numoe-gpu: prefix cache off (--no-prefix-cache)";
+  } else if (!caps.fork) {
+    NLOG(INFO) << "numoe-gpu: no prefix cache: the " << backend << " backend cannot copy a sequence's state";
+  } else {
+    NLOG(INFO) << "numoe-gpu: prefix cache of " << config.prefix_cache_gb << " GiB shared by every worker, a checkpoint "
+               << (opts.prefix.checkpoint_tokens > 0 ? absl::StrCat("every ", opts.prefix.checkpoint_tokens, " prompt tokens and ") : std::string())
+               << "at each prompt's and answer's end";
+  }
   GpuServer server(model->get(), (*ckpt)->config(), opts);
   GpuGrpcService service(&server);
 

@@ -34,6 +34,12 @@ struct GpuAppConfig {
   // none (no drafter loaded; n-gram drafts come from the workers). Verification needs a backend that
   // rolls back (both do).
   SpecChoice spec = SpecChoice::kAuto;
+  // The prefix cache (model/prefix_cache.h): off with --no-prefix-cache; its checkpoints' memory in GiB
+  // (the backend's own: RAM on the CPU backend, GPU memory on CUDA); a checkpoint every N tokens of a long
+  // prompt.
+  bool no_prefix_cache = false;
+  double prefix_cache_gb = 4.0;
+  int64_t prefix_checkpoint_tokens = 2048;
 
   bool operator==(const GpuAppConfig&) const = default;
 };

@@ -37,6 +37,18 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
             "mtp with MTP stages, else none; --backend cuda runs dspark with --tp 1 and no mtp). ngram and none load "
             "no drafter; the drafts of workers started with --spec ngram are verified whatever this says",
             &c->spec);
+  p.AddFlag("no-prefix-cache",
+            "turn the prefix cache off: every prompt is computed from its first token (by default prompts that share "
+            "a prefix with earlier ones, from any worker, resume from its cached state)",
+            &c->no_prefix_cache);
+  p.AddDouble("prefix-cache-gb", "GB",
+              "memory for the prefix cache's checkpoints (the backend's own: RAM on the CPU backend, GPU memory on "
+              "CUDA); the least recently used go past it",
+              &c->prefix_cache_gb, 0.0, 1e6);
+  p.AddInt("prefix-checkpoint-tokens", "N",
+           "prefix cache: a checkpoint every N tokens of a long prompt, besides the ones at each prompt's and "
+           "answer's end (0 = only those)",
+           &c->prefix_checkpoint_tokens, 0, int64_t{1} << 30);
 }
 
 Status ResolveGpus(GpuAppConfig* c, int cuda_devices) {

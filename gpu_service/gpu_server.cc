@@ -15,6 +15,10 @@ GpuServer::GpuServer(ModelBackend* model, const ModelConfig& config, const GpuSe
   host_.model = model;
   host_.interleaved_steps = model->capabilities().interleaved_steps;
   host_.lanes = model->capabilities().lanes;
+  if (options_.prefix_cache && model->capabilities().fork) {
+    prefix_cache_ = std::make_unique<PrefixCache>(model, options_.prefix);
+    host_.prefix_cache = prefix_cache_.get();
+  }
   // Leases start at a random point so a worker of a previous numoe-gpu run (same port) can never pass
   // for a current one: its heartbeat gets NOT_FOUND.
   std::random_device rd;
@@ -130,6 +134,16 @@ v1::GpuStats GpuServer::Stats() const {
   s.set_overlapped_steps(host_.overlapped_steps.load());
   s.set_layer_hop_p50_us(host_.hops.Percentile(50));
   s.set_layer_hop_p99_us(host_.hops.Percentile(99));
+  if (prefix_cache_ != nullptr) {
+    const PrefixCacheStats p = prefix_cache_->stats();
+    s.set_prefix_cache(true);
+    s.set_prefix_queried_tokens(p.queried_tokens);
+    s.set_prefix_hit_tokens(p.hit_tokens);
+    s.set_prefix_checkpoints(static_cast<uint64_t>(p.entries));
+    s.set_prefix_bytes(static_cast<uint64_t>(p.bytes));
+    s.set_prefix_budget_bytes(static_cast<uint64_t>(p.budget_bytes));
+    s.set_prefix_evicted(p.evicted);
+  }
   const int64_t now = SteadyMillis();
   std::lock_guard<std::mutex> lk(mu_);
   uint32_t seqs = 0;

@@ -43,6 +43,9 @@ struct GpuServerOptions {
   bool fork = false;
   // The drafter's routed experts run in numoe-gpu (told to workers at registration: they skip loading them).
   bool drafter_experts_on_gpu = false;
+  // The prefix cache every worker's sequences share (model/prefix_cache.h); off: --no-prefix-cache.
+  bool prefix_cache = true;
+  PrefixCacheOptions prefix;
 };
 
 class GpuServer {
@@ -71,6 +74,7 @@ class GpuServer {
 
   ModelConfig config_;
   GpuServerOptions options_;
+  std::unique_ptr<PrefixCache> prefix_cache_;  // outlives the sessions (they leave their sequences in it)
   ModelHost host_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

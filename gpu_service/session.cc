@@ -71,7 +71,7 @@ void WorkerSession::Stop() {
 void WorkerSession::ReleaseAll() {
   if (seqs_.empty()) return;
   std::lock_guard<FifoMutex> lk(host_->forward_mu);
-  for (auto& [key, s] : seqs_) (void)host_->model->ReleaseSequence(s.model_seq);
+  for (auto& [key, s] : seqs_) ReleaseCachedSequence(*host_->model, host_->prefix_cache, &s.state);
   seqs_.clear();
   num_seqs_.store(0);
 }
@@ -111,6 +111,18 @@ void WorkerSession::Serve() {
                << ") is gone: " << why;
     if (on_exit_) on_exit_(info_.lease);
   }
+}
+
+void WorkerSession::ReportCache(shm::MsgHeader* out) const {
+  if (host_->prefix_cache == nullptr) {
+    out->prefix_cache_bytes = -1;
+    out->prefix_queried_tokens = out->prefix_hit_tokens = 0;
+    return;
+  }
+  const PrefixCacheStats st = host_->prefix_cache->stats();
+  out->prefix_cache_bytes = st.bytes;
+  out->prefix_queried_tokens = static_cast<int64_t>(st.queried_tokens);
+  out->prefix_hit_tokens = static_cast<int64_t>(st.hit_tokens);
 }
 
 Status WorkerSession::HandleStep() {
@@ -171,13 +183,15 @@ Status WorkerSession::HandleStep() {
       fork_params.push_back(std::move(p));
     }
     std::lock_guard<FifoMutex> lk(host_->forward_mu);
+    experts_.set_yield(nullptr);
     for (size_t i = 0; i < forks.size(); ++i) {
-      const Seq& parent = seqs_.at(forks[i].parent);
-      auto id = host_->model->ForkSequence(parent.model_seq);
+      Seq& parent = seqs_.at(forks[i].parent);
+      auto id = ForkCachedSequence(*host_->model, experts_, host_->prefix_cache, g.max_rows, &parent.state,
+                                   &parent.sampler);
       if (!id.ok()) {
         return Status(id.status().code(), absl::StrCat("StepRequest: forks[", i, "]: ", id.status().message()));
       }
-      Seq child{*id, Sampler(fork_params[i])};
+      Seq child{std::move(*id), Sampler(fork_params[i])};
       child.sampler.CopyHistoryFrom(parent.sampler);
       seqs_.emplace(forks[i].seq, std::move(child));
     }
@@ -190,7 +204,7 @@ Status WorkerSession::HandleStep() {
     for (int64_t key : releases) {
       auto it = seqs_.find(key);
       if (it == seqs_.end()) continue;
-      (void)host_->model->ReleaseSequence(it->second.model_seq);
+      ReleaseCachedSequence(*host_->model, host_->prefix_cache, &it->second.state);
       seqs_.erase(it);
     }
     num_seqs_.store(static_cast<int64_t>(seqs_.size()));
@@ -200,6 +214,7 @@ Status WorkerSession::HandleStep() {
   out.num_logits = 0;
   out.num_emitted = 0;
   out.num_logprobs = 0;
+  ReportCache(&out);
   if (n == 0) return absl::OkStatus();
 
   // Validate every entry before touching the model: the wire (counts, flags, sequences, capacities) here,
@@ -262,14 +277,15 @@ Status WorkerSession::HandleStep() {
   for (int64_t i = 0; i < n; ++i) {
     const shm::StepEntry& e = entries_[i];
     if ((e.flags & shm::kEntryOpen) == 0) continue;
-    ASSIGN_OR_RETURN(SequenceId id, host_->model->CreateSequence());
-    seqs_.emplace(e.seq, Seq{id, Sampler(open_params_[i])});
+    ASSIGN_OR_RETURN(CachedSequence state, OpenCachedSequence(*host_->model, host_->prefix_cache));
+    seqs_.emplace(e.seq, Seq{std::move(state), Sampler(open_params_[i])});
   }
   num_seqs_.store(static_cast<int64_t>(seqs_.size()));
   samplers_.resize(static_cast<size_t>(n));
+  states_.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     Seq& s = seqs_.at(entries_[i].seq);
-    items_[i].seq = s.model_seq;
+    states_[i] = &s.state;
     samplers_[i] = &s.sampler;
   }
   // The model drafter's MoE goes over the channel as the stage layers num_hidden_layers + s. While the
@@ -277,7 +293,9 @@ Status WorkerSession::HandleStep() {
   // With lanes (the CUDA backend) only a session that holds a lane of its own interleaves.
   const bool interleave = host_->interleaved_steps && (host_->lanes == 0 || lane_ > 0);
   experts_.set_yield(interleave ? &host_->forward_mu : nullptr);
-  RETURN_IF_ERROR(RunModelStep(*host_->model, experts_, items_, samplers_, &scratch_, &out_));
+  RETURN_IF_ERROR(RunCachedStep(*host_->model, experts_, host_->prefix_cache, g.max_rows, items_, states_, samplers_,
+                                &scratch_, &out_, &cached_));
+  ReportCache(&out);
 
   int64_t drafted_total = 0, accepted_total = 0, spec_steps = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -285,6 +303,7 @@ Status WorkerSession::HandleStep() {
     channel_->counts()[i] = out_.counts[i];
     channel_->drafted()[i] = out_.drafted[i];
     channel_->accepted()[i] = out_.accepted[i];
+    channel_->cached()[i] = cached_[i];
     if (out_.drafted[i] > 0) {
       drafted_total += out_.drafted[i];
       accepted_total += out_.accepted[i];

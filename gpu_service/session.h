@@ -24,6 +24,8 @@
 
 #include "common/shm_channel.h"
 #include "model/backend.h"
+#include "model/prefix_cache.h"
+#include "model/prefix_step.h"
 #include "model/sampling.h"
 #include "model/step.h"
 #include "gpu_service/fifo_mutex.h"
@@ -35,6 +37,9 @@ namespace numoe::gpu {
 // The model shared by every worker session.
 struct ModelHost {
   ModelBackend* model = nullptr;
+  // The prefix cache every session shares (model/prefix_cache.h; null with --no-prefix-cache): a prompt
+  // one worker's request left in it serves another worker's request. Used under forward_mu.
+  PrefixCache* prefix_cache = nullptr;
   // One thread computes on the model at a time; sessions take turns in arrival order. With
   // `interleaved_steps` (the backend's Capabilities) a session gives the model up while its worker computes
   // a layer's experts, so another worker's step runs meanwhile (lanes, layer by layer); otherwise a step
@@ -95,12 +100,14 @@ class WorkerSession {
 
  private:
   struct Seq {
-    SequenceId model_seq;
+    CachedSequence state;  // the model sequence (model/prefix_step.h: probing while its prompt may be cached)
     Sampler sampler;
   };
   void Serve();
   Status HandleStep();
   void ReleaseAll();
+  // The prefix cache's figures into a StepResult header.
+  void ReportCache(shm::MsgHeader* out) const;
 
   ModelHost* host_;
   SessionInfo info_;
@@ -124,6 +131,8 @@ class WorkerSession {
   std::vector<SamplingParams> open_params_;  // per entry: the sampling of an opening entry
   std::vector<StepItem> items_;       // the entries as step items (model SequenceIds once opened)
   std::vector<Sampler*> samplers_;
+  std::vector<CachedSequence*> states_;
+  std::vector<int32_t> cached_;
   StepScratch scratch_;
   StepOutput out_;
 };

@@ -145,6 +145,14 @@ class ModelBackend {
     (void)parent;
     return absl::UnimplementedError("this backend cannot fork sequences");
   }
+  // Makes the sequence's last step final: its rejected tokens are rolled back and nothing will be, so what
+  // Rollback would need is dropped and ForkSequence may copy the sequence (the prefix cache keeps a sequence
+  // whose last step was speculative this way). Unimplemented where the backend cannot; a no-op after a
+  // step that was not speculative.
+  virtual Status Settle(SequenceId seq) {
+    (void)seq;
+    return absl::UnimplementedError("this backend cannot settle a speculative step");
+  }
   virtual Capabilities capabilities() const = 0;
   SpecMethod drafter() const { return capabilities().drafter; }
   virtual Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out) {

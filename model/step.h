@@ -68,6 +68,9 @@ struct StepOutput {
   // per entry of `emitted`, in the same order (items that did not ask get default entries). A speculative
   // item's come from the verify rows that chose its tokens.
   std::vector<EmittedLogprobs> logprobs;
+  // Per item: prompt tokens restored from the prefix cache at this step instead of computed (numoe-gpu's
+  // sessions, model/prefix_step.h); 0 elsewhere.
+  std::vector<int32_t> cached;
 
   // Sizes the per-item vectors for `n` items with nothing emitted (tokens -1) and clears the rest.
   void Reset(size_t n) {
@@ -75,6 +78,7 @@ struct StepOutput {
     counts.assign(n, 0);
     drafted.assign(n, 0);
     accepted.assign(n, 0);
+    cached.assign(n, 0);
     emitted.clear();
     logits.clear();
     logprobs.clear();

@@ -461,6 +461,23 @@ Status CpuModel::Rollback(SequenceId seq, int64_t num_tokens) {
   return absl::OkStatus();
 }
 
+Status CpuModel::Settle(SequenceId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  SeqState& st = *it->second;
+  if (st.undo_from < 0) return absl::OkStatus();
+  st.undo_from = -1;
+  for (auto& log : st.drafter_undo) log.clear();
+  st.mtp_undo.clear();
+  for (auto& L : st.layers) {
+    L.ring_undo.clear();
+    for (CompressorState* c : {L.comp.get(), L.index_comp.get()}) {
+      if (c != nullptr) c->EndUndo();
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---- mHC ---------------------------------------------------------------------------------------------
 
 void CpuModel::HyperPre(const HyperConnW& hc, const float* x, int64_t n, float* u, float* post, float* comb) const {

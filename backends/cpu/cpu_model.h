@@ -120,6 +120,7 @@ class CpuModel final : public ModelBackend {
                  std::vector<SequenceLogits>* out) override;
   StatusOr<SequenceMemory> Memory(SequenceId seq) const override;
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
+  Status Settle(SequenceId seq) override;
   // A deep copy of the parent's state (rings, compressor buffers and entries, drafter rings).
   StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }

@@ -494,7 +494,10 @@ std::vector<Json> MessageBuilder::Finish(const std::string& stop_reason, const s
   events.push_back({{"type", "message_delta"},
                     {"delta", {{"stop_reason", stop_reason},
                                {"stop_sequence", stop_sequence.empty() ? Json(nullptr) : Json(stop_sequence)}}},
-                    {"usage", {{"input_tokens", input_tokens_}, {"output_tokens", output_tokens}}}});
+                    {"usage",
+                     {{"input_tokens", input_tokens_},
+                      {"output_tokens", output_tokens},
+                      {"cache_read_input_tokens", cache_read_input_tokens_}}}});
   events.push_back({{"type", "message_stop"}});
   return events;
 }
@@ -527,7 +530,10 @@ Json MessageBuilder::Message() const {
               {"content", std::move(content)},
               {"stop_reason", stop_reason_},
               {"stop_sequence", stop_sequence_.empty() ? Json(nullptr) : Json(stop_sequence_)},
-              {"usage", {{"input_tokens", input_tokens_}, {"output_tokens", output_tokens_}}}};
+              {"usage",
+               {{"input_tokens", input_tokens_},
+                {"output_tokens", output_tokens_},
+                {"cache_read_input_tokens", cache_read_input_tokens_}}}};
 }
 
 }  // namespace numoe::router::anthropic

@@ -99,6 +99,9 @@ class MessageBuilder {
   // stays in the stream but is left out of Message().
   std::vector<Json> Finish(const std::string& stop_reason, const std::string& stop_sequence,
                                      uint64_t output_tokens, int complete_tool_calls);
+  // Before Finish: of input_tokens, the ones numoe-gpu restored from its prefix cache (the final usage's
+  // cache_read_input_tokens; input_tokens stays the whole prompt, as count_tokens says).
+  void set_cache_read_input_tokens(uint64_t n) { cache_read_input_tokens_ = n; }
   // The whole message ({"id", "type": "message", "role", "model", "content", "stop_reason",
   // "stop_sequence", "usage"}), after Finish.
   Json Message() const;
@@ -118,7 +121,7 @@ class MessageBuilder {
   Options options_;
   std::vector<Block> blocks_;
   bool open_ = false;  // blocks_.back() is open
-  uint64_t input_tokens_ = 0, output_tokens_ = 0;
+  uint64_t input_tokens_ = 0, output_tokens_ = 0, cache_read_input_tokens_ = 0;
   std::string stop_reason_, stop_sequence_;
   int complete_tool_calls_ = 0;
 };

@@ -207,6 +207,7 @@ void ChoiceRun::OnResponse(const v1::WorkerGenerateResponse& response) {
   if (finished_ || response.index() >= choices_.size()) return;
   Choice& c = choices_[response.index()];
   if (!response.finish_reason().empty()) c.worker_finish = response.finish_reason();
+  if (response.cached_tokens() > 0) c.cached = static_cast<uint32_t>(std::min<uint64_t>(response.cached_tokens(), prompt_tokens_));
   std::span<const int32_t> ids(response.token_ids().data(), response.token_ids_size());
   if (c.finished || ids.empty()) return;
   const auto now = Clock::now();
@@ -252,6 +253,7 @@ void ChoiceRun::OnResponse(const v1::WorkerGenerateResponse& response) {
   ev.stop_string = c.text.matched_stop();
   ev.prompt_tokens = prompt_tokens_;
   ev.completion_tokens = c.generated;
+  ev.cached_tokens = c.cached;
   stopped_early_ |= step.stopped;
   SendFinal(c, std::move(ev));
   // The worker call serves every choice: stop it once none is left, if a stop string ended one early.
@@ -272,6 +274,7 @@ void ChoiceRun::OnEnd(const Status& status, const std::string& finish_reason) {
     ev.status = by_client ? absl::CancelledError("the client went away") : status;
     ev.prompt_tokens = prompt_tokens_;
     for (const Choice& c : choices_) ev.completion_tokens += c.generated;
+    if (!choices_.empty()) ev.cached_tokens = choices_[0].cached;
     finished_ = true;
     std::shared_ptr<ChoiceSink> sink = std::move(sink_);
     sink->OnEvent(std::move(ev));
@@ -285,6 +288,7 @@ void ChoiceRun::OnEnd(const Status& status, const std::string& finish_reason) {
     ev.final = true;
     ev.prompt_tokens = prompt_tokens_;
     ev.completion_tokens = c.generated;
+    ev.cached_tokens = c.cached;
     ev.text = c.text.Finish();
     const std::string& worker_finish = c.worker_finish.empty() ? finish_reason : c.worker_finish;
     if (c.text.stopped()) {

@@ -89,6 +89,7 @@ struct ChoiceEvent {
   Status status;                   // final: OK, or why the choice failed
   uint32_t prompt_tokens = 0;      // final: usage
   uint32_t completion_tokens = 0;  // final: usage
+  uint32_t cached_tokens = 0;      // final: usage: of prompt_tokens, the ones restored from numoe-gpu's prefix cache
   std::string stop_string;         // final: the stop string that matched, if any
 };
 
@@ -158,6 +159,7 @@ class ChoiceRun : public GenerationObserver {
     OutputText text;
     Clock::time_point last_token;
     uint32_t generated = 0;
+    uint32_t cached = 0;        // prompt tokens the worker reported restored from the prefix cache
     std::string worker_finish;  // the worker's finish_reason for this choice
     bool finished = false;      // its final event was sent
   };

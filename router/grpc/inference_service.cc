@@ -132,6 +132,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
       r.set_stop_string(ev.stop_string);
       r.mutable_usage()->set_prompt_tokens(ev.prompt_tokens);
       r.mutable_usage()->set_completion_tokens(ev.completion_tokens);
+      r.mutable_usage()->set_cached_tokens(ev.cached_tokens);
       if (--open_choices_ == 0) {
         final_pending_ = true;
         final_status_ = absl::OkStatus();

@@ -96,6 +96,7 @@ void MessagesJob::OnEvent(ChoiceEvent ev) {
   done_ = true;
   run_.reset();  // finished: only the reference goes
   const int calls = parser_.tool_calls();
+  builder_.set_cache_read_input_tokens(ev.cached_tokens);
   events = builder_.Finish(an::StopReason(ev.finish_reason, ev.stop_string, calls), ev.stop_string, output_tokens_,
                            calls);
   if (config_.stream) {

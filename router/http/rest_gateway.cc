@@ -128,6 +128,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   struct Choice {
     uint64_t prompt_tokens = 0;
     uint64_t completion_tokens = 0;
+    uint64_t cached_tokens = 0;
     std::vector<int32_t> prompt_ids;  // with return_token_ids: sent once (vLLM's prompt_token_ids)
     bool prompt_ids_sent = false;     // completions streaming: the choice's first chunk went out
     bool role_sent = false;
@@ -260,6 +261,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
   void OnDataLocked(size_t index, Choice& c, const ChoiceEvent& ev) {
     c.completion_tokens += ev.token_ids.size();
+    if (ev.final) c.cached_tokens = ev.cached_tokens;
     const std::vector<int32_t>* ids = config_.return_token_ids ? &ev.token_ids : nullptr;
     std::string finish = ev.final ? ev.finish_reason : "";
     if (!config_.stream && config_.return_token_ids) c.ids.insert(c.ids.end(), ev.token_ids.begin(), ev.token_ids.end());
@@ -306,15 +308,16 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
   void FinishLocked() {
     done_ = true;
-    uint64_t prompt = 0, completion = 0;
+    uint64_t prompt = 0, completion = 0, cached = 0;
     for (const Choice& c : choices_) {
       prompt += c.prompt_tokens;
       completion += c.completion_tokens;
+      if (c.prompt_tokens > 0) cached += c.cached_tokens;  // the prompt's first choice carries its usage
     }
     if (config_.stream) {
       if (config_.include_usage) {
         const char* object = config_.chat ? "chat.completion.chunk" : "text_completion";
-        json chunk = oa::ChunkJson(object, id_, created_, config_.model, json::array(), oa::UsageJson(prompt, completion));
+        json chunk = oa::ChunkJson(object, id_, created_, config_.model, json::array(), oa::UsageJson(prompt, completion, cached));
         exchange_->SendEvent(oa::SseData(oa::Dump(chunk)));
       }
       exchange_->SendEvent(oa::kSseDone);
@@ -331,7 +334,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
       if (config_.return_token_ids && !config_.chat) choices.back()["prompt_token_ids"] = c.prompt_ids;
     }
     json body = oa::ResponseJson(config_.chat ? "chat.completion" : "text_completion", id_, created_, config_.model,
-                                 std::move(choices), prompt, completion);
+                                 std::move(choices), prompt, completion, cached);
     // vLLM: a chat response's prompt_token_ids are the encoded prompt (chat template applied), once.
     if (config_.return_token_ids && config_.chat) body["prompt_token_ids"] = choices_[0].prompt_ids;
     RespondJson(*exchange_, 200, body);

@@ -70,6 +70,9 @@ WorkerGauge WorkerGaugeFromStats(const std::string& worker, bool up, const v1::W
   g.spec_verify_steps = stats.spec_verify_steps();
   g.spec_drafted = stats.spec_drafted();
   g.spec_accepted = stats.spec_accepted();
+  g.prefix_queried_tokens = stats.prefix_queried_tokens();
+  g.prefix_hit_tokens = stats.prefix_hit_tokens();
+  g.prefix_cache_bytes = stats.prefix_cache_bytes();
   return g;
 }
 
@@ -127,6 +130,25 @@ std::string Metrics::Render(const std::vector<WorkerGauge>& workers) const {
         [](const WorkerGauge& w) { return w.queued_sequences; });
   gauge("numoe_worker_up", "1 when the worker's last health check passed.",
         [](const WorkerGauge& w) { return w.up ? 1 : 0; });
+  {
+    auto prefix = [&](const char* name, const char* type, const char* labels, const char* help, auto value_of) {
+      absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+      for (const WorkerGauge& w : workers) {
+        if (w.prefix_cache_bytes < 0) continue;
+        absl::StrAppend(&out, name, "{worker=\"", EscapeLabelValue(w.worker), "\"", labels, "} ", value_of(w), "\n");
+      }
+    };
+    prefix("numoe_prefix_cache_queried_tokens_total", "counter", "",
+           "Prompt tokens of the worker's requests looked up in numoe-gpu's prefix cache (last health check).",
+           [](const WorkerGauge& w) { return w.prefix_queried_tokens; });
+    prefix("numoe_prefix_cache_hit_tokens_total", "counter", "",
+           "Of them, the prompt tokens restored from the cache instead of computed (last health check).",
+           [](const WorkerGauge& w) { return w.prefix_hit_tokens; });
+    prefix("numoe_prefix_cache_bytes", "gauge", ",tier=\"backend\"",
+           "Bytes the prefix cache of the worker's numoe-gpu holds, by tier (backend: the model backend's own "
+           "memory, RAM on the CPU backend, GPU memory on CUDA; shared by the workers of one numoe-gpu).",
+           [](const WorkerGauge& w) { return w.prefix_cache_bytes; });
+  }
   {
     const char* name = "numoe_worker_expert_seconds_total";
     absl::StrAppend(&out, "# HELP ", name,

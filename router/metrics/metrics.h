@@ -12,6 +12,11 @@
 //   numoe_worker_up{worker}                         gauge: 1 when the last health check passed
 //   numoe_worker_expert_seconds_total{worker}       counter: seconds the worker spent in MoE calls (routed
 //                                                   experts, computed or simulated), from its last Stats answer
+//   numoe_prefix_cache_queried_tokens_total{worker} counter: prompt tokens of the worker's requests looked up in
+//                                                   numoe-gpu's prefix cache (workers with one only)
+//   numoe_prefix_cache_hit_tokens_total{worker}     counter: of them, the ones restored instead of computed
+//   numoe_prefix_cache_bytes{worker,tier}           gauge: bytes the cache holds (tier "backend": the backend's own
+//                                                   memory; shared by the workers of one numoe-gpu)
 //   numoe_spec_drafted_tokens_total{worker,drafter}  counter: draft tokens the worker's verifier checked
 //   numoe_spec_accepted_tokens_total{worker,drafter} counter: draft tokens it kept
 //   numoe_spec_verify_steps_total{worker,drafter}    counter: verify steps (one per sequence per step with drafts)
@@ -66,6 +71,11 @@ struct WorkerGauge {
   uint64_t spec_verify_steps = 0;
   uint64_t spec_drafted = 0;
   uint64_t spec_accepted = 0;
+  // numoe-gpu's prefix cache: this worker's prompt tokens looked up and restored, cumulative; the bytes the
+  // cache holds (-1: no cache, no numoe_prefix_cache_* lines).
+  uint64_t prefix_queried_tokens = 0;
+  uint64_t prefix_hit_tokens = 0;
+  int64_t prefix_cache_bytes = -1;
 };
 
 // The gauges of one worker from its last Stats answer.

@@ -80,8 +80,9 @@ std::string NewId(const std::string& prefix) {
   return id;
 }
 
-json UsageJson(uint64_t prompt_tokens, uint64_t completion_tokens) {
+json UsageJson(uint64_t prompt_tokens, uint64_t completion_tokens, uint64_t cached_tokens) {
   return json{{"prompt_tokens", prompt_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}},
               {"completion_tokens", completion_tokens},
               {"total_tokens", prompt_tokens + completion_tokens}};
 }
@@ -177,13 +178,13 @@ json ChatChoiceJson(size_t index, const ChoiceResult& c, bool thinking) {
 }
 
 json ResponseJson(const std::string& object, const std::string& id, int64_t created, const std::string& model,
-                  json choices, uint64_t prompt_tokens, uint64_t completion_tokens) {
+                  json choices, uint64_t prompt_tokens, uint64_t completion_tokens, uint64_t cached_tokens) {
   return json{{"id", id},
               {"object", object},
               {"created", created},
               {"model", model},
               {"choices", std::move(choices)},
-              {"usage", UsageJson(prompt_tokens, completion_tokens)}};
+              {"usage", UsageJson(prompt_tokens, completion_tokens, cached_tokens)}};
 }
 
 json ChunkJson(const std::string& object, const std::string& id, int64_t created, const std::string& model,

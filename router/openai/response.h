@@ -46,7 +46,8 @@ inline constexpr char kSseDone[] = "data: [DONE]\n\n";
 // A random id with a prefix: "cmpl-<24 hex>" / "chatcmpl-<24 hex>".
 std::string NewId(const std::string& prefix);
 
-nlohmann::json UsageJson(uint64_t prompt_tokens, uint64_t completion_tokens);
+// usage.prompt_tokens_details.cached_tokens: of the prompt tokens, the ones served from the prefix cache.
+nlohmann::json UsageJson(uint64_t prompt_tokens, uint64_t completion_tokens, uint64_t cached_tokens = 0);
 
 // One finished choice of a (chat) completion.
 struct ChoiceResult {
@@ -74,7 +75,7 @@ nlohmann::json ChatChoiceJson(size_t index, const ChoiceResult& c, bool thinking
 // "chat.completion".
 nlohmann::json ResponseJson(const std::string& object, const std::string& id, int64_t created,
                             const std::string& model, nlohmann::json choices, uint64_t prompt_tokens,
-                            uint64_t completion_tokens);
+                            uint64_t completion_tokens, uint64_t cached_tokens = 0);
 
 // Stream chunk envelope: {"id", "object", "created", "model", "choices": [choice]} ("text_completion" or
 // "chat.completion.chunk"). Pass choices = [] and usage for the final usage chunk.

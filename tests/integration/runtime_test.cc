@@ -32,6 +32,7 @@ struct StreamResult {
   std::vector<int32_t> tokens;
   std::string finish_reason;
   int messages = 0;
+  uint64_t cached_tokens = 0;
 };
 
 StreamResult Generate(v1::Worker::Stub& stub, const v1::WorkerGenerateRequest& req, int timeout_s = 120) {
@@ -44,6 +45,7 @@ StreamResult Generate(v1::Worker::Stub& stub, const v1::WorkerGenerateRequest& r
     ++r.messages;
     r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
     if (!resp.finish_reason().empty()) r.finish_reason = resp.finish_reason();
+    r.cached_tokens += resp.cached_tokens();
   }
   r.status = reader->Finish();
   return r;
@@ -178,6 +180,57 @@ TEST_F(Runtime, ConcurrentGreedyStreamsOverFourWorkersInterleaveAndMatchGoldens)
     tokens += ws.tokens_generated();
   }
   EXPECT_EQ(tokens, results.size() * 32);
+}
+
+// The prefix cache lives in numoe-gpu, shared by its workers: a prompt worker 0 ran serves worker 1 (all
+// but its last token restored), and the next turn of the conversation (the prompt, the answer, more) on
+// worker 1 restores the whole first turn. The tokens equal the goldens, and for the next turn those of a
+// numoe-gpu started with --no-prefix-cache.
+TEST_F(Runtime, PrefixCachedByOneWorkerServesAnother) {
+  StartWorker({"--spec", "none"});
+  StartWorker({"--spec", "ngram"});
+  ASSERT_FALSE(addrs_[0].empty() || addrs_[1].empty());
+  const GoldenPrompt& g = goldens_[3];
+  const StreamResult first = Generate(*stubs_[0], GreedyRequest(g));
+  ASSERT_OK(first.status) << first.status.error_message();
+  EXPECT_EQ(first.tokens, g.greedy);
+  const StreamResult again = Generate(*stubs_[1], GreedyRequest(g));
+  ASSERT_OK(again.status) << again.status.error_message();
+  EXPECT_EQ(again.tokens, g.greedy);
+  EXPECT_EQ(again.cached_tokens, g.input_ids.size() - 1);
+
+  v1::WorkerGenerateRequest turn2 = GreedyRequest(g, 12);
+  for (size_t i = 0; i + 1 < g.greedy.size(); ++i) turn2.add_prompt_ids(g.greedy[i]);
+  for (int32_t t : goldens_[0].input_ids) turn2.add_prompt_ids(t);
+  const StreamResult warm = Generate(*stubs_[1], turn2);
+  ASSERT_OK(warm.status) << warm.status.error_message();
+  EXPECT_EQ(warm.cached_tokens, g.input_ids.size() + g.greedy.size() - 1);
+
+  Child cold_gpu = Child::Start({BinPath("numoe-gpu"), "--model", TinyDir(), "--port", "0", "--no-prefix-cache"},
+                                {.log = tmp_ / "gpu-cold.log", .notify = true});
+  const std::string cold_addr = cold_gpu.WaitReady();
+  ASSERT_FALSE(cold_addr.empty()) << cold_gpu.Log();
+  Child cold_worker = Child::Start({BinPath("numoe-worker"), "--model", TinyDir(), "--gpu", cold_addr, "--port", "0",
+                                    "--no-numa-bind", "--threads", "1", "--max-step-tokens", "64", "--prefill-chunk", "32"},
+                                   {.log = tmp_ / "worker-cold.log", .notify = true});
+  const std::string cold_worker_addr = cold_worker.WaitReady();
+  ASSERT_FALSE(cold_worker_addr.empty()) << cold_worker.Log();
+  auto cold_stub = v1::Worker::NewStub(grpc::CreateChannel(cold_worker_addr, grpc::InsecureChannelCredentials()));
+  const StreamResult cold = Generate(*cold_stub, turn2);
+  ASSERT_OK(cold.status) << cold.status.error_message();
+  EXPECT_EQ(cold.cached_tokens, 0u);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+
+  const v1::GpuStats gs = GpuStats(*gpu_stub_);
+  EXPECT_TRUE(gs.prefix_cache());
+  EXPECT_EQ(gs.prefix_hit_tokens(), again.cached_tokens + warm.cached_tokens);
+  EXPECT_GT(gs.prefix_checkpoints(), 0u);
+  EXPECT_GT(gs.prefix_bytes(), 0u);
+  EXPECT_LE(gs.prefix_bytes(), gs.prefix_budget_bytes());
+  EXPECT_TRUE(Eventually([&] { return WorkerStats(*stubs_[1]).prefix_hit_tokens() == gs.prefix_hit_tokens(); }));
+  EXPECT_EQ(WorkerStats(*stubs_[0]).prefix_hit_tokens(), 0u);
+  EXPECT_GT(WorkerStats(*stubs_[1]).prefix_cache_bytes(), 0);
+  EXPECT_EQ(WorkerStats(*cold_stub).prefix_cache_bytes(), -1);
 }
 
 TEST_F(Runtime, CancelQueueFullAndBadInput) {

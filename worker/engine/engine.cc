@@ -38,6 +38,7 @@ struct Engine::Request {
   size_t fed = 0;        // prompt tokens fed
   int32_t next = -1;     // last sampled token, not fed yet
   int64_t generated = 0;
+  int64_t cached = 0;  // prompt tokens the executor restored from its prefix cache
   bool done = false;
   // Speculative decoding: prompt + generated (the n-gram drafter's haystack; kept only for kNgram), this
   // sequence's draft depth, and this step's feed [next, drafts...].
@@ -390,6 +391,9 @@ bool Engine::StepOnce() {
   bool ran = false;
   int64_t new_tokens = 0;
   SpecStats spec;
+  struct {
+    int64_t queried = 0, hit = 0;
+  } prefix;
   if (!items_.empty()) {
     ran = true;
     Status st = executor_->Step(items_, &out_);
@@ -409,7 +413,15 @@ bool Engine::StepOnce() {
       for (size_t i = 0; i < items_.size(); ++i) {
         Request& r = *item_owner_[i];
         if (r.fed < r.req.prompt.size()) r.fed += items_[i].tokens.size();
+        if (out_.cached.size() == items_.size()) r.cached += out_.cached[i];
         if (!items_[i].sample) continue;
+        if (r.generated == 0) {  // the prompt is done: what the prefix cache saved of it is final
+          if (executor_->prefix_cache_bytes() >= 0) {
+            prefix.queried += static_cast<int64_t>(r.req.prompt.size());
+            prefix.hit += r.cached;
+          }
+          if (!r.group->ended) r.group->sink->OnPromptCached(r.choice, r.cached);
+        }
         // The tokens this item emitted: counts[i] of them from out_.emitted, or out_.tokens[i] alone from an
         // executor that fills neither (it never verifies drafts then).
         std::span<const int32_t> emitted;
@@ -501,6 +513,8 @@ bool Engine::StepOnce() {
     stats_.spec_verify_steps += spec.steps;
     stats_.spec_drafted += spec.drafted;
     stats_.spec_accepted += spec.accepted;
+    stats_.prefix_queried_tokens += prefix.queried;
+    stats_.prefix_hit_tokens += prefix.hit;
     trace_ = trace;
     UpdateRateLocked();
   }
@@ -527,6 +541,7 @@ EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s = stats_;
   s.expert_seconds = executor_->expert_seconds();
+  s.prefix_cache_bytes = executor_->prefix_cache_bytes();
   s.decode_tokens_per_s = 0.0;
   if (rate_window_.size() >= 2) {
     const double now = NowSeconds();

@@ -95,6 +95,12 @@ class TokenSink {
                         std::string_view finish_reason) = 0;
   // The request failed or was cancelled (CANCELLED): the last call, for every choice.
   virtual void OnError(const Status& status) = 0;
+  // Once per choice, before its first OnTokens: how many of its prompt tokens the executor restored from
+  // its prefix cache instead of computing them (0 without one).
+  virtual void OnPromptCached(int32_t choice, int64_t cached_tokens) {
+    (void)choice;
+    (void)cached_tokens;
+  }
 };
 
 using RequestId = uint64_t;
@@ -116,6 +122,11 @@ struct EngineStats {
   int64_t spec_accepted = 0;
   // Seconds inside the routed experts (computed or simulated) since start (Executor::expert_seconds).
   double expert_seconds = 0;
+  // The prefix cache behind the executor: prompt tokens of this engine's requests looked up in it and
+  // restored from it, and the bytes it holds (-1: none).
+  int64_t prefix_queried_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t prefix_cache_bytes = -1;
 };
 
 // What one step carried (tests and debug logs).

@@ -71,6 +71,9 @@ class Executor {
   // Seconds this process has spent inside its ExpertBackend (the routed experts, computed or simulated)
   // since construction; 0 where the executor does not measure it. Safe to call from any thread.
   virtual double expert_seconds() const { return 0; }
+  // Bytes held by the prefix cache behind this executor (numoe-gpu's, as its last step reported), or -1
+  // when there is none. Safe to call from any thread.
+  virtual int64_t prefix_cache_bytes() const { return -1; }
 };
 
 }  // namespace numoe::engine

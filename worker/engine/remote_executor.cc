@@ -278,11 +278,18 @@ Status RemoteExecutor::ReadResult(std::span<const StepItem> items, int64_t num_e
     out->counts[i] = count;
     out->drafted[i] = drafted;
     out->accepted[i] = accepted;
+    const int32_t cached = ch_->cached()[i];
+    if (cached < 0 || (cached > 0 && it.speculative())) {
+      return Broken(absl::DataLossError(absl::StrCat("StepResult entry ", i, ": cached ", cached,
+                                                     " (must be >= 0, and 0 for a speculative entry)")));
+    }
+    out->cached[i] = cached;
     if (it.logits) {
       const float* l = ch_->logits() + row++ * g.vocab;
       out->logits.emplace_back(l, l + g.vocab);
     }
   }
+  prefix_cache_bytes_.store(ch_->incoming().prefix_cache_bytes, std::memory_order_relaxed);
   if (at != num_emitted) {
     return Broken(absl::DataLossError(absl::StrCat("StepResult: counts add up to ", at, ", num_emitted says ",
                                                    num_emitted)));

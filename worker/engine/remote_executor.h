@@ -39,12 +39,14 @@ class RemoteExecutor final : public Executor {
 
   // Seconds spent in the expert backend and MoE requests served, since construction (any thread).
   double expert_seconds() const override { return static_cast<double>(expert_ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  int64_t prefix_cache_bytes() const override { return prefix_cache_bytes_.load(std::memory_order_relaxed); }
   int64_t moe_requests() const { return moe_requests_.load(std::memory_order_relaxed); }
 
  private:
   Status Exchange(std::span<const StepItem> items, StepOutput* out);
   // Reads and checks the StepResult's per-entry arrays into `out` (a gpu answer that does not fit the
   // items breaks the executor: the two sides no longer agree).
+  std::atomic<int64_t> prefix_cache_bytes_{-1};
   Status ReadResult(std::span<const StepItem> items, int64_t num_emitted, bool logprobs, StepOutput* out);
   Status Broken(const Status& st);
 

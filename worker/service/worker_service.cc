@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -110,6 +111,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
       std::lock_guard<std::mutex> lk(mu_);
       if (r_ != nullptr) r_->PushError(status);
     }
+    void OnPromptCached(int32_t choice, int64_t cached_tokens) override {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (r_ != nullptr) r_->PushCached(choice, cached_tokens);
+    }
     void Detach() {
       std::lock_guard<std::mutex> lk(mu_);
       r_ = nullptr;
@@ -137,6 +142,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
       pending_.back().set_index(static_cast<uint32_t>(choice));
     }
     v1::WorkerGenerateResponse& r = pending_.back();
+    if (auto c = cached_.find(choice); c != cached_.end()) {  // the choice's first message
+      r.set_cached_tokens(static_cast<uint64_t>(c->second));
+      cached_.erase(c);
+    }
     for (int32_t t : tokens) r.add_token_ids(t);
     for (const EmittedLogprobs& lp : logprobs) {
       v1::WorkerTokenLogprobs* out = r.add_logprobs();
@@ -154,6 +163,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
       }
     }
     MaybeWriteLocked();
+  }
+
+  void PushCached(int32_t choice, int64_t cached_tokens) {
+    std::lock_guard<std::mutex> lk(mu_);
+    cached_[choice] = cached_tokens;
   }
 
   void PushError(const Status& status) {
@@ -184,6 +198,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::WorkerGenerate
   engine::RequestId id_ = 0;
   bool submitted_ = false, cancelled_ = false;
   int32_t open_choices_ = 1;  // choices that have not finished yet
+  std::map<int32_t, int64_t> cached_;  // per choice, until its first message: prompt tokens restored from the prefix cache
   std::deque<v1::WorkerGenerateResponse> pending_;
   v1::WorkerGenerateResponse current_;
   bool writing_ = false, final_ready_ = false, finished_ = false;
@@ -217,6 +232,9 @@ grpc::ServerUnaryReactor* WorkerGrpcService::Stats(grpc::CallbackServerContext* 
   response->set_spec_drafted(static_cast<uint64_t>(s.spec_drafted));
   response->set_spec_accepted(static_cast<uint64_t>(s.spec_accepted));
   response->set_expert_seconds(s.expert_seconds);
+  response->set_prefix_queried_tokens(static_cast<uint64_t>(s.prefix_queried_tokens));
+  response->set_prefix_hit_tokens(static_cast<uint64_t>(s.prefix_hit_tokens));
+  response->set_prefix_cache_bytes(s.prefix_cache_bytes);
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -22,7 +22,9 @@ async function main() {
   assert.equal(c.choices[0].text, 'Hello, world!');
   assert.equal(c.choices[0].finish_reason, 'length');
   assert.deepEqual(c.choices[0].token_ids, hello);
-  assert.deepEqual(c.usage, { prompt_tokens: 7, completion_tokens: 6, total_tokens: 13 });
+  const { prompt_tokens_details: cDetails, ...cUsage } = c.usage;
+  assert.deepEqual(cUsage, { prompt_tokens: 7, completion_tokens: 6, total_tokens: 13 });
+  assert.ok(cDetails.cached_tokens >= 0 && cDetails.cached_tokens < 7);  // the prefix cache serves at most 6 of 7
 
   const ids = await client.completions.create({ model: 'tiny-v4', prompt: [5, 9, 1, 12], max_tokens: 6,
                                                 ignore_eos: true, return_token_ids: true });

@@ -79,7 +79,7 @@ TEST(ShmGeometry, LayoutIsAlignedAndDisjoint) {
   const Layout l = ComputeLayout(SmallGeometry());
   const std::vector<size_t> offs = {l.header,  l.to_gpu, l.to_worker,   l.up_msg,  l.entries, l.tokens,
                                     l.releases, l.moe_out, l.up_error, l.down_msg, l.moe_x,   l.moe_ids,
-                                    l.moe_weights, l.sampled, l.counts, l.drafted, l.accepted, l.emitted,
+                                    l.moe_weights, l.sampled, l.counts, l.drafted, l.accepted, l.cached, l.emitted,
                                     l.logits, l.down_error, l.total};
   for (size_t i = 0; i < offs.size(); ++i) {
     EXPECT_EQ(offs[i] % 64, 0u) << i;

@@ -118,6 +118,9 @@ TEST(GpuFlags, RoundTripsEveryField) {
   c.lanes = 2;
   c.drafter_experts = DrafterExperts::kGpu;
   c.spec = SpecChoice::kDspark;
+  c.no_prefix_cache = true;
+  c.prefix_cache_gb = 1.5;
+  c.prefix_checkpoint_tokens = 512;
   ExpectRoundTrip(c, gpu::GpuArgv(c), gpu::AddGpuFlags);
 }
 

@@ -296,14 +296,14 @@ TEST(MessageBuilder, EventSequenceAndMessage) {
   EXPECT_EQ(starts[2]["content_block"],
             Json::parse(R"({"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {}})"));
   EXPECT_EQ(events[events.size() - 2], Json::parse(R"({"type": "message_delta",
-      "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"input_tokens": 42, "output_tokens": 30}})"));
+      "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"input_tokens": 42, "output_tokens": 30, "cache_read_input_tokens": 0}})"));
 
   // The whole message: the same blocks; the input keeps the model's parameter order.
   Json m = b.Message();
   EXPECT_EQ(Dump(m), Dump(Json::parse(R"({"id": "msg_1", "type": "message", "role": "assistant", "model": "tiny-v4",
       "content": [{"type": "thinking", "thinking": "Need it.", "signature": ""}, {"type": "text", "text": "Checking."},
                   {"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {"city": "Paris", "days": 3}}],
-      "stop_reason": "tool_use", "stop_sequence": null, "usage": {"input_tokens": 42, "output_tokens": 30}})")));
+      "stop_reason": "tool_use", "stop_sequence": null, "usage": {"input_tokens": 42, "output_tokens": 30, "cache_read_input_tokens": 0}})")));
 }
 
 TEST(MessageBuilder, CutOffCallsAndParallelCalls) {

@@ -170,7 +170,8 @@ TEST_F(GatewayTest, CompletionWhole) {
   EXPECT_EQ(r["id"].get<std::string>().rfind("cmpl-", 0), 0u);
   EXPECT_EQ(r["choices"][0]["text"], "Hello, world!");
   EXPECT_EQ(r["choices"][0]["token_ids"], json({47, 477, 86, 19, 707, 8}));
-  EXPECT_EQ(r["usage"], json::parse(R"({"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13})"));
+  EXPECT_EQ(r["usage"], json::parse(R"({"prompt_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0},
+                                        "completion_tokens": 6, "total_tokens": 13})"));
   // The worker got BOS + the prompt, max_tokens and greedy-by-default fields.
   auto call = cluster_->Calls().back();
   EXPECT_EQ(std::vector<int32_t>(call->request.prompt_ids().begin(), call->request.prompt_ids().end()),
@@ -643,7 +644,9 @@ TEST_F(GatewayTest, MessagesWholeAndStreamed) {
   EXPECT_EQ(m["content"][2]["input"], json({{"city", "Paris"}}));
   EXPECT_EQ(m["stop_reason"], "tool_use");
   EXPECT_TRUE(m["stop_sequence"].is_null());
-  EXPECT_EQ(m["usage"], json({{"input_tokens", prompt.size()}, {"output_tokens", out->size() + 1}}));
+  EXPECT_EQ(m["usage"], json({{"input_tokens", prompt.size()},
+                              {"output_tokens", out->size() + 1},
+                              {"cache_read_input_tokens", 0}}));
 
   // Streamed: the same blocks as Anthropic's event sequence.
   json streamed = body;
@@ -687,7 +690,7 @@ TEST_F(GatewayTest, MessagesWholeAndStreamed) {
   EXPECT_EQ(json::parse(args), json({{"city", "Paris"}}));
   EXPECT_EQ(events[events.size() - 2], json::parse(absl::StrCat(
       R"({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"input_tokens": )",
-      prompt.size(), R"(, "output_tokens": )", out->size() + 1, "}}")));
+      prompt.size(), R"(, "output_tokens": )", out->size() + 1, R"(, "cache_read_input_tokens": 0}})")));
   EXPECT_EQ(events.back(), json({{"type", "message_stop"}}));
 
   // A stop sequence; max_tokens.

@@ -378,7 +378,9 @@ TEST(Response, ShapesAndSseFraming) {
   EXPECT_EQ(last, json::parse(R"({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop",
                                   "stop_reason": null})"));
   json usage = openai::ChunkJson("chat.completion.chunk", "c", 1, "m", json::array(), openai::UsageJson(3, 4));
-  EXPECT_EQ(usage["usage"], json::parse(R"({"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7})"));
+  EXPECT_EQ(usage["usage"], json::parse(R"({"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0},
+                                          "completion_tokens": 4, "total_tokens": 7})"));
+  EXPECT_EQ(openai::UsageJson(9, 1, 8)["prompt_tokens_details"]["cached_tokens"], 8);
   EXPECT_TRUE(usage["choices"].empty());
 
   openai::ChoiceResult c;

@@ -1,0 +1,105 @@
+// The prefix cache (model/prefix_cache.h, model/prefix_step.h) on the CUDA backend: a prompt served from a
+// checkpoint (restored by ForkSequence) gives the same greedy tokens as with the cache off and logits within
+// the fixtures' tolerance (tests/data/README.md "matches"), whole and chunked, for the next turn of a
+// conversation and for a prompt diverging between interval checkpoints. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_model.h"
+#include "common/checkpoint.h"
+#include "model/prefix_cache.h"
+#include "model/prefix_step.h"
+#include "tests/support/compare.h"
+#include "tests/support/fixtures.h"
+#include "tests/support/status_matchers.h"
+#include "worker/experts/reference_experts.h"
+
+namespace numoe {
+namespace {
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  int64_t cached = 0;
+};
+
+Outcome Generate(ModelBackend& model, ExpertBackend& experts, PrefixCache* cache, const std::vector<int32_t>& prompt,
+                 int64_t chunk, int64_t steps) {
+  Outcome r;
+  auto opened = OpenCachedSequence(model, cache);
+  EXPECT_TRUE(opened.ok()) << opened.status();
+  CachedSequence seq = std::move(*opened);
+  Sampler sampler(SamplingParams{});
+  StepScratch scratch;
+  StepOutput out;
+  std::vector<int32_t> cached;
+  CachedSequence* seqs[1] = {&seq};
+  Sampler* samplers[1] = {&sampler};
+  for (size_t fed = 0; fed < prompt.size();) {
+    const size_t n = chunk > 0 ? std::min<size_t>(static_cast<size_t>(chunk), prompt.size() - fed) : prompt.size();
+    const bool completes = fed + n == prompt.size();
+    StepItem it{.tokens = std::span<const int32_t>(prompt).subspan(fed, n), .sample = completes, .logits = completes};
+    Status st = RunCachedStep(model, experts, cache, 0, {&it, 1}, seqs, samplers, &scratch, &out, &cached);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return r;
+    r.cached += cached[0];
+    fed += n;
+    for (const auto& l : out.logits) r.logits.insert(r.logits.end(), l.begin(), l.end());
+    if (completes) r.tokens.push_back(out.tokens[0]);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<int32_t> feed = {r.tokens.back()};
+    StepItem it{.tokens = feed, .sample = true, .logits = true};
+    Status st = RunCachedStep(model, experts, cache, 0, {&it, 1}, seqs, samplers, &scratch, &out, &cached);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return r;
+    r.tokens.push_back(out.tokens[0]);
+    r.logits.insert(r.logits.end(), out.logits[0].begin(), out.logits[0].end());
+  }
+  ReleaseCachedSequence(model, cache, &seq);
+  return r;
+}
+
+TEST(CudaPrefixCache, WarmMatchesColdWithinTolerance) {
+  if (!CudaCompiledIn() || CudaDeviceCount() < 1) GTEST_SKIP() << "needs a GPU";
+  auto ck = Checkpoint::Open(test::TinyDir());
+  ASSERT_OK(ck);
+  auto experts = cpu::ReferenceExperts::Load(**ck, false);
+  ASSERT_OK(experts);
+  auto mm = CreateCudaBackend(**ck, CudaOptions{});
+  ASSERT_OK(mm);
+  ModelBackend& m = **mm;
+  ASSERT_TRUE(m.capabilities().fork);
+  ExpertBackend& ex = **experts;
+  const float tol = 5e-2f;  // tests/data/README.md "matches" (bf16 path)
+  auto goldens = test::Goldens::Load(test::TinyDir());
+  ASSERT_OK(goldens);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 4; ++i) {
+    for (const auto& g : *goldens) prompt.insert(prompt.end(), g.input_ids.begin(), g.input_ids.end());
+  }
+  prompt.resize(std::min<size_t>(prompt.size(), 150));
+  PrefixCache cache(&m, {.checkpoint_tokens = 32});
+  for (int64_t chunk : {0, 7}) {
+    const Outcome cold = Generate(m, ex, nullptr, prompt, 0, 6);
+    const Outcome first = Generate(m, ex, &cache, prompt, chunk, 6);
+    const Outcome again = Generate(m, ex, &cache, prompt, chunk, 6);
+    EXPECT_EQ(again.cached, static_cast<int64_t>(prompt.size()) - 1);
+    EXPECT_EQ(first.tokens, cold.tokens);
+    EXPECT_EQ(again.tokens, cold.tokens);
+    EXPECT_LE(test::MaxAbsDiff(again.logits, cold.logits), tol);
+    // Diverging at 77: the interval checkpoint at 64 serves.
+    std::vector<int32_t> other(prompt.begin(), prompt.begin() + 77);
+    other.push_back((prompt[77] + 1) % static_cast<int32_t>(m.vocab_size()));
+    const Outcome cold2 = Generate(m, ex, nullptr, other, 0, 4);
+    const Outcome warm2 = Generate(m, ex, &cache, other, chunk, 4);
+    EXPECT_EQ(warm2.cached, 64);
+    EXPECT_EQ(warm2.tokens, cold2.tokens);
+    EXPECT_LE(test::MaxAbsDiff(warm2.logits, cold2.logits), tol);
+  }
+}
+
+}  // namespace
+}  // namespace numoe

@@ -22,6 +22,13 @@
 // by the window. The JSON's "expert_busy" is the least busy worker's, per concurrency.
 // --sim-expert-gbps G: every worker simulates its experts at G GB/s (numoe-worker --sim-expert-gbps); no read
 // bandwidth is measured and the bound is workers x G / routed bytes per token ("read_gbps" = workers x G).
+// --json-schema: every round runs a second time with a response_format json_schema (constrained sampling,
+// common/tokenizer/grammar.h; an array of short strings too long to close within --max-tokens, so every
+// stream decodes --max-tokens tokens either way), and the JSON adds "constrained_tok_s" and
+// "constrained_ratio" (constrained / unconstrained tok/s, per concurrency). The mask time per step is
+// measured here on the same code and vocabulary: the constrained streams' tokens are replayed through the
+// grammar (GrammarState::Mask and the masking of one logits row, as numoe-gpu's sampler does per step):
+// "mask_us_per_step" with the mask cache as served (warm), "mask_cold_us_per_step" for masks computed afresh.
 // The last line is one JSON object: {"concurrency", "tok_s", "bound_tok_s", "ratio", "expert_busy", ...}.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -36,6 +43,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +69,8 @@
 #include "common/numa.h"
 #include "common/thread_pool.h"
 #include "common/topology.h"
+#include "common/tokenizer/grammar.h"
+#include "common/tokenizer/tokenizer.h"
 #include "deploy/placement.h"
 #include "nlohmann/json.hpp"
 #include "numoe/v1/worker.grpc.pb.h"
@@ -169,10 +179,11 @@ struct RoundResult {
   double window_s = 0;
   Clock::time_point window_start, window_end;
   std::vector<double> expert_busy;  // per worker: expert seconds in the window / window
+  std::vector<std::vector<int32_t>> ids;  // per stream: the tokens it generated
 };
 
 StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, int64_t max_tokens, int64_t vocab,
-                               uint64_t round_seed, double timeout_s) {
+                               uint64_t round_seed, double timeout_s, const json& response_format = json()) {
   std::vector<StreamResult> results(concurrency);
   std::vector<std::thread> threads;
   std::atomic<bool> go{false};
@@ -180,7 +191,8 @@ StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, in
     threads.emplace_back([&, i] {
       const std::vector<int32_t> prompt = RandomPrompt(prompt_len, round_seed * 64 + i, vocab);
       while (!go.load()) std::this_thread::yield();
-      results[i] = StreamCompletion(port, prompt, max_tokens, timeout_s);
+      results[i] = StreamCompletion(port, prompt, max_tokens, timeout_s,
+                                    response_format.is_null() ? std::string() : response_format.dump());
     });
   }
   go = true;
@@ -199,6 +211,7 @@ StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, in
     rr.mean_ttft_s += Since(r.sent, r.events.front().first) / concurrency;
     window_start = std::max(window_start, r.events.front().first);
     window_end = std::min(window_end, r.events.back().first);
+    rr.ids.push_back(r.token_ids);
     const double own = Since(r.events.front().first, r.events.back().first);
     if (own > 0) rr.per_stream_tok_s += (r.tokens - r.events.front().second) / own / concurrency;
   }
@@ -216,6 +229,59 @@ StatusOr<RoundResult> RunRound(int port, int concurrency, int64_t prompt_len, in
   }
   rr.decode_tok_s = static_cast<double>(in_window) / rr.window_s;
   return rr;
+}
+
+// ---- constrained sampling --------------------------------------------------------------------------------
+
+// The --json-schema rounds' schema: 4096 strings of at most 16 characters never close within a benchmark's
+// --max-tokens, so constrained streams decode exactly as many tokens as unconstrained ones.
+json BenchResponseFormat() {
+  const json schema = {{"type", "object"},
+                       {"properties",
+                        {{"items", {{"type", "array"},
+                                    {"items", {{"type", "string"}, {"maxLength", 16}}},
+                                    {"minItems", 4096},
+                                    {"maxItems", 4096}}}}},
+                       {"required", {"items"}}};
+  return {{"type", "json_schema"}, {"json_schema", {{"name", "bench"}, {"schema", schema}, {"strict", true}}}};
+}
+
+struct MaskTiming {
+  double warm_us = 0, cold_us = 0;
+  int64_t steps = 0;
+};
+
+// Replays the streams' tokens through the grammar the server compiled (same spec, same vocabulary): per
+// step GrammarState::Mask and the masking of one logits row (model/sampling.cc), once with a fresh grammar
+// (every distinct state computed) and once more on it (the cache warm, as served).
+StatusOr<MaskTiming> TimeMasks(const std::string& model_dir, int64_t vocab, const std::vector<std::vector<int32_t>>& streams) {
+  ASSIGN_OR_RETURN(auto tok, tokenizer::Tokenizer::Load(model_dir));
+  auto gv = tokenizer::GrammarVocab::FromTokenizer(*tok, vocab);
+  const json rf = BenchResponseFormat();
+  json spec = {{"type", "json_schema"}, {"schema", rf["json_schema"]["schema"]}, {"end", {tok->special_ids().eos}}};
+  ASSIGN_OR_RETURN(auto grammar, tokenizer::Grammar::Compile(spec.dump(), gv));
+  std::vector<float> row(static_cast<size_t>(vocab), 0.5f);
+  MaskTiming t;
+  for (int pass = 0; pass < 2; ++pass) {
+    double seconds = 0;
+    int64_t steps = 0;
+    for (const auto& ids : streams) {
+      tokenizer::GrammarState st(grammar);
+      for (int32_t id : ids) {
+        const auto t0 = Clock::now();
+        const auto mask = st.Mask();
+        for (int64_t i = 0; i < vocab; ++i) {
+          if (!tokenizer::MaskAllows(*mask, static_cast<int32_t>(i))) row[static_cast<size_t>(i)] = -INFINITY;
+        }
+        seconds += Since(t0, Clock::now());
+        ++steps;
+        st.Accept(id);
+      }
+    }
+    (pass == 0 ? t.cold_us : t.warm_us) = steps > 0 ? seconds / static_cast<double>(steps) * 1e6 : 0;
+    t.steps = steps;
+  }
+  return t;
 }
 
 // ---- the bandwidth ----------------------------------------------------------------------------------------
@@ -254,7 +320,7 @@ int RunDecodeBench(int argc, char** argv) {
   std::string model, concurrency_text = "1,4", log_dir, backend = "cpu";
   int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5, lanes = -1;
   double startup_timeout = 1800, request_timeout = 3600, sim_gbps = 0;
-  bool json_only = false;
+  bool json_only = false, json_schema = false;
   SpecChoice spec = SpecChoice::kAuto;
   ArgParser p(argv[0],
               "End-to-end decode tokens/s through `numoe serve` (REST, streaming, prefill excluded) for one stream\n"
@@ -280,6 +346,10 @@ int RunDecodeBench(int argc, char** argv) {
       "numoe serve --sim-expert-gbps: every worker simulates its routed experts at G GB/s (sleeps, returns zeros); "
       "the bound is then workers x G / routed bytes per token, and no read bandwidth is measured",
       &sim_gbps);
+  p.AddFlag("json-schema",
+            "run every concurrency a second time with a response_format json_schema (constrained sampling) and report "
+            "both rates, their ratio and the token-mask time per step",
+            &json_schema);
   p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json_only);
   p.AddEpilog(
       "\nExample (a full-width 2-layer V4-Flash, ~7.5 GB):\n"
@@ -288,7 +358,9 @@ int RunDecodeBench(int argc, char** argv) {
       "Four simulated 100 GB/s workers in front of this machine's numoe-gpu:\n"
       "  numoe-bench decode --model /tmp/v4f-2l --workers 4 --sim-expert-gbps 100 --concurrency 1,4,8,16\n"
       "Each round also reports every worker's expert-busy fraction (time inside its MoE calls over the decode\n"
-      "window; the JSON's \"expert_busy\" is the least busy worker's).\n");
+      "window; the JSON's \"expert_busy\" is the least busy worker's).\n"
+      "The cost of constrained output (response_format json_schema) at 16 streams on the demo model:\n"
+      "  numoe-bench decode --model tests/data/demo-v4 --workers 1 --concurrency 16 --max-tokens 64 --json-schema\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   const auto fail = [&](const Status& st) {
@@ -373,6 +445,8 @@ int RunDecodeBench(int argc, char** argv) {
   say(absl::StrCat("warm-up: 1 stream, ", prompt_len, " prompt + ", warm->max_tokens, " tokens in ",
                    Fmt(Since(t_warm, Clock::now()), 1), " s"));
   std::vector<RoundResult> rounds;
+  std::vector<double> constrained_tok_s;
+  std::vector<std::vector<int32_t>> constrained_ids;
   for (size_t i = 0; i < levels->size(); ++i) {
     auto r = RunRound(*port, static_cast<int>((*levels)[i]), prompt_len, max_tokens, cfg.vocab_size, i + 1,
                       request_timeout);
@@ -390,11 +464,32 @@ int RunDecodeBench(int argc, char** argv) {
                      Fmt(r->per_stream_tok_s, 3), " per stream), first token after ", Fmt(r->mean_ttft_s, 2),
                      " s on average, window ", Fmt(r->window_s, 1), " s; expert-busy per worker ",
                      absl::StrJoin(busy_text, " ")));
+    if (json_schema) {
+      auto c = RunRound(*port, static_cast<int>((*levels)[i]), prompt_len, max_tokens, cfg.vocab_size, i + 1,
+                        request_timeout, BenchResponseFormat());
+      if (!c.ok()) {
+        return fail(Status(c.status().code(), absl::StrCat("concurrency ", (*levels)[i], " with json_schema: ",
+                                                           c.status().message())));
+      }
+      constrained_tok_s.push_back(c->decode_tok_s);
+      for (auto& ids : c->ids) constrained_ids.push_back(std::move(ids));
+      say(absl::StrCat("  concurrency ", c->concurrency, " with json_schema: ", Fmt(c->decode_tok_s, 3),
+                       " tok/s aggregate decode (", Fmt(c->decode_tok_s / r->decode_tok_s, 3), " x unconstrained)"));
+    }
   }
   poller.Stop();
 
   // 5. Stop, and the bandwidth again.
   serve.Stop(30.0);
+  MaskTiming masks;
+  if (json_schema) {
+    auto m = TimeMasks(model, cfg.vocab_size, constrained_ids);
+    if (!m.ok()) return fail(m.status());
+    masks = *m;
+    say(absl::StrCat("token mask per step (", masks.steps, " steps of the constrained streams replayed, vocab ",
+                     cfg.vocab_size, "): ", Fmt(masks.warm_us, 2), " us with the mask cache as served, ",
+                     Fmt(masks.cold_us, 2), " us computed afresh"));
+  }
   double read_gbps = 0;
   std::string read_method;
   if (sim) {
@@ -452,17 +547,25 @@ int RunDecodeBench(int argc, char** argv) {
                     {"ttft_s", j_ttft},
                     {"workers", workers},
                     {"threads", wc->threads}};
+  std::string constrained;
+  if (json_schema) {
+    json ratio = json::array();
+    for (size_t i = 0; i < rounds.size(); ++i) ratio.push_back(constrained_tok_s[i] / rounds[i].decode_tok_s);
+    constrained = absl::StrCat(", \"constrained_tok_s\": ", json(constrained_tok_s).dump(),
+                               ", \"constrained_ratio\": ", ratio.dump(), ", \"mask_us_per_step\": ",
+                               json(masks.warm_us).dump(), ", \"mask_cold_us_per_step\": ", json(masks.cold_us).dump());
+  }
   // Keys in the documented order first (nlohmann sorts objects, so print by hand).
   std::printf("{\"concurrency\": %s, \"tok_s\": %s, \"bound_tok_s\": %s, \"ratio\": %s, \"expert_busy\": %s, "
               "\"expert_busy_workers\": %s, \"read_gbps\": %s, \"sim_expert_gbps\": %s, "
               "\"routed_bytes_per_token\": %s, \"prompt_len\": %s, \"output_len\": %s, \"ttft_s\": %s, "
-              "\"workers\": %s, \"threads\": %s, \"read_method\": %s}\n",
+              "\"workers\": %s, \"threads\": %s, \"read_method\": %s%s}\n",
               out["concurrency"].dump().c_str(), out["tok_s"].dump().c_str(), out["bound_tok_s"].dump().c_str(),
               out["ratio"].dump().c_str(), out["expert_busy"].dump().c_str(), out["expert_busy_workers"].dump().c_str(),
               out["read_gbps"].dump().c_str(), out["sim_expert_gbps"].dump().c_str(),
               out["routed_bytes_per_token"].dump().c_str(), out["prompt_len"].dump().c_str(),
               out["output_len"].dump().c_str(), out["ttft_s"].dump().c_str(), out["workers"].dump().c_str(),
-              out["threads"].dump().c_str(), out["read_method"].dump().c_str());
+              out["threads"].dump().c_str(), out["read_method"].dump().c_str(), constrained.c_str());
   return 0;
 }
 

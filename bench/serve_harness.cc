@@ -153,11 +153,13 @@ void SseClient::Close() {
   eof_ = true;
 }
 
-StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s) {
+StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s,
+                              const std::string& response_format) {
   StreamResult r;
-  const json body = {{"prompt", prompt},         {"max_tokens", max_tokens},  {"ignore_eos", true},
-                     {"temperature", 0.0},       {"stream", true},            {"return_token_ids", true},
-                     {"stream_options", {{"include_usage", true}}}};
+  json body = {{"prompt", prompt},   {"max_tokens", max_tokens}, {"ignore_eos", true},
+               {"temperature", 0.0}, {"stream", true},           {"return_token_ids", true},
+               {"stream_options", {{"include_usage", true}}}};
+  if (!response_format.empty()) body["response_format"] = json::parse(response_format);
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   SseClient client;
   r.sent = Clock::now();

@@ -63,7 +63,9 @@ struct StreamResult {
   std::vector<int32_t> token_ids;                  // every token id received, in order
   int64_t prompt_tokens = -1, cached_tokens = -1;  // from the usage chunk, when it has them
 };
-StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s);
+// `response_format`: a JSON object to send as the request's response_format ("" = none).
+StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s,
+                              const std::string& response_format = "");
 
 // The router's workers (GET /health: worker_list[].address).
 StatusOr<std::vector<std::string>> WorkerAddresses(int port);

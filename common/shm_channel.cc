@@ -119,6 +119,7 @@ Layout ComputeLayout(const Geometry& g) {
   take(&l.releases, S * sizeof(int64_t));
   take(&l.forks, S * sizeof(WireFork));
   take(&l.biases, S * kMaxWireBias * sizeof(WireBias));
+  take(&l.grammars, kMaxWireGrammarBytes);
   take(&l.moe_out, rows * D * sizeof(float));
   take(&l.up_error, kErrorTextBytes);
   take(&l.down_msg, sizeof(MsgHeader));
@@ -341,6 +342,7 @@ int32_t* Channel::tokens() const { return reinterpret_cast<int32_t*>(base_ + lay
 int64_t* Channel::releases() const { return reinterpret_cast<int64_t*>(base_ + layout_.releases); }
 WireFork* Channel::forks() const { return reinterpret_cast<WireFork*>(base_ + layout_.forks); }
 WireBias* Channel::biases() const { return reinterpret_cast<WireBias*>(base_ + layout_.biases); }
+char* Channel::grammars() const { return reinterpret_cast<char*>(base_ + layout_.grammars); }
 float* Channel::moe_out() const { return reinterpret_cast<float*>(base_ + layout_.moe_out); }
 float* Channel::moe_x() const { return reinterpret_cast<float*>(base_ + layout_.moe_x); }
 int32_t* Channel::moe_ids() const { return reinterpret_cast<int32_t*>(base_ + layout_.moe_ids); }

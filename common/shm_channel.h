@@ -18,7 +18,7 @@
 //   [Doorbell to_gpu][Doorbell to_worker]                 one cache line each
 //   up slot   (worker -> gpu): MsgHeader, entries[max_seqs], tokens[max_rows] i32, releases[max_seqs] i64,
 //                              forks[max_seqs] WireFork, biases[max_seqs x kMaxWireBias] WireBias,
-//                              moe_out[max_rows x hidden] f32, error text
+//                              grammars[kMaxWireGrammarBytes] bytes, moe_out[max_rows x hidden] f32, error text
 //   down slot (gpu -> worker): MsgHeader, x[max_rows x hidden] f32, ids[max_rows x top_k] i32,
 //                              weights[max_rows x top_k] f32, sampled[max_seqs] i32, counts[max_seqs] i32,
 //                              drafted[max_seqs] i32, accepted[max_seqs] i32, cached[max_seqs] i32,
@@ -39,7 +39,9 @@
 // previous ones' in `biases` (WireSampling::num_bias pairs each). An entry whose sequence asked for
 // log-probs (WireSampling::logprobs >= 0) gets, for each emitted token, the chosen token's log-prob then its
 // top ones in that token's row of `logprobs` (num_logprobs says whether the rows were written: 0, or
-// num_emitted).
+// num_emitted). The grammar spec of each opening entry (WireSampling::grammar_bytes, constrained output,
+// common/tokenizer/grammar.h) follows the previous ones' in `grammars`; a fork carries none (it follows its
+// parent's grammar).
 //
 // Forks (Geometry::fork): a StepRequest's `forks` create sequences as copies of open ones (state and
 // penalty history, with their own sampling), before its releases and its step run, so n choices of one
@@ -67,12 +69,15 @@
 namespace numoe::shm {
 
 inline constexpr uint64_t kMagic = 0x314d48535f454f4eULL;  // "NOE_SHM1" little-endian
-inline constexpr uint32_t kVersion = 4;  // 2: speculative decoding (drafts, emitted tokens); 3: penalties,
-                                         // logit bias, log-probs, forks; 4: prefix cache (cached, cache bytes)
+inline constexpr uint32_t kVersion = 5;  // 2: speculative decoding (drafts, emitted tokens); 3: penalties,
+                                         // logit bias, log-probs, forks; 4: prefix cache (cached, cache bytes);
+                                         // 5: grammars
 inline constexpr size_t kErrorTextBytes = 1024;
 // Capacities of the sampling extras (common/sampling_limits.h).
 inline constexpr uint32_t kMaxWireBias = static_cast<uint32_t>(kMaxLogitBias);
 inline constexpr uint32_t kMaxWireTopLogprobs = static_cast<uint32_t>(kMaxTopLogprobs);
+// Bytes of grammar specs one StepRequest carries (over all its opening entries).
+inline constexpr uint32_t kMaxWireGrammarBytes = 1u << 20;
 
 // Capacities of one channel, and what numoe-gpu can do with it. Limits (ValidateGeometry): hidden in
 // [1, 65536], top_k in [1, 64], max_rows in [1, 65536], max_seqs in [1, 4096], vocab in [1, 1<<24],
@@ -99,7 +104,8 @@ Status ValidateGeometry(const Geometry& g);
 // Byte offsets of every array from the start of the region.
 struct Layout {
   size_t header = 0, to_gpu = 0, to_worker = 0;
-  size_t up_msg = 0, entries = 0, tokens = 0, releases = 0, forks = 0, biases = 0, moe_out = 0, up_error = 0;
+  size_t up_msg = 0, entries = 0, tokens = 0, releases = 0, forks = 0, biases = 0, grammars = 0, moe_out = 0,
+         up_error = 0;
   size_t down_msg = 0, moe_x = 0, moe_ids = 0, moe_weights = 0, sampled = 0, counts = 0, drafted = 0, accepted = 0,
          cached = 0, emitted = 0, logprobs = 0, logits = 0, down_error = 0;
   size_t total = 0;
@@ -128,6 +134,7 @@ struct WireSampling {
   double repetition_penalty = 1.0;
   int32_t logprobs = -1;  // -1 = none; else top log-probs per emitted token (<= kMaxWireTopLogprobs)
   int32_t num_bias = 0;   // logit-bias pairs of this entry in `biases` (<= kMaxWireBias)
+  int32_t grammar_bytes = 0;  // bytes of this entry's grammar spec in `grammars` (0 = unconstrained)
 };
 
 // One logit-bias pair and one log-prob as they travel.
@@ -178,6 +185,7 @@ struct MsgHeader {
   int64_t num_releases = 0;  // kStepRequest: sequences to free before the step runs
   int64_t num_forks = 0;     // kStepRequest: forks to make before the releases and the step
   int64_t num_biases = 0;    // kStepRequest: logit-bias pairs in biases (num_bias over forks and opening entries)
+  int64_t num_grammar_bytes = 0;  // kStepRequest: bytes in grammars (grammar_bytes over the opening entries)
   int64_t num_logprobs = 0;  // kStepResult: rows written in logprobs (0 or num_emitted)
   int64_t num_logits = 0;    // kStepResult: rows in logits (entries with kEntryLogits, in order)
   int64_t num_emitted = 0;   // kStepResult: tokens in emitted (the sum of counts)
@@ -272,6 +280,7 @@ class Channel {
   int64_t* releases() const;    // up: [max_seqs]
   WireFork* forks() const;      // up: [max_seqs]
   WireBias* biases() const;     // up: [max_seqs x kMaxWireBias]
+  char* grammars() const;       // up: [kMaxWireGrammarBytes]
   float* moe_out() const;       // up: [max_rows, hidden]
   float* moe_x() const;         // down: [max_rows, hidden]
   int32_t* moe_ids() const;     // down: [max_rows, top_k]

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
+#include "common/tokenizer/tokenizer.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "model/spec_policy.h"
@@ -129,6 +130,14 @@ int RunGpuApp(const GpuAppConfig& flags) {
                << "at each prompt's and answer's end";
   }
   GpuServer server(model->get(), (*ckpt)->config(), opts);
+  // Constrained output (response_format, forced tool calls) masks tokens by their bytes: the model's tokenizer.
+  if (auto tok = tokenizer::Tokenizer::Load(config.model_dir); tok.ok()) {
+    server.host().grammars = std::make_unique<tokenizer::GrammarCache>(
+        tokenizer::GrammarVocab::FromTokenizer(**tok, (*model)->vocab_size()));
+  } else {
+    NLOG(WARNING) << "numoe-gpu: no tokenizer in " << config.model_dir << " (" << tok.status().message()
+                  << "): constrained output (response_format, forced tool calls) is refused";
+  }
   GpuGrpcService service(&server);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -155,6 +155,11 @@ Status WorkerSession::HandleStep() {
   std::vector<int64_t> releases(channel_->releases(), channel_->releases() + m.num_releases);
   std::vector<shm::WireFork> forks(channel_->forks(), channel_->forks() + m.num_forks);
   biases_.assign(channel_->biases(), channel_->biases() + m.num_biases);
+  if (m.num_grammar_bytes < 0 || m.num_grammar_bytes > shm::kMaxWireGrammarBytes) {
+    return bad(absl::StrCat("num_grammar_bytes ", m.num_grammar_bytes, " outside [0, ", shm::kMaxWireGrammarBytes, "]"));
+  }
+  grammar_buf_.assign(channel_->grammars(), static_cast<size_t>(m.num_grammar_bytes));
+  int64_t grammar_at = 0;
   const int64_t vocab = host_->model->vocab_size();
   // Sampling of a fork or an opening entry, its logit bias taken from `biases` in order.
   int64_t bias_at = 0;
@@ -163,9 +168,15 @@ Status WorkerSession::HandleStep() {
       return bad(absl::StrCat(at, ": num_bias ", w.num_bias, " outside [0, ", shm::kMaxWireBias,
                               "] or past num_biases"));
     }
+    if (w.grammar_bytes < 0 || grammar_at + w.grammar_bytes > m.num_grammar_bytes) {
+      return bad(absl::StrCat(at, ": grammar_bytes ", w.grammar_bytes, " negative or past num_grammar_bytes"));
+    }
     SamplingParams p = FromWireSampling(w, std::span<const shm::WireBias>(biases_.data() + bias_at,
-                                                                           static_cast<size_t>(w.num_bias)));
+                                                                           static_cast<size_t>(w.num_bias)),
+                                        std::string_view(grammar_buf_).substr(static_cast<size_t>(grammar_at),
+                                                                              static_cast<size_t>(w.grammar_bytes)));
     bias_at += w.num_bias;
+    grammar_at += w.grammar_bytes;
     if (Status st = ValidateSampling(p, vocab); !st.ok()) return bad(absl::StrCat(at, ": sampling.", st.message()));
     return p;
   };
@@ -180,6 +191,7 @@ Status WorkerSession::HandleStep() {
       if (seqs_.count(f.seq) != 0 || !fresh.insert(f.seq).second) return bad(absl::StrCat(at, ": the key is in use"));
       if (seqs_.count(f.parent) == 0) return bad(absl::StrCat(at, ": unknown parent sequence ", f.parent));
       ASSIGN_OR_RETURN(SamplingParams p, read_sampling(f.sampling, at));
+      if (!p.grammar.empty()) return bad(absl::StrCat(at, ": a fork carries no grammar (it follows its parent's)"));
       fork_params.push_back(std::move(p));
     }
     std::lock_guard<FifoMutex> lk(host_->forward_mu);
@@ -224,6 +236,7 @@ Status WorkerSession::HandleStep() {
   std::set<int64_t> seen;
   items_.resize(static_cast<size_t>(n));
   open_params_.assign(static_cast<size_t>(n), SamplingParams{});
+  open_grammars_.assign(static_cast<size_t>(n), nullptr);
   for (int64_t i = 0; i < n; ++i) {
     const shm::StepEntry& e = entries_[i];
     const std::string at = absl::StrCat("entries[", i, "] (sequence ", e.seq, ")");
@@ -249,6 +262,14 @@ Status WorkerSession::HandleStep() {
     if ((e.flags & shm::kEntryOpen) != 0) {
       if (exists) return bad(absl::StrCat(at, ": opened twice"));
       ASSIGN_OR_RETURN(open_params_[i], read_sampling(e.sampling, at));
+      if (!open_params_[i].grammar.empty()) {
+        if (host_->grammars == nullptr) {
+          return bad(absl::StrCat(at, ": constrained output needs the model's tokenizer.json, which numoe-gpu did not find"));
+        }
+        auto g = host_->grammars->Get(open_params_[i].grammar);
+        if (!g.ok()) return bad(absl::StrCat(at, ": sampling.", g.status().message()));
+        open_grammars_[i] = *std::move(g);
+      }
       if (item.speculative()) {
         return bad(absl::StrCat(at, ": drafts on the step that opens the sequence (nothing to verify against)"));
       }
@@ -261,6 +282,10 @@ Status WorkerSession::HandleStep() {
     rows += item.rows();
   }
   if (total != m.num_tokens) return bad(absl::StrCat("entries hold ", total, " tokens, num_tokens says ", m.num_tokens));
+  if (grammar_at != m.num_grammar_bytes) {
+    return bad(absl::StrCat("opening entries hold ", grammar_at, " grammar bytes, num_grammar_bytes says ",
+                            m.num_grammar_bytes));
+  }
   if (bias_at != m.num_biases) {
     return bad(absl::StrCat("forks and opening entries hold ", bias_at, " logit biases, num_biases says ", m.num_biases));
   }
@@ -278,7 +303,7 @@ Status WorkerSession::HandleStep() {
     const shm::StepEntry& e = entries_[i];
     if ((e.flags & shm::kEntryOpen) == 0) continue;
     ASSIGN_OR_RETURN(CachedSequence state, OpenCachedSequence(*host_->model, host_->prefix_cache));
-    seqs_.emplace(e.seq, Seq{std::move(state), Sampler(open_params_[i])});
+    seqs_.emplace(e.seq, Seq{std::move(state), Sampler(open_params_[i], open_grammars_[i])});
   }
   num_seqs_.store(static_cast<int64_t>(seqs_.size()));
   samplers_.resize(static_cast<size_t>(n));

@@ -54,6 +54,9 @@ struct ModelHost {
   void ReleaseLane(int lane);
   std::mutex lanes_mu;
   std::vector<bool> lane_taken;  // [lanes]
+  // Compiled grammars of constrained sequences over the model's tokenizer (null: the model directory has no
+  // tokenizer.json, and a constrained sequence is refused).
+  std::unique_ptr<tokenizer::GrammarCache> grammars;
   LatencyRecorder hops;
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> tokens{0};
@@ -129,6 +132,8 @@ class WorkerSession {
   std::vector<int32_t> tokens_buf_;
   std::vector<shm::WireBias> biases_;
   std::vector<SamplingParams> open_params_;  // per entry: the sampling of an opening entry
+  std::vector<std::shared_ptr<const tokenizer::Grammar>> open_grammars_;  // per entry: its compiled grammar
+  std::string grammar_buf_;
   std::vector<StepItem> items_;       // the entries as step items (model SequenceIds once opened)
   std::vector<Sampler*> samplers_;
   std::vector<CachedSequence*> states_;

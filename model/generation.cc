@@ -15,6 +15,9 @@ Status ValidateRequest(const GenerateRequest& r, int64_t vocab_size) {
                                                      " is out of range [0, ", vocab_size, ")"));
     }
   }
+  if (!r.sampling.grammar.empty()) {
+    return absl::UnimplementedError("sampling.grammar: constrained output is served by numoe serve, not this loop");
+  }
   if (r.max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be >= 0 (got ", r.max_new_tokens, ")"));
   }

@@ -29,6 +29,9 @@ Status ValidateSampling(const SamplingParams& p, int64_t vocab) {
   if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
     return bad("logprobs must be in [-1, ", kMaxTopLogprobs, "] (-1 = none; got ", p.logprobs, ")");
   }
+  if (p.grammar.size() > tokenizer::kMaxGrammarSpecBytes) {
+    return bad("grammar has ", p.grammar.size(), " bytes; at most ", tokenizer::kMaxGrammarSpecBytes);
+  }
   if (p.logit_bias.size() > kMaxLogitBias) {
     return bad("logit_bias has ", p.logit_bias.size(), " entries; at most ", kMaxLogitBias);
   }
@@ -88,8 +91,20 @@ void Sampler::ObservePrompt(std::span<const int32_t> tokens) {
   prompt_seen_.insert(tokens.begin(), tokens.end());
 }
 
+StatusOr<Sampler> MakeSampler(const SamplingParams& p, tokenizer::GrammarCache* cache) {
+  if (p.grammar.empty()) return Sampler(p);
+  if (cache == nullptr) {
+    return absl::FailedPreconditionError(
+        "sampling.grammar: constrained output needs the model's tokenizer.json, which this process did not load");
+  }
+  auto g = cache->Get(p.grammar);
+  if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.", g.status().message()));
+  return Sampler(p, *std::move(g));
+}
+
 void Sampler::Accept(int32_t token) {
   generating_ = true;
+  if (grammar_) grammar_->Accept(token);
   if (p_.penalized()) ++generated_[token];
 }
 
@@ -101,6 +116,10 @@ void Sampler::Unaccept(int32_t token) {
 
 int32_t Sampler::SampleDraft(const float* logits, int64_t vocab) {
   const int32_t t = Sample(logits, vocab);
+  if (grammar_) {
+    if (!grammar_before_drafts_) grammar_before_drafts_ = *grammar_;
+    grammar_->Accept(t);
+  }
   if (p_.penalized()) {
     ++generated_[t];
     drafts_.push_back(t);
@@ -109,12 +128,22 @@ int32_t Sampler::SampleDraft(const float* logits, int64_t vocab) {
 }
 
 void Sampler::ClearDrafts() {
+  if (grammar_before_drafts_) {
+    grammar_ = std::move(grammar_before_drafts_);
+    grammar_before_drafts_.reset();
+  }
   for (int32_t t : drafts_) Unaccept(t);
   drafts_.clear();
 }
 
 void Sampler::CopyHistoryFrom(const Sampler& parent) {
   generating_ = parent.generating_;
+  // A fork follows its parent's grammar from where the parent is (before any drafts).
+  if (parent.grammar_before_drafts_) {
+    grammar_ = parent.grammar_before_drafts_;
+  } else if (parent.grammar_) {
+    grammar_ = parent.grammar_;
+  }
   if (!p_.penalized()) return;
   if (p_.repetition_penalty != 1.0) prompt_seen_ = parent.prompt_seen_;
   generated_ = parent.generated_;
@@ -122,9 +151,18 @@ void Sampler::CopyHistoryFrom(const Sampler& parent) {
 }
 
 const float* Sampler::Process(const float* logits, int64_t vocab) {
-  if (!p_.penalized()) return logits;
+  if (!p_.penalized() && !grammar_) return logits;
   scratch_.assign(logits, logits + vocab);
   float* l = scratch_.data();
+  if (grammar_) {
+    const auto mask = grammar_->Mask();
+    const int64_t n = std::min<int64_t>(vocab, static_cast<int64_t>(mask->size()) * 64);
+    constexpr float kOff = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!tokenizer::MaskAllows(*mask, static_cast<int32_t>(i))) l[i] = kOff;
+    }
+    for (int64_t i = n; i < vocab; ++i) l[i] = kOff;
+  }
   for (const auto& [token, bias] : p_.logit_bias) {
     if (token >= 0 && token < vocab) l[token] += bias;
   }
@@ -166,6 +204,8 @@ int64_t Sampler::Candidates(const float* logits, int64_t vocab, double* sum) {
   int64_t keep = p_.top_k > 0 ? std::min<int64_t>(p_.top_k, n) : n;
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   std::partial_sort(idx_.begin(), idx_.begin() + keep, idx_.end(), by_logit);
+  // Tokens a grammar dropped (-inf) are never candidates.
+  while (keep > 1 && std::isinf(logits[idx_[keep - 1]]) && logits[idx_[keep - 1]] < 0) --keep;
   const double m = logits[idx_[0]];
   prob_.resize(static_cast<size_t>(keep));
   double s = 0.0;

@@ -10,7 +10,9 @@
 //   4. temperature 0: the argmax (ties -> lowest id). Else softmax(l / temperature), then
 //   5. min_p: tokens whose probability is below min_p x the largest are dropped,
 //   6. top_k, 7. top_p (nucleus over what is left), renormalised, and one draw from the sequence's RNG.
-// Steps 1-3 run only when a field is off its neutral value, on a copy of the row (the model's logits are
+//   0. grammar (constrained output, common/tokenizer/grammar.h): tokens the grammar does not allow next are
+//      dropped (their logits become -inf) before everything else; every emitted token advances it.
+// Steps 0-3 run only when a field is off its neutral value, on a copy of the row (the model's logits are
 // never modified). Log-probs (TopLogprobs) are of the raw logits, before any of this (vLLM's default).
 //
 // History: the penalties need the tokens the sequence has seen. The sampler lives with its sequence (in
@@ -22,8 +24,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -31,6 +36,7 @@
 
 #include "common/sampling_limits.h"
 #include "common/status.h"
+#include "common/tokenizer/grammar.h"
 
 namespace numoe {
 
@@ -45,6 +51,9 @@ struct SamplingParams {
   double repetition_penalty = 1.0;    // (0, 2]; 1 = off
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]), at most kMaxLogitBias
   int32_t logprobs = -1;  // -1 = none; 0..kMaxTopLogprobs: the chosen token's log-prob and this many top ones
+  // Constrained output: a grammar spec (common/tokenizer/grammar.h), empty = none. The sampler's owner
+  // compiles it (a GrammarCache over its tokenizer) and hands the Sampler the Grammar.
+  std::string grammar;
 
   // Whether steps 1-3 of the header comment change anything.
   bool penalized() const {
@@ -80,6 +89,11 @@ void TopLogprobs(const float* logits, int64_t vocab, int32_t chosen, int32_t n, 
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  // A constrained sampler: `grammar` compiled from p.grammar (null = unconstrained).
+  Sampler(const SamplingParams& p, std::shared_ptr<const tokenizer::Grammar> grammar) : Sampler(p) {
+    if (grammar != nullptr) grammar_.emplace(std::move(grammar));
+  }
+  bool constrained() const { return grammar_.has_value(); }
   // Picks a token from logits[vocab] (header comment). Does not record it: the caller calls Accept.
   int32_t Sample(const float* logits, int64_t vocab);
   // The distribution Sample draws from, dense over the vocabulary (zeros outside min-p / top-k / top-p;
@@ -118,7 +132,14 @@ class Sampler {
   std::unordered_set<int32_t> prompt_seen_;
   std::unordered_map<int32_t, int32_t> generated_;  // token -> times generated
   std::vector<int32_t> drafts_;                     // counted by SampleDraft, removed by ClearDrafts
+  // Constrained output: the grammar's position, and where it was before the first model draft.
+  std::optional<tokenizer::GrammarState> grammar_;
+  std::optional<tokenizer::GrammarState> grammar_before_drafts_;
 };
+
+// Compiles params' grammar with `cache` (null when the process has no tokenizer: FailedPrecondition) and
+// makes the sampler; an unconstrained params needs no cache.
+StatusOr<Sampler> MakeSampler(const SamplingParams& p, tokenizer::GrammarCache* cache);
 
 int32_t Argmax(const float* logits, int64_t vocab);
 

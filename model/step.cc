@@ -30,10 +30,12 @@ shm::WireSampling ToWireSampling(const SamplingParams& p) {
                            .frequency_penalty = p.frequency_penalty,
                            .repetition_penalty = p.repetition_penalty,
                            .logprobs = p.logprobs,
-                           .num_bias = static_cast<int32_t>(p.logit_bias.size())};
+                           .num_bias = static_cast<int32_t>(p.logit_bias.size()),
+                           .grammar_bytes = static_cast<int32_t>(p.grammar.size())};
 }
 
-SamplingParams FromWireSampling(const shm::WireSampling& w, std::span<const shm::WireBias> biases) {
+SamplingParams FromWireSampling(const shm::WireSampling& w, std::span<const shm::WireBias> biases,
+                                std::string_view grammar) {
   SamplingParams p{.temperature = w.temperature,
                    .top_p = w.top_p,
                    .top_k = w.top_k,
@@ -44,6 +46,7 @@ SamplingParams FromWireSampling(const shm::WireSampling& w, std::span<const shm:
                    .repetition_penalty = w.repetition_penalty,
                    .logprobs = w.logprobs};
   for (const shm::WireBias& b : biases) p.logit_bias.emplace_back(b.token, b.bias);
+  p.grammar = std::string(grammar);
   return p;
 }
 

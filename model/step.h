@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/shm_channel.h"
@@ -96,9 +97,11 @@ int64_t MaxDraftsPerItem(const Capabilities& caps);
 // both ends of the channel check items against these.
 Capabilities ChannelCapabilities(const shm::Geometry& g);
 
-// SamplingParams as they travel in a StepEntry: the logit bias goes separately (`biases`, num_bias pairs).
+// SamplingParams as they travel in a StepEntry: the logit bias goes separately (`biases`, num_bias pairs), and
+// so does the grammar spec (`grammars`, grammar_bytes).
 shm::WireSampling ToWireSampling(const SamplingParams& p);
-SamplingParams FromWireSampling(const shm::WireSampling& w, std::span<const shm::WireBias> biases);
+SamplingParams FromWireSampling(const shm::WireSampling& w, std::span<const shm::WireBias> biases,
+                                std::string_view grammar = {});
 
 // The checks on one item, before anything runs: tokens present and in [0, vocab), and the speculative
 // rules of the header comment against what the backend declares. Messages name the field and say what to

@@ -208,11 +208,12 @@ Status ParseToolChoice(const Json& body, MessagesRequest* out) {
   const std::string t = type->get<std::string>();
   if (t == "none") {
     out->chat.tool_choice_none = true;
-  } else if (t == "any" || t == "tool") {
-    return InvalidParam("tool_choice.type",
-                        absl::StrCat("tool_choice.type \"", t, "\" is not supported yet: forcing a tool call needs "
-                                     "constrained decoding, which this server does not do; use \"auto\" (the model "
-                                     "decides) or \"none\""));
+  } else if (t == "any") {
+    out->chat.tool_choice_required = true;  // one forced DSML call (router/openai/chat.h)
+  } else if (t == "tool") {
+    const Json* name = Field(*tc, "name");
+    if (name == nullptr || !name->is_string()) return TypeError("tool_choice.name", "a string", name ? *name : Json());
+    out->chat.tool_choice_name = name->get<std::string>();
   } else if (t != "auto") {
     return InvalidParam("tool_choice.type",
                         absl::StrCat("tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\" (got \"", t,

@@ -15,14 +15,15 @@
 //                                          (arguments = the input object as JSON, key order kept)
 //   a final assistant message           -> continued (prefill: rendered without EOS, §3 "prefix")
 //   tools [{name, description, input_schema}] -> OpenAI function tools {name, description, parameters}
-//   tool_choice auto | none             -> tools rendered | not rendered; any / tool (forced calls) are
-//                                          refused; disable_parallel_tool_use keeps the first tool_use only
+//   tool_choice auto | none | any | tool -> tools rendered | not rendered | OpenAI's "required" | a named
+//                                          function (one forced call, constrained sampling: router/openai/chat.h);
+//                                          disable_parallel_tool_use keeps the first tool_use only
 //   thinking enabled | disabled         -> thinking | chat mode (absent: chat mode); budget_tokens is checked
 //                                          (integer >= 1) but V4 has no thinking budget: max_tokens bounds it
 //   max_tokens (required), temperature, top_p, top_k, stop_sequences, stream -> as on the OpenAI path
 //   metadata ({user_id}) is checked and ignored; cache_control and citations on blocks are ignored.
 // Refused by name: image / document / other non-text blocks, server tools (typed tools such as
-// web_search_*), redacted_thinking, tool_choice any / tool, mcp_servers, output_format. Other fields
+// web_search_*), redacted_thinking, mcp_servers, output_format. Other fields
 // (service_tier, ...) are ignored, as on the OpenAI path.
 //
 // Thread-safety: the functions are pure; a MessageBuilder is per-request state.

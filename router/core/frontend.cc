@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include <nlohmann/json.hpp>
 #include "common/log.h"
 #include "router/core/errors.h"
 
@@ -140,6 +141,15 @@ StatusOr<std::shared_ptr<ChoiceRun>> Frontend::Start(ChoiceSpec spec, std::share
   s->set_repetition_penalty(static_cast<float>(spec.sampling.repetition_penalty.value_or(1.0)));
   for (const auto& [id, bias] : spec.sampling.logit_bias) {
     (*s->mutable_logit_bias())[static_cast<int32_t>(id)] = static_cast<float>(bias);
+  }
+  if (!spec.sampling.grammar.empty()) {
+    nlohmann::json g = nlohmann::json::parse(spec.sampling.grammar, nullptr, /*allow_exceptions=*/false);
+    if (!g.is_object()) return absl::InternalError("sampling.grammar is not a JSON object");
+    nlohmann::json end = nlohmann::json::array();
+    if (tok_.special_ids().eos >= 0) end.push_back(tok_.special_ids().eos);
+    for (int32_t id : spec.stop_token_ids) end.push_back(id);
+    g["end"] = std::move(end);
+    s->set_grammar(g.dump());
   }
   req.set_n(static_cast<uint32_t>(spec.n));
   req.set_logprobs(spec.logprobs >= 0);

@@ -49,6 +49,9 @@ struct SamplingRequest {
   std::optional<double> frequency_penalty;
   std::optional<double> repetition_penalty;
   std::vector<std::pair<int64_t, double>> logit_bias;  // (token id, bias)
+  // Constrained output: a grammar spec (common/tokenizer/grammar.h) without "end"; the frontend adds the
+  // end tokens (EOS and the stop token ids). Empty = none.
+  std::string grammar;
 };
 
 // The choices to generate from one prompt: n independent samples (choice i with a seed derived from the

@@ -514,6 +514,7 @@ void RestGateway::ChatCompletions(const HttpRequest& request, const std::shared_
   std::vector<ChoiceSpec> specs;
   oa::CommonParams common = req->common;
   common.skip_special_tokens = false;  // the output parser needs </think> and the DSML markers
+  common.sampling.grammar = prompt->grammar;
   const std::string rid = oa::NewId("chatcmpl");
   auto spec = MakeSpec(frontend_, common, std::move(prompt->ids), "messages", rid);
   if (!spec.ok()) return fail(spec.status());
@@ -551,6 +552,7 @@ void RestGateway::Messages(const HttpRequest& request, const std::shared_ptr<Htt
   }
   oa::CommonParams params = common;
   params.skip_special_tokens = false;  // the output parser needs </think> and the DSML markers
+  params.sampling.grammar = prompt->grammar;
   MessagesJob::Config config;
   config.id = an::NewMessageId();
   auto spec = MakeSpec(frontend_, params, std::move(prompt->ids), "messages", config.id);

@@ -86,6 +86,15 @@ StatusOr<ChatPrompt> ChatEncoder::Encode(const ChatRequest& request) const {
     Status s = chat::AttachRequestTools(&messages, request.tools);
     if (!s.ok()) return WithParam(s, "tools");
   }
+  if (!request.common.response_format.is_null()) {
+    // The schema goes on the system message, as tools do (docs/dsv4-chat-encoding.md, response_format).
+    if (!messages.empty() && messages[0]["role"] == "system") {
+      messages[0]["response_format"] = request.common.response_format;
+    } else {
+      chat::Json system = {{"role", "system"}, {"content", ""}, {"response_format", request.common.response_format}};
+      messages.insert(messages.begin(), std::move(system));
+    }
+  }
   if (request.messages.back().role != "user" && request.messages.back().role != "tool" &&
       !request.messages.back().prefix) {
     return InvalidParam("messages", "the last message must be from the user or a tool (or an assistant message with "
@@ -101,7 +110,40 @@ StatusOr<ChatPrompt> ChatEncoder::Encode(const ChatRequest& request) const {
   out.starts_in_reasoning = chat::StartStateForPrompt(*text) == chat::ParserStart::kReasoning;
   out.tools = tools;
   out.text = std::move(*text);
+  ASSIGN_OR_RETURN(out.grammar, Grammar(request, out.starts_in_reasoning));
   return out;
+}
+
+StatusOr<std::string> ChatEncoder::Grammar(const ChatRequest& request, bool starts_in_reasoning) const {
+  chat::Json spec;
+  if (request.tool_choice_required || !request.tool_choice_name.empty()) {
+    // The ｜DSML｜ marker is one token in V4's tokenizer; a tokenizer without it spells the marker in text.
+    const int32_t dsml = tok_.SpecialTokenId("｜DSML｜").value_or(-1);
+    chat::Json tools = chat::Json::array();
+    for (const chat::Json& t : request.tools) {
+      const chat::Json& fn = t["function"];
+      if (!request.tool_choice_name.empty() && fn["name"] != request.tool_choice_name) continue;
+      tools.push_back({{"name", fn["name"]}, {"parameters", fn.contains("parameters") ? fn["parameters"] : chat::Json::object()}});
+    }
+    if (tools.empty()) {
+      return InvalidParam("tool_choice", request.tools.is_null() || request.tools.empty()
+                                             ? std::string("a forced tool call needs tools")
+                                             : absl::StrCat("tool_choice names \"", request.tool_choice_name,
+                                                            "\", which is not in tools"));
+    }
+    spec = {{"type", "dsml_tool_call"}, {"tools", std::move(tools)}, {"dsml", dsml}};
+  } else if (!request.common.sampling.grammar.empty()) {
+    spec = chat::Json::parse(request.common.sampling.grammar);
+  } else {
+    return std::string();
+  }
+  if (starts_in_reasoning) {
+    // Thinking mode: the reasoning is free, the constrained part starts after </think>.
+    const int32_t end_think = tok_.special_ids().end_think;
+    if (end_think < 0) return InvalidParam("thinking", "this model's tokenizer has no </think> token");
+    spec["think_end"] = end_think;
+  }
+  return spec.dump();
 }
 
 void ChatDelta::Append(ChatDelta other) {

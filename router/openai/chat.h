@@ -30,6 +30,9 @@ struct ChatPrompt {
   std::vector<int32_t> ids;
   bool starts_in_reasoning = false;  // the prompt ends with <think>: output begins as reasoning
   bool tools = false;                // tools were rendered (tool-call parsing inside reasoning enabled)
+  // Constrained output (SamplingRequest::grammar): response_format's, or the forced tool call of tool_choice
+  // "required" / a named function (one DSML call of those tools); after </think> in thinking mode.
+  std::string grammar;
 };
 
 class ChatEncoder {
@@ -43,6 +46,7 @@ class ChatEncoder {
 
  private:
   Status CheckClientText(std::string_view text, const std::string& field) const;
+  StatusOr<std::string> Grammar(const ChatRequest& request, bool starts_in_reasoning) const;
 
   const tokenizer::Tokenizer& tok_;
   chat::EncoderProfile profile_;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/grammar.h"
 #include "router/core/errors.h"
 
 namespace numoe::router::openai {
@@ -94,6 +95,48 @@ Status RejectUnless(const json& obj, const char* name, const std::function<bool(
   const json* v = Field(obj, name);
   if (v == nullptr || neutral(*v)) return absl::OkStatus();
   return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server: ", why));
+}
+
+// response_format: text (nothing), json_object, json_schema {name, schema, strict} -> a grammar spec
+// (common/tokenizer/grammar.h) without its end tokens, which the frontend adds.
+Status ParseResponseFormat(const json& body, CommonParams* p) {
+  const json* rf = Field(body, "response_format");
+  if (rf == nullptr) return absl::OkStatus();
+  if (!rf->is_object()) return TypeError("response_format", "an object ({\"type\": \"json_object\"})", *rf);
+  const json* type = Field(*rf, "type");
+  if (type == nullptr || !type->is_string()) return TypeError("response_format.type", "a string", type ? *type : json());
+  const std::string t = type->get<std::string>();
+  if (t == "text") return absl::OkStatus();
+  if (t == "json_object") {
+    p->sampling.grammar = R"({"type":"json_object"})";
+    p->response_format = *rf;
+    return absl::OkStatus();
+  }
+  if (t != "json_schema") {
+    return InvalidParam("response_format.type", absl::StrCat("response_format.type must be \"text\", \"json_object\" or "
+                                                             "\"json_schema\" (got \"", t, "\")"));
+  }
+  const json* js = Field(*rf, "json_schema");
+  if (js == nullptr || !js->is_object()) {
+    return TypeError("response_format.json_schema", "an object ({\"name\", \"schema\"})", js ? *js : json());
+  }
+  if (const json* strict = Field(*js, "strict"); strict != nullptr && !strict->is_boolean()) {
+    return TypeError("response_format.json_schema.strict", "a boolean", *strict);
+  }
+  const json* schema = Field(*js, "schema");
+  static const json kAny = json::object();
+  if (schema == nullptr) schema = &kAny;  // OpenAI: no schema = any JSON value
+  const std::string text = schema->dump();
+  if (text.size() > tokenizer::kMaxGrammarSpecBytes - 256) {
+    return InvalidParam("response_format.json_schema.schema",
+                        absl::StrCat("the schema is ", text.size(), " bytes; at most ", tokenizer::kMaxGrammarSpecBytes - 256));
+  }
+  if (Status st = tokenizer::Grammar::CheckSchema(text, "response_format.json_schema.schema"); !st.ok()) {
+    return InvalidParam("response_format.json_schema.schema", st.message());
+  }
+  p->sampling.grammar = absl::StrCat(R"({"type":"json_schema","schema":)", text, "}");
+  p->response_format = *rf;
+  return absl::OkStatus();
 }
 
 Status ParseCommon(const json& body, bool chat, CommonParams* p) {
@@ -210,7 +253,7 @@ Status ParseCommon(const json& body, bool chat, CommonParams* p) {
         body, "suffix", [](const json& v) { return v.is_string() && v.get<std::string>().empty(); },
         "no suffix (fill-in-the-middle)"));
   }
-  return absl::OkStatus();
+  return ParseResponseFormat(body, p);
 }
 
 StatusOr<std::vector<int64_t>> ParseIdList(const json& arr, const std::string& param) {
@@ -485,17 +528,45 @@ StatusOr<ChatRequest> ParseChatRequest(const json& body) {
       std::string c = tc->get<std::string>();
       if (c == "none") {
         req.tool_choice_none = true;
+      } else if (c == "required") {
+        req.tool_choice_required = true;
       } else if (c != "auto") {
-        return InvalidParam("tool_choice", absl::StrCat("tool_choice must be \"auto\" or \"none\" (got \"", c, "\")"));
+        return InvalidParam("tool_choice", absl::StrCat("tool_choice must be \"auto\", \"none\", \"required\" or "
+                                                        "{\"type\": \"function\", \"function\": {\"name\"}} (got \"", c, "\")"));
       }
+    } else if (tc->is_object()) {
+      const json* fn = Field(*tc, "function");
+      const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+      if (name == nullptr || !name->is_string()) {
+        return TypeError("tool_choice.function.name", "a string", name ? *name : json());
+      }
+      req.tool_choice_name = name->get<std::string>();
     } else {
-      return InvalidParam("tool_choice", "only tool_choice \"auto\" or \"none\" is supported (no forced tool calls)");
+      return TypeError("tool_choice", "a string or an object", *tc);
     }
-  }
-  if (const json* rf = Field(body, "response_format")) {
-    const json* type = rf->is_object() ? Field(*rf, "type") : nullptr;
-    if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
-      return InvalidParam("response_format", "only response_format {\"type\": \"text\"} is supported");
+    if (req.tool_choice_required || !req.tool_choice_name.empty()) {
+      if (req.tools.is_null() || req.tools.empty()) {
+        return InvalidParam("tool_choice", "a forced tool call (tool_choice \"required\" or a named function) needs tools");
+      }
+      if (!req.tool_choice_name.empty()) {
+        bool found = false;
+        for (const json& t : req.tools) found |= t["function"]["name"] == req.tool_choice_name;
+        if (!found) {
+          return InvalidParam("tool_choice.function.name",
+                              absl::StrCat("tool_choice names \"", req.tool_choice_name, "\", which is not in tools"));
+        }
+      }
+      if (!req.common.sampling.grammar.empty()) {
+        return InvalidParam("tool_choice", "a forced tool call and a JSON response_format cannot be combined");
+      }
+      for (size_t i = 0; i < req.tools.size(); ++i) {
+        const json& fn = req.tools[i]["function"];
+        if (!fn.contains("parameters")) continue;
+        const std::string field = absl::StrCat("tools[", i, "].function.parameters");
+        if (Status st = tokenizer::Grammar::CheckSchema(fn["parameters"].dump(), field); !st.ok()) {
+          return InvalidParam(field, st.message());
+        }
+      }
     }
   }
   return req;

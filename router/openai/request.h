@@ -19,8 +19,11 @@
 //           add_generation_prompt (vLLM; only false with continue_final_message, or true),
 //           thinking (bool, or {"type": "enabled"|"disabled"}), chat_template_kwargs.thinking /
 //           chat_template_kwargs.enable_thinking (bool), reasoning_effort (string), tools (array of
-//           {type: "function", function: {...}}), tool_choice ("auto" | "none"), response_format
-//           ({"type": "text"} only).
+//           {type: "function", function: {...}}), tool_choice ("auto" | "none" | "required" |
+//           {"type": "function", "function": {"name"}}: one DSML tool call, forced by constrained sampling).
+//   both:   response_format ({"type": "text"} | {"type": "json_object"} | {"type": "json_schema",
+//           "json_schema": {"name", "schema", "strict"}}: constrained sampling, common/tokenizer/grammar.h; an
+//           unsupported schema keyword is refused by name).
 //
 // Bodies are parsed into nlohmann::ordered_json: object keys keep the client's order, because tool schemas
 // (and tool-call arguments given as objects) are pasted into the prompt as Python's json.dumps writes them
@@ -62,6 +65,7 @@ struct CommonParams {
   bool include_stop_str_in_output = false;
   int32_t n = 1;          // choices per prompt
   int32_t logprobs = -1;  // -1 = none; else the chosen token's log-prob and this many top ones
+  Json response_format;   // null, or a json_object / json_schema response_format (sampling.grammar enforces it)
 };
 
 // One completions prompt: text, or token ids as given (range-checked later against the vocab).
@@ -97,6 +101,9 @@ struct ChatRequest {
   std::optional<std::string> reasoning_effort;
   Json tools;  // null or the request's array, each a {type: function, function: {...}}
   bool tool_choice_none = false;
+  // Forced tool calls: tool_choice "required" (one call of any tool) or a named function.
+  bool tool_choice_required = false;
+  std::string tool_choice_name;
 };
 
 // Parses a JSON body (must be an object, nested at most kMaxJsonDepth deep). Malformed JSON is

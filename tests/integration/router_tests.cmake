@@ -23,6 +23,12 @@ add_test(NAME sampling_openai_node
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/node/run_serve_test.sh $<TARGET_FILE:numoe> ${NUMOE_TEST_DATA}/tiny-v4
           ${CMAKE_CURRENT_BINARY_DIR}/node-serve)
 set_tests_properties(sampling_openai_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 600)
+# response_format (json_schema outputs validate for 50 seeds) and forced tool calls on demo-v4, a model that
+# knows no JSON, through the `openai` npm client against `numoe serve` (skipped like router_openai_node).
+add_test(NAME structured_openai_node
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/node/run_serve_test.sh $<TARGET_FILE:numoe> ${NUMOE_TEST_DATA}/demo-v4
+          ${CMAKE_CURRENT_BINARY_DIR}/node-structured structured_test.mjs)
+set_tests_properties(structured_openai_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 600)
 
 # The end-to-end check: `numoe serve` (numoe-gpu + 4 numoe-workers + numoe-router) on tiny-v4.
 numoe_add_test(router_e2e_test

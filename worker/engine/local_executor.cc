@@ -12,9 +12,10 @@ LocalExecutor::~LocalExecutor() {
 
 StatusOr<ExecSeq> LocalExecutor::Open(const SamplingParams& sampling) {
   RETURN_IF_ERROR(ValidateSampling(sampling, model_->vocab_size()));
+  ASSIGN_OR_RETURN(Sampler sampler, MakeSampler(sampling, grammars_));
   ASSIGN_OR_RETURN(SequenceId model_seq, model_->CreateSequence());
   const ExecSeq id = next_++;
-  seqs_.emplace(id, Seq{model_seq, Sampler(sampling)});
+  seqs_.emplace(id, Seq{model_seq, std::move(sampler)});
   return id;
 }
 

@@ -28,6 +28,9 @@ class LocalExecutor final : public Executor {
   ExecutorLimits limits() const override;
 
   int64_t open_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+  // Compiles constrained sequences' grammars (SamplingParams::grammar); without one they are refused. Not
+  // owned.
+  void set_grammars(tokenizer::GrammarCache* grammars) { grammars_ = grammars; }
 
  private:
   struct Seq {
@@ -38,6 +41,7 @@ class LocalExecutor final : public Executor {
   ModelBackend* model_;
   ExpertBackend* experts_;
   int64_t max_step_tokens_, max_seqs_;
+  tokenizer::GrammarCache* grammars_ = nullptr;
   std::map<ExecSeq, Seq> seqs_;
   ExecSeq next_ = 1;
   std::vector<StepItem> model_items_;  // the step's items with the model's SequenceIds

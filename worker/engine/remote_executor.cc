@@ -90,7 +90,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
 
   const Capabilities caps = ChannelCapabilities(g);
   shm::MsgHeader& m = ch_->outgoing();
-  int64_t tokens = 0, rows = 0, logits_rows = 0, biases = 0;
+  int64_t tokens = 0, rows = 0, logits_rows = 0, biases = 0, grammar_bytes = 0;
   // Logit biases go to `biases`, forks' first, then the opening entries' (in entry order).
   auto put_biases = [&](const SamplingParams& p) {
     for (const auto& [token, bias] : p.logit_bias) ch_->biases()[biases++] = shm::WireBias{token, bias};
@@ -99,6 +99,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
   for (size_t i = 0; i < forks_.size(); ++i) {
     ch_->forks()[i] = shm::WireFork{.seq = forks_[i].seq, .parent = forks_[i].parent,
                                     .sampling = ToWireSampling(forks_[i].sampling)};
+    ch_->forks()[i].sampling.grammar_bytes = 0;  // a fork follows its parent's grammar
     put_biases(forks_[i].sampling);
   }
   for (size_t i = 0; i < items.size(); ++i) {
@@ -124,6 +125,13 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
       e.flags |= shm::kEntryOpen;
       e.sampling = ToWireSampling(p->second);
       put_biases(p->second);
+      const std::string& grammar = p->second.grammar;
+      if (grammar_bytes + static_cast<int64_t>(grammar.size()) > shm::kMaxWireGrammarBytes) {
+        return absl::ResourceExhaustedError(absl::StrCat("executor: the grammars of the sequences opened in one step "
+                                                         "exceed the channel's ", shm::kMaxWireGrammarBytes, " bytes"));
+      }
+      std::memcpy(ch_->grammars() + grammar_bytes, grammar.data(), grammar.size());
+      grammar_bytes += static_cast<int64_t>(grammar.size());
     } else if (open_.count(it.seq) == 0 &&
                std::none_of(forks_.begin(), forks_.end(), [&](const PendingFork& f) { return f.seq == it.seq; })) {
       // (A pending fork is made by numoe-gpu before this step runs.)
@@ -147,6 +155,7 @@ Status RemoteExecutor::Exchange(std::span<const StepItem> items, StepOutput* out
   m.num_releases = static_cast<int64_t>(releases_.size());
   m.num_forks = static_cast<int64_t>(forks_.size());
   m.num_biases = biases;
+  m.num_grammar_bytes = grammar_bytes;
   if (Status st = ch_->Send(shm::MsgType::kStepRequest); !st.ok()) return Broken(st);
   // The gpu has the step: whatever the outcome, it processed the releases and may have made these.
   releases_.clear();

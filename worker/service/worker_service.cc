@@ -28,6 +28,7 @@ StatusOr<engine::EngineRequest> ToEngineRequest(const v1::WorkerGenerateRequest&
         absl::StrCat("sampling.logit_bias has ", s.logit_bias_size(), " entries; at most ", kMaxLogitBias));
   }
   for (const auto& [token, bias] : s.logit_bias()) r.sampling.logit_bias.emplace_back(token, bias);
+  r.sampling.grammar = s.grammar();
   std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());  // a map's order is unspecified
   if (request.top_logprobs() > static_cast<uint32_t>(kMaxTopLogprobs)) {
     return absl::InvalidArgumentError(

@@ -92,7 +92,7 @@ async function main() {
                        (e) => e instanceof Anthropic.BadRequestError && e.status === 400 &&
                               e.error?.type === 'error' && e.error?.error?.type === 'invalid_request_error' &&
                               /max_tokens/.test(e.message));
-  await assert.rejects(client.messages.create({ ...request, tool_choice: { type: 'any' } }),
+  await assert.rejects(client.messages.create({ ...request, tool_choice: { type: 'tool', name: 'nope' } }),
                        (e) => e instanceof Anthropic.BadRequestError && /tool_choice/.test(e.message));
   await assert.rejects(client.messages.create({ ...request, model: 'claude-x' }),
                        (e) => e instanceof Anthropic.NotFoundError && e.error?.error?.type === 'not_found_error');

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Checks logprobs, n, penalties, logit_bias and min_p with the official `openai` npm client against
-# `numoe serve` on a model with goldens (the real CPU backend): sampling_test.mjs.
-# Usage: run_serve_test.sh NUMOE_BIN MODEL_DIR WORK_DIR
+# Drives `numoe serve` (the real CPU backend) with the official `openai` npm client: sampling_test.mjs
+# (logprobs against the goldens, n, penalties, logit_bias, min_p; the default) or structured_test.mjs
+# (response_format and forced tool calls).
+# Usage: run_serve_test.sh NUMOE_BIN MODEL_DIR WORK_DIR [TEST.mjs]
 # Exit 77 (skipped) when node/npm is missing or the npm registry cannot be reached.
 set -uo pipefail
 abs() { (cd "$(dirname "$1")" && echo "$(pwd)/$(basename "$1")"); }
 mkdir -p "$3"
-NUMOE=$(abs "$1") MODEL=$(cd "$2" && pwd) WORK=$(cd "$3" && pwd)
+NUMOE=$(abs "$1") MODEL=$(cd "$2" && pwd) WORK=$(cd "$3" && pwd) TEST=${4:-sampling_test.mjs}
 HERE=$(cd "$(dirname "$0")" && pwd)
 command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
 
@@ -20,7 +21,7 @@ if ! cmp -s "$HERE/package.json" "$WORK/package.json" || [ ! -d "$WORK/node_modu
     exit 77
   fi
 fi
-cp "$HERE/sampling_test.mjs" "$WORK/sampling_test.mjs"
+cp "$HERE/$TEST" "$WORK/$TEST"
 
 free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
 PORT=$(free_port) GRPC=$(free_port)
@@ -35,7 +36,7 @@ for _ in $(seq 1200); do
   sleep 0.1
 done
 grep -q "ready" "$WORK/serve.out" 2>/dev/null || { echo "numoe serve did not start"; tail -30 "$WORK/serve.log"; exit 1; }
-cd "$WORK" && node sampling_test.mjs "http://127.0.0.1:$PORT/v1" "$MODEL/golden.safetensors"
+cd "$WORK" && node "$TEST" "http://127.0.0.1:$PORT/v1" "$MODEL/golden.safetensors"
 rc=$?
 [ $rc -eq 0 ] || { echo "--- serve log"; tail -40 "$WORK/serve.log"; }
 exit $rc

@@ -265,9 +265,27 @@ TEST(Request, ChatMessagesAndOptions) {
             "needs");
   ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})").status(),
             "top_logprobs", "[0, 20]");
-  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})")
-                .status(),
-            "response_format");
+  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})").status(),
+            "response_format.type");
+  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
+                     "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}}}})").status(),
+            "response_format.json_schema.schema", "unsupported keyword 'pattern'");
+  ExpectBad(Chat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                     "tool_choice": {"type": "function", "function": {"name": "g"}}})").status(),
+            "tool_choice.function.name", "not in tools");
+  {
+    auto ok = Chat(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
+                       "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"b": {"type": "integer"},
+                       "a": {"type": "string"}}, "required": ["b"]}}}})");
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    // The grammar keeps the schema's key order (the client's), which is the order properties are written in.
+    EXPECT_EQ(ok->common.sampling.grammar,
+              R"({"type":"json_schema","schema":{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}},"required":["b"]}})");
+    auto forced = Chat(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": "required"})");
+    ASSERT_TRUE(forced.ok()) << forced.status();
+    EXPECT_TRUE(forced->tool_choice_required);
+  }
   ExpectBad(Chat(R"({"messages": [{"role": "assistant", "content": "x", "prefix": true},
                                   {"role": "user", "content": "y"}]})")
                 .status(),

@@ -45,11 +45,13 @@ struct LaunchOptions {
   int router_port = 8000;               // REST
   int router_grpc_port = 8001;
   int64_t affinity_prefix_tokens = -1;  // numoe-router --affinity-prefix-tokens; -1 = its default
+  std::string api_key_file;             // numoe-router --api-key-file ("" = none)
+  std::string tls_cert, tls_key;        // numoe-router --tls-cert / --tls-key ("" = no TLS)
 };
 
 // --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs,
 // --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --host, --port,
-// --grpc-port and --affinity-prefix-tokens (the router's),
+// --grpc-port, --affinity-prefix-tokens, --api-key-file, --tls-cert and --tls-key (the router's),
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 

@@ -54,6 +54,11 @@ StatusOr<std::vector<int32_t>> Frontend::CheckTokenIds(std::span<const int64_t> 
 StatusOr<int32_t> Frontend::ResolveMaxTokens(size_t prompt_len, std::optional<int64_t> requested,
                                              const std::string& prompt_param) const {
   const int64_t ctx = model_.max_context;
+  if (options_.max_prompt_tokens > 0 && static_cast<int64_t>(prompt_len) > options_.max_prompt_tokens) {
+    return InvalidParam(prompt_param, absl::StrCat("the prompt has ", prompt_len, " tokens; this server accepts at most ",
+                                                   options_.max_prompt_tokens, " (--max-prompt-tokens) (",
+                                                   prompt_param, ")"));
+  }
   if (static_cast<int64_t>(prompt_len) >= ctx) {
     return InvalidParam(prompt_param,
                         absl::StrCat("This model's maximum context length is ", ctx, " tokens; the prompt has ",

@@ -206,7 +206,7 @@ int Serve(ServeConfig c) {
     if (Status st = sup.Start(ch.router); !st.ok()) return (sup.StopAll(), fail(st));
     if (int r = sup.WaitReady({ch.router}, &failure); r != 0) return r > 0 ? stop(r) : (sup.StopAll(), fail(failure));
     const router::RouterConfig& rc = plan->router.router;
-    ready_line = absl::StrCat("numoe serve ready: REST http://", rc.host, ":", rc.http_port, "/v1  gRPC ", rc.host, ":",
+    ready_line = absl::StrCat("numoe serve ready: REST ", rc.tls_cert.empty() ? "http" : "https", "://", rc.host, ":", rc.http_port, "/v1  gRPC ", rc.host, ":",
                               rc.grpc_port, "  (", ch.workers.size(), " worker(s), ", backend, ")");
   }
   std::printf("%s\n", ready_line.c_str());

@@ -9,7 +9,7 @@ set -euo pipefail
 PACKAGES=(
   cmake ninja-build g++ pkg-config ccache git
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
-  libboost1.74-dev libboost-system1.74-dev nlohmann-json3-dev
+  libboost1.74-dev libboost-system1.74-dev nlohmann-json3-dev libssl-dev openssl
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libnuma-dev numactl libhwloc-dev hwloc-nox
   curl ca-certificates procps

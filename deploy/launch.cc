@@ -59,6 +59,13 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
            "numoe-router --affinity-prefix-tokens: leading prompt tokens hashed for prefix affinity (-1 = the "
            "router's default; 0 = off, least outstanding work only)",
            &o->affinity_prefix_tokens, -1, 1 << 20);
+  p.AddString("api-key-file", "PATH",
+              "numoe-router --api-key-file: accept the keys in PATH, one per line ('#' comments); with "
+              "$NUMOE_API_KEY too, either is accepted",
+              &o->api_key_file);
+  p.AddString("tls-cert", "PATH", "numoe-router --tls-cert: serve REST and gRPC over TLS with this PEM certificate",
+              &o->tls_cert);
+  p.AddString("tls-key", "PATH", "numoe-router --tls-key: the PEM private key of --tls-cert", &o->tls_key);
 }
 
 Status CheckLaunchOptions(const LaunchOptions& o, int cuda_devices) {
@@ -99,6 +106,9 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   r.http_port = o.router_port;
   r.grpc_port = o.router_grpc_port;
   if (o.affinity_prefix_tokens >= 0) r.balancer.policy.prefix_tokens = static_cast<int>(o.affinity_prefix_tokens);
+  r.api_key_file = o.api_key_file;
+  r.tls_cert = o.tls_cert;
+  r.tls_key = o.tls_key;
 
   const std::string gpu_address = absl::StrCat(o.host, ":", o.gpu_port);
   for (size_t i = 0; i < placements.size(); ++i) {

@@ -50,12 +50,14 @@ struct LaunchOptions {
   bool no_prefix_cache = false;
   double prefix_cache_gb = -1;
   int64_t prefix_checkpoint_tokens = -1;
+  std::string api_key_file;             // numoe-router --api-key-file ("" = none)
+  std::string tls_cert, tls_key;        // numoe-router --tls-cert / --tls-key ("" = no TLS)
 };
 
 // --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs,
 // --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --host, --port,
-// --grpc-port, --affinity-prefix-tokens (the router's) and numoe-gpu's --no-prefix-cache, --prefix-cache-gb,
-// --prefix-checkpoint-tokens,
+// --grpc-port, --affinity-prefix-tokens, --api-key-file, --tls-cert and --tls-key (the router's) and numoe-gpu's
+// --no-prefix-cache, --prefix-cache-gb, --prefix-checkpoint-tokens,
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 

@@ -14,8 +14,9 @@ int main(int argc, char** argv) {
                      "applies the DeepSeek V4 chat encoding and balances requests over numoe-worker processes.");
   numoe::router::AddRouterFlags(p, &c);
   p.AddEpilog(
-      "\nErrors use OpenAI's JSON: 400 bad field (\"param\" names it; also a prompt past the context), 401 API key,\n"
-      "404 unknown model/path, 413 body too large, 429 queue full (Retry-After), 503 no worker up, 504 timeout.\n"
+      "\nErrors use OpenAI's JSON: 400 bad field (\"param\" names it; also a prompt past the context or\n"
+      "--max-prompt-tokens), 401 API key, 404 unknown model/path, 413 body too large, 431 headers too large,\n"
+      "429 queue full (Retry-After), 503 no worker up or too many connections (Retry-After), 504 timeout.\n"
       "Example: numoe-router --model tests/data/tiny-v4 --workers 127.0.0.1:9101,127.0.0.1:9102\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;

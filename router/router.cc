@@ -12,9 +12,11 @@
 #include "common/log.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/balancer/grpc_worker_client.h"
+#include "router/core/api_keys.h"
 #include "router/grpc/inference_service.h"
 #include "router/http/http_server.h"
 #include "router/http/rest_gateway.h"
+#include "router/http/tls.h"
 #include "router/metrics/metrics.h"
 #include "router/openai/chat.h"
 
@@ -60,24 +62,49 @@ StatusOr<std::unique_ptr<Router>> Router::Create(RouterConfig config) {
     NLOG(WARNING) << "the tokenizer has no end-of-sentence token: generation stops only at max_tokens";
   }
 
+  std::vector<std::string> keys;
+  if (!config.api_key.empty()) keys.push_back(config.api_key);
+  if (!config.api_key_file.empty()) {
+    ASSIGN_OR_RETURN(std::vector<std::string> file_keys, LoadApiKeyFile(config.api_key_file));
+    keys.insert(keys.end(), file_keys.begin(), file_keys.end());
+  }
+  ApiKeys api_keys(std::move(keys));
+  ASSIGN_OR_RETURN(TlsPem tls, LoadTlsPem(config.tls_cert, config.tls_key));
+  if (api_keys.empty() && !IsLoopbackHost(config.host)) {
+    NLOG(WARNING) << "--host " << config.host
+                  << " accepts connections from other machines and no API key is set: anyone who can reach this "
+                     "port can use the model (set --api-key-file, --api-key or $NUMOE_API_KEY)";
+  }
+
   parts->balancer = std::make_unique<Balancer>(config.balancer, MakeGrpcWorkerClient);
   parts->frontend =
       std::make_unique<Frontend>(*parts->tokenizer, m, *parts->balancer, parts->metrics, config.frontend);
   chat::EncoderProfile profile = openai::ChatEncoder::DetectProfile(config.model_dir);
   parts->chat = std::make_unique<openai::ChatEncoder>(*parts->tokenizer, profile);
   parts->gateway = std::make_unique<RestGateway>(*parts->frontend, *parts->chat, *parts->balancer, parts->metrics,
-                                                 RestGatewayOptions{config.api_key});
+                                                 RestGatewayOptions{api_keys});
   HttpServerOptions ho;
   ho.host = config.host;
   ho.port = config.http_port;
   ho.threads = config.http_threads;
   ho.max_body_bytes = config.max_body_bytes;
+  ho.max_header_bytes = config.max_header_bytes;
+  ho.max_connections = config.max_connections;
+  ho.receive_timeout_s = config.receive_timeout_s;
+  ho.idle_timeout_s = config.idle_timeout_s;
+  ho.tls_cert_chain_pem = tls.cert_chain;
+  ho.tls_private_key_pem = tls.private_key;
   RestGateway* gateway = parts->gateway.get();
   parts->http = std::make_unique<HttpServer>(
       ho, [gateway](HttpRequest req, std::shared_ptr<HttpExchange> ex) { gateway->Handle(req, std::move(ex)); });
   if (config.grpc_port >= 0) {
-    parts->grpc = std::make_unique<GrpcServer>(*parts->frontend, *parts->chat, parts->metrics,
-                                               GrpcServerOptions{config.host, config.grpc_port, config.api_key});
+    GrpcServerOptions go;
+    go.host = config.host;
+    go.port = config.grpc_port;
+    go.api_keys = api_keys;
+    go.max_message_bytes = config.max_body_bytes;
+    go.tls = tls;
+    parts->grpc = std::make_unique<GrpcServer>(*parts->frontend, *parts->chat, parts->metrics, std::move(go));
   }
   parts->config = std::move(config);
   return std::unique_ptr<Router>(new Router(std::move(parts)));

@@ -24,8 +24,19 @@ struct RouterConfig {
   int http_port = 8000;  // 0 = any free port
   int grpc_port = 8001;  // 0 = any free port, -1 = no gRPC server
   int http_threads = 2;
+  // Limits of the REST server (router/http/http_server.h has what each does); max_body_bytes also caps a
+  // gRPC message.
   size_t max_body_bytes = 8u << 20;
+  size_t max_header_bytes = 64u << 10;
+  int max_connections = 1024;
+  double receive_timeout_s = 30;
+  double idle_timeout_s = 120;
+  // API keys (router/core/api_keys.h): this one and those of the file; none = no authentication.
   std::string api_key;
+  std::string api_key_file;
+  // TLS for both servers (router/http/tls.h): PEM files, both or neither.
+  std::string tls_cert;
+  std::string tls_key;
   FrontendOptions frontend;
   BalancerOptions balancer;  // .workers required
 

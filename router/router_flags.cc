@@ -44,8 +44,28 @@ void AddRouterFlags(ArgParser& p, RouterAppConfig* c) {
   p.AddString("api-key", "KEY",
               "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (default: $NUMOE_API_KEY; /health is open)",
               &r.api_key);
-  p.AddInt("max-body-bytes", "N", "largest request body; larger ones get 413", &r.max_body_bytes, 1024,
-           int64_t{1} << 32);
+  p.AddString("api-key-file", "PATH",
+              "accept each key in PATH as --api-key does (one key per line; blank lines and lines starting with "
+              "'#' are ignored); with --api-key too, either is accepted",
+              &r.api_key_file);
+  p.AddString("tls-cert", "PATH",
+              "serve REST (HTTPS) and gRPC over TLS with this PEM certificate chain (needs --tls-key)", &r.tls_cert);
+  p.AddString("tls-key", "PATH", "the PEM private key of --tls-cert (unencrypted)", &r.tls_key);
+  p.AddInt("max-connections", "N", "open REST connections at once; one more gets 503 with Retry-After",
+           &r.max_connections, 1, 1 << 20);
+  p.AddInt("max-header-bytes", "N", "largest REST request line + headers; larger ones get 431", &r.max_header_bytes,
+           1024, 64 << 20);
+  p.AddInt("max-body-bytes", "N", "largest request body (and gRPC message); larger ones get 413",
+           &r.max_body_bytes, 1024, int64_t{1} << 32);
+  p.AddInt("max-prompt-tokens", "N",
+           "longest prompt in tokens (0 = up to the context limit); longer ones get 400 naming the limit",
+           &r.frontend.max_prompt_tokens, 0, 1 << 30);
+  p.AddDouble("receive-timeout", "S",
+              "seconds a client may take to send one whole request (headers and body; a new connection's TLS "
+              "handshake included); then the connection is closed",
+              &r.receive_timeout_s, 0.01, 86400);
+  p.AddDouble("idle-timeout", "S", "seconds a keep-alive REST connection may wait idle for its next request",
+              &r.idle_timeout_s, 0.01, 86400);
   p.AddInt("http-threads", "N", "threads serving HTTP connections", &r.http_threads, 1, 256);
   p.AddDouble("drain-timeout", "S", "on SIGTERM/SIGINT, seconds to let requests in flight finish",
               &c->drain_timeout_s, 0, 3600);

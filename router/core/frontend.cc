@@ -58,6 +58,11 @@ StatusOr<int32_t> Frontend::ResolveMaxTokens(size_t prompt_len, std::optional<in
   if (prompt_len == 0) {  // e.g. "" with add_special_tokens false: a worker needs at least one token
     return InvalidParam(prompt_param, absl::StrCat(prompt_param, ": the prompt is empty (it encodes to no tokens)"));
   }
+  if (options_.max_prompt_tokens > 0 && static_cast<int64_t>(prompt_len) > options_.max_prompt_tokens) {
+    return InvalidParam(prompt_param, absl::StrCat("the prompt has ", prompt_len, " tokens; this server accepts at most ",
+                                                   options_.max_prompt_tokens, " (--max-prompt-tokens) (",
+                                                   prompt_param, ")"));
+  }
   if (static_cast<int64_t>(prompt_len) >= ctx) {
     return InvalidParam(prompt_param,
                         absl::StrCat("This model's maximum context length is ", ctx, " tokens; the prompt has ",

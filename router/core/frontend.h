@@ -33,6 +33,7 @@ struct ModelInfo {
 
 struct FrontendOptions {
   int32_t default_max_tokens = 256;  // when a request gives none (capped by the context left)
+  int32_t max_prompt_tokens = 0;     // longest prompt a request may send; 0 = the context limit only
 
   bool operator==(const FrontendOptions&) const = default;
 };
@@ -121,9 +122,9 @@ class Frontend {
   StatusOr<std::vector<int32_t>> TokenizeText(std::string_view text, bool add_bos, const std::string& param) const;
   // Token ids given by a client: each in [0, vocab_size), at least one. Errors name `param`.
   StatusOr<std::vector<int32_t>> CheckTokenIds(std::span<const int64_t> ids, const std::string& param) const;
-  // The prompt must hold at least one token and leave room for one new token; `requested` (if given) must fit
-  // in the context.
-  // Returns the max_tokens to use. Errors name `prompt_param` or "max_tokens".
+  // The prompt must hold at least one token, leave room for one new token and be at most max_prompt_tokens long
+  // (when set); `requested` (if given) must fit in the context. Returns the max_tokens to use. Errors name
+  // `prompt_param` or "max_tokens".
   StatusOr<int32_t> ResolveMaxTokens(size_t prompt_len, std::optional<int64_t> requested,
                                      const std::string& prompt_param) const;
   // Checks sampling ranges (temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1], presence and

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 
@@ -38,15 +39,12 @@ const char* CodeName(grpc::StatusCode code) {
   return (i >= 0 && i < 17) ? kNames[i] : "UNKNOWN";
 }
 
-Status CheckAuth(const grpc::CallbackServerContext* ctx, const std::string& api_key) {
-  if (api_key.empty()) return absl::OkStatus();
+Status CheckAuth(const grpc::CallbackServerContext* ctx, const ApiKeys& keys) {
+  if (keys.empty()) return absl::OkStatus();
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) return absl::UnauthenticatedError("missing API key: send metadata 'authorization: Bearer <key>'");
-  if (std::string(it->second.data(), it->second.size()) != "Bearer " + api_key) {
-    return absl::UnauthenticatedError("invalid API key");
-  }
-  return absl::OkStatus();
+  absl::string_view auth = it == md.end() ? absl::string_view() : absl::string_view(it->second.data(), it->second.size());
+  return keys.Check(auth, "", "send metadata 'authorization: Bearer <key>'");
 }
 
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, public ChoiceSink {
@@ -55,9 +53,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
 
   // Validates and starts; on error the call is finished at once.
   void Begin(std::shared_ptr<GenerateReactor> self, Frontend& fe, const openai::ChatEncoder& chat,
-             const std::string& api_key, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+             const ApiKeys& api_keys, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     self_ = std::move(self);
-    Status s = Prepare(fe, chat, api_key, ctx, req);
+    Status s = Prepare(fe, chat, api_keys, ctx, req);
     if (!s.ok()) {
       FinishWith(s);
       return;
@@ -172,9 +170,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
   }
 
  private:
-  Status Prepare(Frontend& fe, const openai::ChatEncoder& chat, const std::string& api_key,
+  Status Prepare(Frontend& fe, const openai::ChatEncoder& chat, const ApiKeys& api_keys,
                  grpc::CallbackServerContext* ctx, const v1::GenerateRequest& req) {
-    RETURN_IF_ERROR(CheckAuth(ctx, api_key));
+    RETURN_IF_ERROR(CheckAuth(ctx, api_keys));
     ASSIGN_OR_RETURN(GenerateCall call, PrepareGenerate(fe, chat, req));
     spec_ = std::move(call.spec);
     choices_.resize(static_cast<size_t>(spec_.n));
@@ -244,21 +242,21 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>, p
 
 class InferenceService final : public v1::Inference::CallbackService {
  public:
-  InferenceService(Frontend& fe, const openai::ChatEncoder& chat, Metrics& metrics, std::string api_key)
-      : fe_(fe), chat_(chat), metrics_(metrics), api_key_(std::move(api_key)) {}
+  InferenceService(Frontend& fe, const openai::ChatEncoder& chat, Metrics& metrics, ApiKeys api_keys)
+      : fe_(fe), chat_(chat), metrics_(metrics), api_keys_(std::move(api_keys)) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* req) override {
     auto r = std::make_shared<GenerateReactor>(metrics_);
     GenerateReactor* raw = r.get();
-    raw->Begin(std::move(r), fe_, chat_, api_key_, ctx, *req);
+    raw->Begin(std::move(r), fe_, chat_, api_keys_, ctx, *req);
     return raw;
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* req,
                                      v1::TokenizeResponse* resp) override {
     auto* reactor = ctx->DefaultReactor();
-    Status s = CheckAuth(ctx, api_key_);
+    Status s = CheckAuth(ctx, api_keys_);
     if (s.ok()) {
       auto ids = PrepareTokenize(fe_, *req);
       if (ids.ok()) {
@@ -276,7 +274,7 @@ class InferenceService final : public v1::Inference::CallbackService {
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx, const v1::ListModelsRequest*,
                                        v1::ListModelsResponse* resp) override {
     auto* reactor = ctx->DefaultReactor();
-    Status s = CheckAuth(ctx, api_key_);
+    Status s = CheckAuth(ctx, api_keys_);
     if (s.ok()) {
       auto* m = resp->add_models();
       m->set_id(fe_.model().id);
@@ -293,7 +291,7 @@ class InferenceService final : public v1::Inference::CallbackService {
   Frontend& fe_;
   const openai::ChatEncoder& chat_;
   Metrics& metrics_;
-  std::string api_key_;
+  ApiKeys api_keys_;
 };
 
 }  // namespace
@@ -309,7 +307,7 @@ GrpcServer::GrpcServer(Frontend& frontend, const openai::ChatEncoder& chat, Metr
                        GrpcServerOptions options)
     : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
-  impl_->service = std::make_unique<InferenceService>(frontend, chat, metrics, impl_->options.api_key);
+  impl_->service = std::make_unique<InferenceService>(frontend, chat, metrics, impl_->options.api_keys);
 }
 
 GrpcServer::~GrpcServer() { Shutdown(0); }
@@ -318,7 +316,14 @@ Status GrpcServer::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(impl_->options.host, ":", impl_->options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl_->port);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (impl_->options.tls.enabled()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({impl_->options.tls.private_key, impl_->options.tls.cert_chain});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(address, credentials, &impl_->port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(impl_->options.max_message_bytes, INT32_MAX)));
   builder.RegisterService(impl_->service.get());
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || impl_->port == 0) {

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "common/status.h"
+#include "router/core/api_keys.h"
 #include "router/core/frontend.h"
+#include "router/http/tls.h"
 #include "router/metrics/metrics.h"
 
 namespace numoe::router {
@@ -22,7 +24,9 @@ class ChatEncoder;
 struct GrpcServerOptions {
   std::string host = "127.0.0.1";
   int port = 8001;  // 0 = any free port
-  std::string api_key;  // "" = none; else metadata "authorization: Bearer <key>" is required
+  ApiKeys api_keys;  // empty = none; else metadata "authorization: Bearer <key>" is required
+  size_t max_message_bytes = 8u << 20;  // largest request message; larger ones get RESOURCE_EXHAUSTED
+  TlsPem tls;                           // enabled = TLS (grpc::SslServerCredentials) on the same port
 };
 
 class GrpcServer {

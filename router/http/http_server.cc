@@ -22,6 +22,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -33,6 +34,7 @@ namespace numoe::router {
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = boost::beast::http;
+namespace ssl = boost::asio::ssl;
 using tcp = net::ip::tcp;
 using net::awaitable;
 using net::redirect_error;
@@ -83,7 +85,8 @@ class BeastExchange : public HttpExchange, public std::enable_shared_from_this<B
   }
 
   // Writes the exchange's output; returns whether the connection may serve another request.
-  awaitable<bool> Drive(beast::tcp_stream& stream, unsigned version, bool keep_alive, bool head) {
+  template <class Stream>
+  awaitable<bool> Drive(Stream& stream, unsigned version, bool keep_alive, bool head) {
     bool header_sent = false;
     http::response<http::empty_body> sse_head;
     for (;;) {
@@ -96,7 +99,7 @@ class BeastExchange : public HttpExchange, public std::enable_shared_from_this<B
         timer_.expires_after(std::chrono::milliseconds(250));
         beast::error_code ec;
         co_await timer_.async_wait(redirect_error(use_awaitable, ec));
-        if (ec != net::error::operation_aborted && PeerClosed(stream)) {
+        if (ec != net::error::operation_aborted && PeerClosed(beast::get_lowest_layer(stream))) {
           ClientGone();
           co_return false;
         }
@@ -228,14 +231,46 @@ std::string ErrorBody(const std::string& message, const std::string& code) {
 }  // namespace
 
 struct HttpServer::Impl {
+  // Connections being answered 503 at once beyond max_connections; past this they are closed unanswered.
+  static constexpr int kMaxRefusing = 64;
+
   HttpServerOptions options;
   Handler handler;
+  // Before the io_context: connections still pending when it is destroyed use these as they unwind.
+  std::optional<ssl::context> tls;  // set = HTTPS
+  std::atomic<size_t> active{0};
+  std::atomic<int> connections{0};
+  std::atomic<int> refusing{0};
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
-  std::atomic<size_t> active{0};
   int port = 0;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+
+  // Counts a connection for its lifetime.
+  struct Counted {
+    std::atomic<int>* n;
+    explicit Counted(std::atomic<int>* c) : n(c) {}
+    ~Counted() { n->fetch_sub(1); }
+  };
+
+  std::chrono::milliseconds Ms(double seconds) const {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+
+  Status SetUpTls() {
+    if (options.tls_cert_chain_pem.empty() && options.tls_private_key_pem.empty()) return absl::OkStatus();
+    tls.emplace(ssl::context::tls_server);
+    beast::error_code ec;
+    tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                         ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::single_dh_use,
+                     ec);
+    if (!ec) tls->use_certificate_chain(net::buffer(options.tls_cert_chain_pem), ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", ec.message()));
+    tls->use_private_key(net::buffer(options.tls_private_key_pem), ssl::context::pem, ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("--tls-key: ", ec.message()));
+    return absl::OkStatus();
+  }
 
   awaitable<void> Accept() {
     for (;;) {
@@ -248,16 +283,28 @@ struct HttpServer::Impl {
         co_await t.async_wait(redirect_error(use_awaitable, ec));
         continue;
       }
+      bool over = false;
+      if (connections.fetch_add(1) >= options.max_connections) {
+        connections.fetch_sub(1);
+        over = true;
+        if (refusing.fetch_add(1) >= kMaxRefusing) {  // a flood: refuse without a word
+          refusing.fetch_sub(1);
+          socket.close(ec);
+          continue;
+        }
+      }
       auto executor = socket.get_executor();
-      net::co_spawn(executor, Session(std::move(socket)), net::detached);
+      net::co_spawn(executor, Session(std::move(socket), over), net::detached);
     }
   }
 
-  awaitable<void> WriteSimple(beast::tcp_stream& stream, http::status status, unsigned version,
-                              const std::string& body) {
+  template <class Stream>
+  awaitable<void> WriteSimple(Stream& stream, http::status status, unsigned version, const std::string& body,
+                              const HttpHeaders& headers = {}) {
     http::response<http::string_body> res{status, version};
     res.set(http::field::server, "numoe-router");
     res.set(http::field::content_type, "application/json");
+    for (const auto& [k, v] : headers) res.set(k, v);
     res.keep_alive(false);
     res.body() = body;
     res.prepare_payload();
@@ -265,88 +312,163 @@ struct HttpServer::Impl {
     co_await http::async_write(stream, res, redirect_error(use_awaitable, ec));
   }
 
-  awaitable<void> Session(tcp::socket socket) {
-    beast::tcp_stream stream(std::move(socket));
-    beast::flat_buffer buffer;
+  // One accepted connection: the TLS handshake when on, then the requests; `over` = beyond max_connections.
+  awaitable<void> Session(tcp::socket socket, bool over) {
+    std::optional<Counted> counted;
+    counted.emplace(over ? &refusing : &connections);
+    beast::tcp_stream tcp_stream(std::move(socket));
+    // A new connection's first request (the handshake included) must arrive within the receive deadline.
+    tcp_stream.expires_after(Ms(over ? std::min(options.receive_timeout_s, 2.0) : options.receive_timeout_s));
     try {
-      for (;;) {
-        http::request_parser<http::string_body> parser;
-        parser.header_limit(64 * 1024);
-        parser.body_limit(options.max_body_bytes);
-        stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_s * 1000)));
-        beast::error_code ec;
-        co_await http::async_read_header(stream, buffer, parser, redirect_error(use_awaitable, ec));
-        if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
-            ec == net::error::connection_reset) {
-          break;
-        }
-        if (ec == http::error::body_limit) {  // a Content-Length over the limit fails the header read
-          co_await WriteSimple(stream, http::status::payload_too_large, 11,
-                               ErrorBody(absl::StrCat("the request body exceeds the limit of ", options.max_body_bytes,
-                                                      " bytes (--max-body-bytes)"),
-                                         "request_too_large"));
-          break;
-        }
-        if (ec) {
-          co_await WriteSimple(stream, ec == http::error::header_limit ? http::status::request_header_fields_too_large
-                                                                        : http::status::bad_request,
-                               11, ErrorBody(absl::StrCat("malformed HTTP request: ", ec.message()), "bad_request"));
-          break;
-        }
-        auto& head = parser.get();
-        if (parser.content_length() && *parser.content_length() > options.max_body_bytes) {
-          co_await WriteSimple(stream, http::status::payload_too_large, head.version(),
-                               ErrorBody(absl::StrCat("the request body has ", *parser.content_length(),
-                                                      " bytes; the limit is ", options.max_body_bytes,
-                                                      " (--max-body-bytes)"),
-                                         "request_too_large"));
-          break;
-        }
-        if (absl::EqualsIgnoreCase(std::string(head[http::field::expect]), "100-continue")) {
-          http::response<http::empty_body> cont{http::status::continue_, head.version()};
-          co_await http::async_write(stream, cont, redirect_error(use_awaitable, ec));
-          if (ec) break;
-        }
-        if (!parser.is_done()) co_await http::async_read(stream, buffer, parser, redirect_error(use_awaitable, ec));
-        if (ec == http::error::body_limit) {
-          co_await WriteSimple(stream, http::status::payload_too_large, head.version(),
-                               ErrorBody(absl::StrCat("the request body exceeds the limit of ", options.max_body_bytes,
-                                                      " bytes (--max-body-bytes)"),
-                                         "request_too_large"));
-          break;
-        }
-        if (ec) {
-          if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != net::error::eof) {
-            co_await WriteSimple(stream, http::status::bad_request, 11,
-                                 ErrorBody(absl::StrCat("malformed HTTP request: ", ec.message()), "bad_request"));
-          }
-          break;
-        }
-        stream.expires_never();
-        http::request<http::string_body> req = parser.release();
-        HttpRequest r;
-        r.method = std::string(req.method_string());
-        r.target = std::string(req.target());
-        for (const auto& field : req) {
-          r.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
-        }
-        r.body = std::move(req.body());
-        const bool head_request = req.method() == http::verb::head;
-        auto exchange = std::make_shared<BeastExchange>(stream.get_executor(), &active);
-        try {
-          handler(std::move(r), exchange);
-        } catch (const std::exception& e) {
-          NLOG(ERROR) << "http: handler threw: " << e.what();
-          exchange->Respond(500, "application/json", ErrorBody("internal error", "internal_error"), {});
-        }
-        bool keep = co_await exchange->Drive(stream, req.version(), req.keep_alive(), head_request);
-        if (!keep) break;
+      if (!tls) {
+        co_await Serve(tcp_stream, over);
+        co_await LingeringClose(tcp_stream);
+        co_return;
       }
+      beast::ssl_stream<beast::tcp_stream> stream(std::move(tcp_stream), *tls);
+      beast::error_code ec;
+      co_await stream.async_handshake(ssl::stream_base::server, redirect_error(use_awaitable, ec));
+      if (ec) co_return;  // not TLS, a bad certificate for the client, or too slow: nothing to answer
+      co_await Serve(stream, over);
+      // close_notify, waiting a moment for the client's.
+      beast::get_lowest_layer(stream).expires_after(std::chrono::seconds(1));
+      co_await stream.async_shutdown(redirect_error(use_awaitable, ec));
     } catch (const std::exception& e) {
       NLOG(WARNING) << "http: connection dropped: " << e.what();
     }
-    beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  // Closes our side, then reads (and drops) what the client still sends for a moment: closing a socket
+  // with unread bytes resets the connection, and the client could lose an error answer written just before.
+  awaitable<void> LingeringClose(beast::tcp_stream& stream) {
+    beast::error_code ec;
+    if (!stream.socket().is_open()) co_return;  // closed at a deadline
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) co_return;
+    stream.expires_after(std::chrono::milliseconds(500));
+    char sink[4096];
+    for (size_t total = 0; total < (256u << 10);) {
+      size_t n = co_await stream.async_read_some(net::buffer(sink), redirect_error(use_awaitable, ec));
+      if (ec) break;
+      total += n;
+    }
+  }
+
+  // Answers 503 to a connection beyond max_connections, after reading what the client sent (briefly), so
+  // that closing does not reset the connection before the client reads the answer.
+  template <class Stream>
+  awaitable<void> Refuse(Stream& stream) {
+    beast::error_code ec;
+    beast::flat_buffer buffer;
+    http::request_parser<http::empty_body> parser;
+    parser.header_limit(options.max_header_bytes);
+    co_await http::async_read_header(stream, buffer, parser, redirect_error(use_awaitable, ec));
+    if (ec == beast::error::timeout) co_return;
+    const HttpHeaders retry_after = {{std::string("Retry-After"), std::string("1")}};
+    co_await WriteSimple(stream, http::status::service_unavailable, 11,
+                         ErrorBody(absl::StrCat("too many connections: the server allows ", options.max_connections,
+                                                " at once (--max-connections); retry shortly"),
+                                   "too_many_connections"),
+                         retry_after);
+  }
+
+  template <class Stream>
+  awaitable<void> Serve(Stream& stream, bool over) {
+    if (over) {
+      co_await Refuse(stream);
+      co_return;
+    }
+    auto& lowest = beast::get_lowest_layer(stream);
+    beast::flat_buffer buffer;
+    for (bool first = true;; first = false) {
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(options.max_header_bytes);
+      parser.body_limit(options.max_body_bytes);
+      beast::error_code ec;
+      if (!first) {
+        if (buffer.size() == 0) {
+          // Idle between requests: wait for the next one's first bytes.
+          lowest.expires_after(Ms(options.idle_timeout_s));
+          size_t n = co_await stream.async_read_some(buffer.prepare(4096), redirect_error(use_awaitable, ec));
+          if (ec) break;  // closed, reset or idle too long
+          buffer.commit(n);
+        }
+        lowest.expires_after(Ms(options.receive_timeout_s));
+      }
+      co_await http::async_read_header(stream, buffer, parser, redirect_error(use_awaitable, ec));
+      if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::eof ||
+          ec == net::error::connection_reset || ec == ssl::error::stream_truncated) {
+        break;
+      }
+      if (ec == http::error::body_limit) {  // a Content-Length over the limit fails the header read
+        co_await WriteSimple(stream, http::status::payload_too_large, 11,
+                             ErrorBody(absl::StrCat("the request body exceeds the limit of ", options.max_body_bytes,
+                                                    " bytes (--max-body-bytes)"),
+                                       "request_too_large"));
+        break;
+      }
+      if (ec == http::error::header_limit) {
+        co_await WriteSimple(stream, http::status::request_header_fields_too_large, 11,
+                             ErrorBody(absl::StrCat("the request line and headers exceed the limit of ",
+                                                    options.max_header_bytes, " bytes (--max-header-bytes)"),
+                                       "request_header_too_large"));
+        break;
+      }
+      if (ec) {
+        co_await WriteSimple(stream, http::status::bad_request, 11,
+                             ErrorBody(absl::StrCat("malformed HTTP request: ", ec.message()), "bad_request"));
+        break;
+      }
+      auto& head = parser.get();
+      if (parser.content_length() && *parser.content_length() > options.max_body_bytes) {
+        co_await WriteSimple(stream, http::status::payload_too_large, head.version(),
+                             ErrorBody(absl::StrCat("the request body has ", *parser.content_length(),
+                                                    " bytes; the limit is ", options.max_body_bytes,
+                                                    " (--max-body-bytes)"),
+                                       "request_too_large"));
+        break;
+      }
+      if (absl::EqualsIgnoreCase(std::string(head[http::field::expect]), "100-continue")) {
+        http::response<http::empty_body> cont{http::status::continue_, head.version()};
+        co_await http::async_write(stream, cont, redirect_error(use_awaitable, ec));
+        if (ec) break;
+      }
+      if (!parser.is_done()) co_await http::async_read(stream, buffer, parser, redirect_error(use_awaitable, ec));
+      if (ec == http::error::body_limit) {
+        co_await WriteSimple(stream, http::status::payload_too_large, head.version(),
+                             ErrorBody(absl::StrCat("the request body exceeds the limit of ", options.max_body_bytes,
+                                                    " bytes (--max-body-bytes)"),
+                                       "request_too_large"));
+        break;
+      }
+      if (ec) {
+        if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != net::error::eof &&
+            ec != net::error::connection_reset && ec != ssl::error::stream_truncated) {
+          co_await WriteSimple(stream, http::status::bad_request, 11,
+                               ErrorBody(absl::StrCat("malformed HTTP request: ", ec.message()), "bad_request"));
+        }
+        break;
+      }
+      lowest.expires_never();
+      http::request<http::string_body> req = parser.release();
+      HttpRequest r;
+      r.method = std::string(req.method_string());
+      r.target = std::string(req.target());
+      for (const auto& field : req) {
+        r.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
+      }
+      r.body = std::move(req.body());
+      const bool head_request = req.method() == http::verb::head;
+      auto exchange = std::make_shared<BeastExchange>(stream.get_executor(), &active);
+      try {
+        handler(std::move(r), exchange);
+      } catch (const std::exception& e) {
+        NLOG(ERROR) << "http: handler threw: " << e.what();
+        exchange->Respond(500, "application/json", ErrorBody("internal error", "internal_error"), {});
+      }
+      bool keep = co_await exchange->Drive(stream, req.version(), req.keep_alive(), head_request);
+      if (!keep) break;
+    }
   }
 };
 
@@ -364,6 +486,7 @@ Status HttpServer::Start() {
   auto address = net::ip::make_address(s.options.host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--host ", s.options.host, ": not an IP address (", ec.message(), ")"));
   tcp::endpoint endpoint(address, static_cast<unsigned short>(s.options.port));
+  RETURN_IF_ERROR(s.SetUpTls());
   s.acceptor.open(endpoint.protocol(), ec);
   if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) s.acceptor.bind(endpoint, ec);
@@ -398,5 +521,7 @@ void HttpServer::Shutdown() {
 }
 
 size_t HttpServer::active_exchanges() const { return impl_->active.load(); }
+
+size_t HttpServer::open_connections() const { return static_cast<size_t>(std::max(0, impl_->connections.load())); }
 
 }  // namespace numoe::router

@@ -428,16 +428,11 @@ void RestGateway::Handle(const HttpRequest& request, std::shared_ptr<HttpExchang
       RespondError(*exchange, s);
     }
   };
-  if (!options_.api_key.empty() && path != "/health") {
+  if (!options_.api_keys.empty() && path != "/health") {
     // "Authorization: Bearer <key>" (OpenAI clients) or "x-api-key: <key>" (Anthropic clients), anywhere.
-    const std::string auth = request.header("authorization");
-    const std::string x_api_key = request.header("x-api-key");
-    if (auth != "Bearer " + options_.api_key && x_api_key != options_.api_key) {
-      return fail(absl::UnauthenticatedError(auth.empty() && x_api_key.empty()
-                                                 ? "missing API key: send the header 'Authorization: Bearer <key>' "
-                                                   "or 'x-api-key: <key>'"
-                                                 : "invalid API key"));
-    }
+    Status auth = options_.api_keys.Check(request.header("authorization"), request.header("x-api-key"),
+                                          "send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
+    if (!auth.ok()) return fail(auth);
   }
   for (const Route& r : kRoutes) {
     if (path != r.path) continue;

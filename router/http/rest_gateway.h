@@ -14,7 +14,7 @@
 // a failure after the stream started is sent as a {"error": {...}} event, then [DONE].
 // A prompt longer than the context is 400 with param "prompt" (or "messages"); a body over
 // max_body_bytes is 413 (checked by the HTTP server before the body is read).
-// With api_key set, every endpoint except /health needs "Authorization: Bearer <key>" or "x-api-key: <key>"
+// With API keys set, every endpoint except /health needs "Authorization: Bearer <key>" or "x-api-key: <key>"
 // (else 401). Errors on /v1/messages* are in Anthropic's shape, elsewhere in OpenAI's; the status codes are
 // the same. With return_token_ids, responses also carry prompt_token_ids (vLLM's shape: on a chat response
 // and its first chunk, on each completion choice and its first chunk).
@@ -26,6 +26,7 @@
 #include <string>
 
 #include "router/balancer/balancer.h"
+#include "router/core/api_keys.h"
 #include "router/core/frontend.h"
 #include "router/http/exchange.h"
 #include "router/metrics/metrics.h"
@@ -37,7 +38,7 @@ class ChatEncoder;
 }
 
 struct RestGatewayOptions {
-  std::string api_key;  // "" = no authentication
+  ApiKeys api_keys;  // empty = no authentication
 };
 
 class RestGateway {

@@ -1,6 +1,7 @@
 // numoe-router against fake workers (router_fake_worker.cc), over real sockets: REST (completions, chat,
 // streaming, every error), gRPC, 429/503, failover when a worker dies, retry before the first token, a
-// worker that rejoins, API keys, metrics and SIGTERM.
+// worker that rejoins, API keys (and key files), metrics and SIGTERM; TLS for REST (curl) and gRPC (grpc++
+// SslCredentials) with a certificate made in the test; start-up errors and the no-key warning.
 //
 // Expected outputs follow from the fake's rule (echo the prompt without BOS, or reply with the text after
 // "REPLY:", where "[/think]" stands for </think>, a special token clients may not type) and the tokenizer fixture: "Hello, world!" is [47, 477, 86, 19, 707, 8] and BOS is 0 in
@@ -25,6 +26,7 @@
 #include "tests/support/http.h"
 #include "tests/support/process.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/tls_cert.h"
 
 namespace numoe::test {
 namespace {
@@ -684,6 +686,164 @@ TEST(RouterIntegration, ApiKeyAndMetricsAndSigterm) {
   ASSERT_NE(status, -1) << "the router did not exit after SIGTERM";
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// curl (a real TLS client) against the router: prints the body, then the status code on the last line.
+struct CurlResult {
+  int rc = -1;
+  int status = 0;
+  std::string body, err;
+};
+CurlResult Curl(std::vector<std::string> args) {
+  std::vector<std::string> argv = {"/usr/bin/curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  RunResult r = RunCommand(argv);
+  CurlResult c;
+  c.rc = r.rc;
+  c.err = r.err;
+  size_t nl = r.out.rfind('\n');
+  if (nl != std::string::npos) {
+    c.body = r.out.substr(0, nl);
+    c.status = std::atoi(r.out.c_str() + nl + 1);
+  }
+  return c;
+}
+
+TEST(RouterIntegration, TlsForRestAndGrpcWithAKeyFile) {
+  if (!std::filesystem::exists("/usr/bin/curl")) GTEST_SKIP() << "curl is not installed";
+  TempDir dir("numoe-tls-it");
+  TestCertificate cert = MakeTestCertificate(dir.str());
+  if (!cert.error.empty()) GTEST_SKIP() << cert.error;
+  ASSERT_TRUE(WriteFile(dir / "keys", "# clients\nkey-one\n\n  key-two\n"));
+  Cluster c({{}}, {"--tls-cert", cert.cert, "--tls-key", cert.key, "--api-key-file", dir / "keys"});
+  ASSERT_GT(c.http(), 0) << c.RouterLog();
+  const std::string root = "https://127.0.0.1:" + std::to_string(c.http());
+
+  // REST over HTTPS with curl trusting the test certificate; /health is open, the rest needs a key.
+  CurlResult h;
+  for (auto deadline = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(50ms)) {
+    h = Curl({"--cacert", cert.cert, root + "/health"});
+    if (h.status == 200) break;
+  }
+  ASSERT_EQ(h.status, 200) << h.rc << " " << h.err << h.body << c.RouterLog();
+  const std::string body = R"({"prompt": "Hello, world!", "max_tokens": 6})";
+  CurlResult r = Curl({"--cacert", cert.cert, "-H", "Content-Type: application/json", "-H",
+                       "Authorization: Bearer key-two", "-d", body, root + "/v1/completions"});
+  ASSERT_EQ(r.status, 200) << r.err << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], "Hello, world!");
+  r = Curl({"--cacert", cert.cert, "-N", "-H", "Content-Type: application/json", "-H", "x-api-key: key-one", "-d",
+            R"({"prompt": "Hello, world!", "max_tokens": 6, "stream": true})", root + "/v1/completions"});
+  ASSERT_EQ(r.status, 200) << r.err << r.body;
+  std::string streamed;
+  for (const std::string& ev : SseEvents(r.body)) {
+    if (ev != "[DONE]") streamed += json::parse(ev)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, "Hello, world!");
+  EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos);
+  r = Curl({"--cacert", cert.cert, "-H", "Authorization: Bearer key-three", "-d", body, root + "/v1/completions"});
+  EXPECT_EQ(r.status, 401) << r.body;
+  // Without the CA the certificate is not trusted (curl exit 60); plain HTTP on the port gets no answer.
+  r = Curl({root + "/health"});
+  EXPECT_EQ(r.rc, 60) << r.err;
+  EXPECT_EQ(HttpCall(c.http(), "GET", "/health", "", {}, 3s).status, 0);
+
+  // gRPC over TLS: grpc++'s SSL credentials with the test certificate as the root.
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFile(cert.cert);
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("localhost");
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(c.grpc()), grpc::SslCredentials(ssl), args);
+  auto stub = v1::Inference::NewStub(channel);
+  v1::GenerateRequest req;
+  req.set_model("tiny-v4");
+  for (int id : kHello) req.mutable_token_ids()->add_ids(id);
+  req.set_max_tokens(6);
+  req.set_ignore_eos(true);
+  auto generate = [&](const std::string& key, std::vector<int>* ids) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 20s);
+    if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    while (reader->Read(&resp)) ids->insert(ids->end(), resp.token_ids().begin(), resp.token_ids().end());
+    return reader->Finish();
+  };
+  std::vector<int> ids;
+  grpc::Status st = generate("key-one", &ids);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(ids, kHello);
+  ids.clear();
+  st = generate("nope", &ids);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+  st = generate("", &ids);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(st.error_message().find("missing API key"), std::string::npos) << st.error_message();
+  // An insecure channel cannot talk to the TLS port.
+  auto insecure = v1::Inference::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(c.grpc()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ictx;
+  ictx.set_deadline(std::chrono::system_clock::now() + 3s);
+  ictx.AddMetadata("authorization", "Bearer key-one");
+  auto ireader = insecure->Generate(&ictx, req);
+  v1::GenerateResponse ignored;
+  while (ireader->Read(&ignored)) {
+  }
+  EXPECT_FALSE(ireader->Finish().ok());
+}
+
+// numoe-router exits 1 at start with a message naming the flag, the file (and the line) of bad security
+// configuration; listening beyond loopback without a key is allowed but warned about.
+TEST(RouterIntegration, SecurityConfigurationAtStart) {
+  TempDir dir("numoe-sec-it");
+  const std::vector<std::string> base = {kBin + "/numoe-router", "--model", kModel, "--workers", "127.0.0.1:1",
+                                         "--port", "0", "--grpc-port", "-1"};
+  auto start = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return RunCommand(argv);
+  };
+  ASSERT_TRUE(WriteFile(dir / "keys", "good-key\n# a comment\nbad key\n"));
+  RunResult r = start({"--api-key-file", dir / "keys"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--api-key-file " + (dir / "keys") + ":3: a key may not contain whitespace"), std::string::npos)
+      << r.err;
+  r = start({"--api-key-file", dir / "missing"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--api-key-file " + (dir / "missing") + ": cannot open"), std::string::npos) << r.err;
+  r = start({"--tls-cert", dir / "none.crt", "--tls-key", dir / "none.key"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--tls-cert " + (dir / "none.crt") + ": cannot open the file"), std::string::npos) << r.err;
+  r = start({"--tls-cert", dir / "keys"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--tls-cert needs --tls-key"), std::string::npos) << r.err;
+
+  // 0.0.0.0 without a key: it starts, and says that anyone can use it.
+  {
+    Child open = Child::Start([&] {
+      auto argv = base;
+      for (const char* f : {"--host", "0.0.0.0", "--health-timeout", "0.2"}) argv.push_back(f);
+      argv.push_back("--ready-file");
+      argv.push_back(dir / "open.ready");
+      return argv;
+    }(), {.log = dir / "open.log"});
+    ASSERT_NE(WaitForFile(dir / "open.ready", 20s), "") << ReadFile(dir / "open.log");
+    EXPECT_NE(ReadFile(dir / "open.log").find("--host 0.0.0.0 accepts connections from other machines and no API key"),
+              std::string::npos)
+        << ReadFile(dir / "open.log");
+  }
+  // With a key (or on loopback) there is no such warning.
+  ASSERT_TRUE(WriteFile(dir / "keys", "good-key\n"));
+  {
+    auto argv = base;
+    for (std::string f : {"--host", "0.0.0.0", "--health-timeout", "0.2", "--api-key-file"}) argv.push_back(f);
+    argv.push_back(dir / "keys");
+    argv.push_back("--ready-file");
+    argv.push_back(dir / "keyed.ready");
+    Child keyed = Child::Start(argv, {.log = dir / "keyed.log"});
+    ASSERT_NE(WaitForFile(dir / "keyed.ready", 20s), "") << ReadFile(dir / "keyed.log");
+    EXPECT_EQ(ReadFile(dir / "keyed.log").find("no API key"), std::string::npos) << ReadFile(dir / "keyed.log");
+  }
 }
 
 }  // namespace

@@ -16,6 +16,13 @@ foreach(client openai anthropic)
             ${client}_test.mjs)
   set_tests_properties(router_${client}_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)
 endforeach()
+# The same `openai` client over HTTPS (--tls-cert/--tls-key, a certificate made by the openssl command),
+# trusting it through a custom https.Agent.
+add_test(NAME router_tls_node
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/node/run_node_test.sh $<TARGET_FILE:numoe-router>
+          $<TARGET_FILE:router_fake_worker> ${NUMOE_TEST_DATA}/tiny-v4 ${CMAKE_CURRENT_BINARY_DIR}/node-tls
+          tls_test.mjs tls)
+set_tests_properties(router_tls_node PROPERTIES LABELS integration SKIP_RETURN_CODE 77 TIMEOUT 300)
 
 # Sampling (logprobs against the goldens, n, penalties, logit_bias, min_p) through the `openai` npm client
 # against `numoe serve` on tiny-v4 with the real CPU backend (skipped like router_openai_node).

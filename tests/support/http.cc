@@ -146,6 +146,61 @@ HttpResponse HttpCall(int port, const std::string& method, const std::string& pa
   return r;
 }
 
+RawConnection::RawConnection(int port) : fd_(Connect(port)) {}
+
+RawConnection::~RawConnection() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool RawConnection::Send(const std::string& bytes) { return fd_ >= 0 && SendAll(fd_, bytes); }
+
+HttpResponse RawConnection::ReadResponse(std::chrono::milliseconds timeout) {
+  HttpResponse r;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool eof = fd_ < 0;
+  for (;;) {
+    r.headers.clear();
+    size_t head = ParseHead(raw_, &r.status, &r.headers);
+    if (head > 0) {
+      std::string rest = raw_.substr(head);
+      if (r.header("transfer-encoding") == "chunked") {
+        std::string body;
+        if (Dechunk(&rest, &body)) {
+          r.body = body;
+          raw_.clear();  // (a pipelined next response is not expected by these tests)
+          return r;
+        }
+      } else {
+        const size_t length = std::strtoul(r.header("content-length").c_str(), nullptr, 10);
+        if (rest.size() >= length) {
+          r.body = rest.substr(0, length);
+          raw_ = rest.substr(length);
+          return r;
+        }
+      }
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (eof || left.count() <= 0) break;
+    if (ReadSome(fd_, &raw_, left) == 0) eof = true;
+  }
+  r = HttpResponse();
+  r.error = eof ? "closed before a whole response" : "timeout";
+  return r;
+}
+
+bool RawConnection::WaitClosed(std::chrono::milliseconds timeout) {
+  if (fd_ < 0) return true;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    std::string ignored;
+    int r = ReadSome(fd_, &ignored, left);
+    if (r == 0) return true;
+    if (r == -1) return false;
+  }
+}
+
 bool SseStream::Open(int port, const std::string& path, const std::string& body,
                      const std::vector<std::string>& headers) {
   fd_ = Connect(port);

@@ -49,6 +49,28 @@ class SseStream {
   bool eof_ = false;
 };
 
+// A raw connection for tests of the HTTP layer itself (limits, timeouts, keep-alive): bytes in, bytes out.
+class RawConnection {
+ public:
+  explicit RawConnection(int port);  // connects to 127.0.0.1:port (connected() says whether it did)
+  ~RawConnection();
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool connected() const { return fd_ >= 0; }
+  // False when the server has closed or reset the connection (no SIGPIPE).
+  bool Send(const std::string& bytes);
+  // Reads until one whole response is there (headers, then Content-Length bytes or the last chunk), the
+  // server closes, or `timeout`; the response (status 0 when none came).
+  HttpResponse ReadResponse(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // Whether the server closed (or reset) the connection within `timeout`; bytes it sent first are dropped.
+  bool WaitClosed(std::chrono::milliseconds timeout);
+
+ private:
+  int fd_ = -1;
+  std::string raw_;
+};
+
 // Splits an SSE body into its "data:" payloads.
 std::vector<std::string> SseEvents(const std::string& body);
 

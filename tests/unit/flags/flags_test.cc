@@ -143,7 +143,15 @@ TEST(RouterFlags, RoundTripsEveryField) {
   r.balancer.health_timeout_s = 1.7;
   r.balancer.policy.prefix_tokens = 0;
   r.api_key = "secret";
+  r.api_key_file = "/etc/numoe/keys";
+  r.tls_cert = "/etc/numoe/cert.pem";
+  r.tls_key = "/etc/numoe/key.pem";
   r.max_body_bytes = 1 << 20;
+  r.max_header_bytes = 16 << 10;
+  r.max_connections = 77;
+  r.frontend.max_prompt_tokens = 3000;
+  r.receive_timeout_s = 7.5;
+  r.idle_timeout_s = 0.3;
   r.http_threads = 4;
   c.drain_timeout_s = 2.5;
   c.ready_file = "/run/numoe/router.ready";

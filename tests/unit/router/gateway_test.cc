@@ -119,7 +119,7 @@ class GatewayTest : public ::testing::Test {
  protected:
   void SetUp() override { Build(1, {}); }
 
-  void Build(int workers, RestGatewayOptions options, bool health = true) {
+  void Build(int workers, RestGatewayOptions options, bool health = true, FrontendOptions fo = {16}) {
     gateway_.reset();
     frontend_.reset();
     balancer_.reset();
@@ -137,7 +137,7 @@ class GatewayTest : public ::testing::Test {
     balancer_ = std::make_unique<Balancer>(bo, FakeFactory(cluster_));
     if (health) balancer_->CheckHealthNow();
     ModelInfo m{"tiny-v4", 1024, 1024, 1700000000};
-    frontend_ = std::make_unique<Frontend>(*tok_, m, *balancer_, metrics_, FrontendOptions{16});
+    frontend_ = std::make_unique<Frontend>(*tok_, m, *balancer_, metrics_, fo);
     chat_ = std::make_unique<openai::ChatEncoder>(*tok_, chat::EncoderProfile::kPreview);
     gateway_ = std::make_unique<RestGateway>(*frontend_, *chat_, *balancer_, metrics_, options);
   }
@@ -407,7 +407,7 @@ TEST_F(GatewayTest, ClientGoneCancelsTheWorkerCall) {
 }
 
 TEST_F(GatewayTest, ApiKey) {
-  Build(1, {"k3y"});
+  Build(1, {ApiKeys({"k3y"})});
   EXPECT_EQ(Call("GET", "/v1/models")->status(), 401);
   EXPECT_EQ(Call("GET", "/v1/models", "", {{"authorization", "Bearer nope"}})->status(), 401);
   EXPECT_EQ(Call("GET", "/v1/models", "", {{"authorization", "Bearer k3y"}})->status(), 200);
@@ -745,7 +745,7 @@ TEST_F(GatewayTest, MessagesErrorsInAnthropicsShape) {
            "");
 
   // x-api-key is accepted like the bearer token, on every endpoint; a wrong key is 401 in each API's shape.
-  Build(1, {"k3y"});
+  Build(1, {ApiKeys({"k3y"})});
   cluster_->mode = FakeCluster::Mode::kEcho;
   const std::string body = json({{"max_tokens", 2}, {"messages", hi}}).dump();
   EXPECT_EQ(Call("POST", "/v1/messages", body, {{"x-api-key", "k3y"}, {"anthropic-version", "2023-06-01"}})->status(),
@@ -757,6 +757,42 @@ TEST_F(GatewayTest, MessagesErrorsInAnthropicsShape) {
   auto openai_shape = Call("GET", "/v1/models", "", {{"x-api-key", "nope"}});
   EXPECT_EQ(openai_shape->status(), 401);
   EXPECT_EQ(openai_shape->body()["error"]["type"], "authentication_error");
+}
+
+}  // namespace
+}  // namespace numoe::router
+
+namespace numoe::router {
+namespace {
+
+TEST_F(GatewayTest, MaxPromptTokens) {
+  // "Hello, world!" is 6 tokens + BOS = 7 (tests/data/tiny-v4/tokenizer_cases.json): 7 passes a limit of 7,
+  // the limit of 6 is a 400 naming the limit and the prompt's field on each endpoint.
+  Build(1, {}, true, FrontendOptions{.default_max_tokens = 16, .max_prompt_tokens = 7});
+  auto ok = Post("/v1/completions", {{"prompt", "Hello, world!"}, {"max_tokens", 2}});
+  ASSERT_EQ(ok->status(), 200) << ok->raw_body();
+  EXPECT_EQ(ok->body()["usage"]["prompt_tokens"], 7);
+
+  Build(1, {}, true, FrontendOptions{.default_max_tokens = 16, .max_prompt_tokens = 6});
+  auto too_long = Post("/v1/completions", {{"prompt", "Hello, world!"}, {"max_tokens", 2}});
+  ASSERT_EQ(too_long->status(), 400) << too_long->raw_body();
+  json e = too_long->body()["error"];
+  EXPECT_EQ(e["param"], "prompt");
+  EXPECT_NE(e["message"].get<std::string>().find("at most 6 (--max-prompt-tokens)"), std::string::npos) << e;
+  EXPECT_NE(e["message"].get<std::string>().find("has 7 tokens"), std::string::npos) << e;
+  // Token ids count the same way (no BOS added to ids).
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", {1, 2, 3, 4, 5, 6}}, {"max_tokens", 2}})->status(), 200);
+  EXPECT_EQ(Post("/v1/completions", {{"prompt", {1, 2, 3, 4, 5, 6, 7}}, {"max_tokens", 2}})->status(), 400);
+
+  auto chat = Post("/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", "Hello, world! Hello, world!"}}}}, {"max_tokens", 2}});
+  ASSERT_EQ(chat->status(), 400) << chat->raw_body();
+  EXPECT_EQ(chat->body()["error"]["param"], "messages");
+  EXPECT_NE(chat->raw_body().find("--max-prompt-tokens"), std::string::npos);
+
+  auto msg = Post("/v1/messages", {{"max_tokens", 2}, {"messages", {{{"role", "user"}, {"content", "Hello, world!"}}}}});
+  EXPECT_EQ(msg->status(), 400) << msg->raw_body();
+  EXPECT_NE(msg->raw_body().find("--max-prompt-tokens"), std::string::npos);
 }
 
 }  // namespace

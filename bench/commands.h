@@ -11,5 +11,6 @@ int RunCudaBench(int argc, char** argv);       // bench/cuda_bench.cc
 int RunHopBench(int argc, char** argv);        // bench/hop_bench.cc
 int RunSpecBench(int argc, char** argv);       // bench/spec_bench.cc
 int RunPrefillBench(int argc, char** argv);    // bench/prefill_bench.cc
+int RunSoakBench(int argc, char** argv);       // bench/soak_bench.cc
 
 }  // namespace numoe::bench

@@ -12,5 +12,6 @@ int RunHopBench(int argc, char** argv);        // bench/hop_bench.cc
 int RunSpecBench(int argc, char** argv);       // bench/spec_bench.cc
 int RunPrefillBench(int argc, char** argv);    // bench/prefill_bench.cc
 int RunPrefixBench(int argc, char** argv);     // bench/prefix_bench.cc
+int RunSoakBench(int argc, char** argv);       // bench/soak_bench.cc
 
 }  // namespace numoe::bench

@@ -23,6 +23,7 @@ constexpr Bench kBenches[] = {
     {"spec", "speculative vs plain decode tokens/s, accepted length, vs the experts-read prediction", numoe::bench::RunSpecBench},
     {"prefill", "time to first token and prefill tokens/s of long prompts through numoe serve vs the compute bound", numoe::bench::RunPrefillBench},
     {"hop", "layer-hop round trip over the shared-memory data plane, p50/p99 in us", numoe::bench::RunHopBench},
+    {"soak", "numoe serve under a mixed load for S seconds: errors, and RSS/fds/threads growth per process", numoe::bench::RunSoakBench},
 };
 
 void PrintUsage(FILE* out) {

@@ -32,10 +32,7 @@ SseClient::~SseClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-// Connects, sends the request (POST `body`, or GET when `method` says so) and reads the response head.
-// Non-2xx: the body is in the error.
-Status SseClient::Open(int port, const std::string& path, const std::string& body, Clock::time_point deadline,
-            const std::string& method) {
+Status SseClient::Send(int port, const std::string& path, const std::string& body, const std::string& method) {
   fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd_ < 0) return absl::InternalError("socket() failed");
   const int one = 1;
@@ -55,8 +52,18 @@ Status SseClient::Open(int port, const std::string& path, const std::string& bod
     if (n <= 0) return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
     off += static_cast<size_t>(n);
   }
+  return absl::OkStatus();
+}
+
+// Send, then the response head. Non-2xx: the body is in the error.
+Status SseClient::Open(int port, const std::string& path, const std::string& body, Clock::time_point deadline,
+                       const std::string& method) {
+  RETURN_IF_ERROR(Send(port, path, body, method));
   size_t end;
-  while ((end = raw_.find("\r\n\r\n")) == std::string::npos) RETURN_IF_ERROR(Fill(deadline));
+  while ((end = raw_.find("\r\n\r\n")) == std::string::npos) {
+    if (eof_) return absl::UnavailableError("the server closed the connection before the response head");
+    RETURN_IF_ERROR(Fill(deadline));
+  }
   const std::string head = raw_.substr(0, end);
   raw_.erase(0, end + 4);
   int status = 0;

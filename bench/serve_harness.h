@@ -40,6 +40,8 @@ class SseClient {
   StatusOr<std::string> ReadAll(Clock::time_point deadline);
   // The next SSE "data:" payload, or nullopt at the end of the stream.
   StatusOr<std::optional<std::string>> Next(Clock::time_point deadline);
+  // Connects and sends the request without waiting for an answer (Open = Send, then the response head).
+  Status Send(int port, const std::string& path, const std::string& body, const std::string& method = "POST");
   // Closes the connection now (a client that goes away mid-stream).
   void Close();
 

@@ -207,12 +207,11 @@ bool SseStream::Open(int port, const std::string& path, const std::string& body,
   if (fd_ < 0) return false;
   if (!SendAll(fd_, BuildRequest("POST", path, body, headers))) return false;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  std::map<std::string, std::string> h;
   for (;;) {
-    size_t head = ParseHead(raw_, &status_, &h);
+    size_t head = ParseHead(raw_, &status_, &headers_);
     if (head > 0) {
       raw_.erase(0, head);
-      chunked_ = h["transfer-encoding"] == "chunked";
+      chunked_ = headers_["transfer-encoding"] == "chunked";
       return true;
     }
     if (std::chrono::steady_clock::now() >= deadline || ReadSome(fd_, &raw_, std::chrono::seconds(1)) == 0) return false;
@@ -252,6 +251,23 @@ std::string SseStream::NextEvent(std::chrono::milliseconds timeout) {
     if (eof_ || std::chrono::steady_clock::now() >= deadline) return "";
     Fill(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
   }
+}
+
+std::string SseStream::ReadBody(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (chunked_) {
+      if (Dechunk(&raw_, &decoded_)) eof_ = true;
+    } else {
+      decoded_ += raw_;
+      raw_.clear();
+    }
+    if (eof_ || std::chrono::steady_clock::now() >= deadline) break;
+    Fill(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+  }
+  std::string body;
+  body.swap(decoded_);
+  return body;
 }
 
 std::vector<std::string> SseEvents(const std::string& body) {

@@ -29,20 +29,32 @@ HttpResponse HttpCall(int port, const std::string& method, const std::string& pa
                       std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // A streaming request read incrementally: Open sends it and reads the headers; NextEvent returns the next
-// SSE "data:" payload ("" at the end of the stream or on error).
+// SSE "data:" payload ("" at the end of the stream, on error or on timeout: eof() tells the first two from
+// the last). A non-2xx answer is no event stream: ReadBody returns its body.
 class SseStream {
  public:
   bool Open(int port, const std::string& path, const std::string& body,
             const std::vector<std::string>& headers = {});
   ~SseStream();
   int status() const { return status_; }
+  // The response's headers (lower-case names), once Open returned true.
+  const std::map<std::string, std::string>& headers() const { return headers_; }
+  std::string header(const std::string& name) const {
+    auto it = headers_.find(name);
+    return it == headers_.end() ? std::string() : it->second;
+  }
   std::string NextEvent(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  // True once the server closed the connection (or it failed), or the chunked body ended.
+  bool eof() const { return eof_; }
+  // The rest of the body, de-chunked, read until the end of the response or `timeout`.
+  std::string ReadBody(std::chrono::milliseconds timeout = std::chrono::seconds(60));
   void Close();
 
  private:
   bool Fill(std::chrono::milliseconds timeout);
   int fd_ = -1;
   int status_ = 0;
+  std::map<std::string, std::string> headers_;
   bool chunked_ = false;
   std::string raw_;      // bytes read, not yet de-chunked
   std::string decoded_;  // de-chunked body bytes not yet returned

@@ -363,14 +363,8 @@ int RunDecodeBench(int argc, char** argv) {
       "  numoe-bench decode --model tests/data/demo-v4 --workers 1 --concurrency 16 --max-tokens 64 --json-schema\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
-  const auto fail = [&](const Status& st) {
-    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(st.message()).c_str());
-    return 1;
-  };
-  auto say = [&](const std::string& line) {
-    if (!json_only) std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-  };
+  const auto fail = [&](const Status& st) { return BenchFail(argv[0], st); };
+  auto say = [&](const std::string& line) { BenchSay(json_only, line); };
 
   auto levels = ParseIntList(concurrency_text, "--concurrency");
   if (!levels.ok()) return fail(levels.status());

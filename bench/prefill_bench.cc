@@ -91,14 +91,8 @@ int RunPrefillBench(int argc, char** argv) {
       "Scale the 6-layer prefill tok/s by 6/43 for V4-Flash's 43 layers.\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
-  const auto fail = [&](const Status& st) {
-    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(st.message()).c_str());
-    return 1;
-  };
-  auto say = [&](const std::string& line) {
-    if (!json_only) std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-  };
+  const auto fail = [&](const Status& st) { return BenchFail(argv[0], st); };
+  auto say = [&](const std::string& line) { BenchSay(json_only, line); };
   auto lens = ParseIntList(lens_text, "--prompt-lens");
   if (!lens.ok()) return fail(lens.status());
   if (lens->empty()) return fail(absl::InvalidArgumentError("--prompt-lens is empty"));

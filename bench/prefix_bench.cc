@@ -69,14 +69,8 @@ int RunPrefixBench(int argc, char** argv) {
       "  numoe-bench prefix --model tests/data/demo-v4 --system-tokens 2048 --turns 8 --user-tokens 220\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
-  const auto fail = [&](const Status& st) {
-    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(st.message()).c_str());
-    return 1;
-  };
-  auto say = [&](const std::string& line) {
-    if (!json_only) std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-  };
+  const auto fail = [&](const Status& st) { return BenchFail(argv[0], st); };
+  auto say = [&](const std::string& line) { BenchSay(json_only, line); };
   int64_t vocab = 0;
   {
     auto ck = Checkpoint::Open(model);

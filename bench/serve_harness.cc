@@ -349,6 +349,16 @@ std::string BinDir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
+int BenchFail(const char* prog, const Status& st) {
+  std::fprintf(stderr, "%s: %s\n", prog, std::string(st.message()).c_str());
+  return 1;
+}
+
+void BenchSay(bool json_only, const std::string& line) {
+  if (!json_only) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
 std::string Fmt(double v, int digits) {
   char b[64];
   std::snprintf(b, sizeof(b), "%.*f", digits, v);

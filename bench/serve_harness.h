@@ -23,6 +23,10 @@ inline double Since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 std::string Fmt(double v, int digits);  // "%.*f"
+// Prints "<prog>: <message>" on stderr and returns 1, a failed benchmark's exit code.
+int BenchFail(const char* prog, const Status& st);
+// A human line on stdout (flushed), unless only the JSON line was asked for (--json).
+void BenchSay(bool json_only, const std::string& line);
 
 // A minimal HTTP/1.1 client for one request on loopback (Connection: close), with SSE event reading.
 class SseClient {

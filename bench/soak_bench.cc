@@ -342,14 +342,8 @@ int RunSoakBench(int argc, char** argv) {
       "  numoe-bench soak --model tests/data/tiny-v4 --seconds 60 --concurrency 256 --max-seqs 64\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
-  const auto fail = [&](const Status& st) {
-    std::fprintf(stderr, "%s: %s\n", argv[0], std::string(st.message()).c_str());
-    return 1;
-  };
-  auto say = [&](const std::string& line) {
-    if (!json_only) std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-  };
+  const auto fail = [&](const Status& st) { return BenchFail(argv[0], st); };
+  auto say = [&](const std::string& line) { BenchSay(json_only, line); };
   if (!fs::exists(fs::path(model) / "config.json")) {
     return fail(absl::NotFoundError(absl::StrCat("--model: ", model, "/config.json does not exist")));
   }

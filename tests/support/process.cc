@@ -272,4 +272,18 @@ std::vector<std::pair<pid_t, std::string>> ProcessGroupMembers(pid_t pgid) {
   return members;
 }
 
+int ProcessesMentioning(const std::string& needle) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::string cmd = ReadFile(e.path() / "cmdline");
+    for (char& c : cmd) {
+      if (c == '\0') c = ' ';
+    }
+    n += cmd.find(needle) != std::string::npos;
+  }
+  return n;
+}
+
 }  // namespace numoe::test

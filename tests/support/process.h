@@ -95,4 +95,8 @@ std::vector<std::string> CommandLine(const std::string& program, const std::stri
 // Processes of process group `pgid` (from /proc; zombies excluded), as (pid, command name).
 std::vector<std::pair<pid_t, std::string>> ProcessGroupMembers(pid_t pgid);
 
+// How many processes have `needle` in their command line (from /proc): 0 once a stack started with a unique
+// path (a model or log directory) on its command lines is gone.
+int ProcessesMentioning(const std::string& needle);
+
 }  // namespace numoe::test

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 #include "nlohmann/json.hpp"
@@ -15,22 +14,7 @@
 namespace numoe::test {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-// Processes whose command line mentions `needle`.
-int ProcessesMentioning(const std::string& needle) {
-  int n = 0;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    std::string cmd = ReadFile(e.path() / "cmdline");
-    for (char& c : cmd)
-      if (c == '\0') c = ' ';
-    n += cmd.find(needle) != std::string::npos;
-  }
-  return n;
-}
 
 TEST(DecodeBenchTest, ServesStreamsAndReportsTheRatio) {
   TempDir dir("mk-decode-bench");

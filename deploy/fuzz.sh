@@ -60,14 +60,14 @@ for n in "${names[@]}"; do
       -artifact_prefix="$findings/fuzz_$n-" -print_final_stats=1 -print_funcs=0 >"$log" 2>&1 || rc=$?
   took=$(( $(date +%s) - start ))
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+  cov=$(grep -aoE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
   if [ "$rc" -eq 0 ]; then
     printf 'fuzz %-16s ok       %8s runs in %3ss, coverage %s, corpus %s -> %s inputs\n' "$n" "${runs:-?}" "$took" \
       "${cov:-?}" "$seeds" "$(find "$corpus" -type f | wc -l)"
   else
     failed=1
-    what=$(grep -m1 -oE '(ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer): |runtime error: ).*' "$log" | cut -c1-140 || true)
-    artifact=$(grep -m1 -oE "Test unit written to [^ ]+" "$log" | sed 's/Test unit written to //' || true)
+    what=$(grep -a -m1 -oE '(ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer): |runtime error: ).*' "$log" | cut -c1-140 || true)
+    artifact=$(grep -a -m1 -oE "Test unit written to [^ ]+" "$log" | sed 's/Test unit written to //' || true)
     printf 'fuzz %-16s FINDING  exit %s after %ss: %s; input %s; log %s\n' "$n" "$rc" "$took" "${what:-see log}" \
       "${artifact:-none}" "$log"
   fi

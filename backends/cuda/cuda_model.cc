@@ -279,11 +279,16 @@ void CudaModel::HcPreStep(Rank& r, int64_t n, const DevW& fn, const float* base,
                           const float* norm_w, bool head, float* u_out) {
   Scratch& s = r.sc;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  RowInvRms(s.X, n, hc_ * D_, eps, s.inv, r.stream);
-  Gemm(r, fn, s.X, hc_ * D_, n, s.mix, head ? hc_ : (2 + hc_) * hc_, false);
   HcPreArgs hp;
-  hp.mixraw = s.mix;
-  hp.inv = s.inv;
+  if (HcMixFits(fn, n)) {
+    HcMix(s.X, fn, n, s.hc_part, r.stream);
+    hp.part = s.hc_part;
+  } else {
+    RowInvRms(s.X, n, hc_ * D_, eps, s.inv, r.stream);
+    Gemm(r, fn, s.X, hc_ * D_, n, s.mix, head ? hc_ : (2 + hc_) * hc_, false);
+    hp.mixraw = s.mix;
+    hp.inv = s.inv;
+  }
   hp.base = base;
   hp.scale = scale;
   hp.X = s.X;

@@ -63,6 +63,7 @@ struct LayerDev {
 // Device scratch for up to `rows` rows per pass (fixed addresses: CUDA graphs capture them).
 struct Scratch {
   float *X = nullptr, *xn = nullptr, *y = nullptr, *mix = nullptr, *inv = nullptr, *post = nullptr, *comb = nullptr;
+  float* hc_part = nullptr;  // HcMix's partial sums [min(rows, kHcMixMaxRows), kHcMixSplits, m + 1]
   float *qa = nullptr, *kv = nullptr, *q = nullptr, *o = nullptr, *z = nullptr, *comp = nullptr, *iq = nullptr;
   float *scores = nullptr, *glog = nullptr, *wts = nullptr, *shg = nullptr, *shh = nullptr, *sh = nullptr;
   float *routed = nullptr, *logits = nullptr, *hsel = nullptr;

@@ -667,6 +667,7 @@ Status CudaModel::AllocScratch(Rank& r) {
       {reinterpret_cast<void**>(&s.y), NR * D_ * f},
       {reinterpret_cast<void**>(&s.mix), NR * m * f},
       {reinterpret_cast<void**>(&s.inv), NR * f},
+      {reinterpret_cast<void**>(&s.hc_part), std::min<int64_t>(NR, kHcMixMaxRows) * kHcMixSplits * (m + 1) * f},
       {reinterpret_cast<void**>(&s.post), NR * hc_ * f},
       {reinterpret_cast<void**>(&s.comb), NR * hc_ * hc_ * f},
       {reinterpret_cast<void**>(&s.qa), NR * s.qa_ld * f},

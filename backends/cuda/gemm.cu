@@ -105,7 +105,8 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   const DevW& w = *c.w;
   if (c.n <= 0 || w.out <= 0) return;
   const bool mma = tensor_cores && w.type != WType::kF32;
-  if (mma && GemvApplies(c)) {
+  // One row with BF16/FP8 weights: the GEMV (fp32 FMAs, like the SIMT kernel, so also without tensor cores).
+  if (mma ? GemvApplies(c) : GemvApplies(c, 1)) {
     const LaunchNote launch_note(c.groups * (w.data_bytes() + c.n * (w.in + w.out) * 4), [&] {
       return std::string(WTypeName(w.type)) + " " + std::to_string(w.out) + "x" + std::to_string(w.in) +
              (c.groups > 1 ? " x" + std::to_string(c.groups) + " groups" : "") + ", " + std::to_string(c.n) +

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemmCall c, DevW w
 
 }  // namespace
 
-bool GemvApplies(const GemmCall& c) {
+bool GemvApplies(const GemmCall& c, int64_t min_out) {
   const DevW& w = *c.w;
   if (c.n < 1 || c.n > kGemvMaxRows || (w.type != WType::kFP8 && w.type != WType::kBF16)) return false;
   const int64_t per = w.type == WType::kFP8 ? 16 : 8;
@@ -136,7 +136,7 @@ bool GemvApplies(const GemmCall& c) {
   // An FP8 lane's 16 codes must share one block scale.
   const bool scales = w.type != WType::kFP8 || (w.bi % 16 == 0 && w.col_base % 16 == 0);
   // One warp per row: enough rows to fill the GPU.
-  return aligned && scales && w.out * c.groups >= kGemvMinRows;
+  return aligned && scales && w.out * c.groups >= min_out;
 }
 
 template <int RPW>

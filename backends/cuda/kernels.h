@@ -65,7 +65,9 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream);
 // 16-byte loads: a weight-streaming GEMV on CUDA cores (gemv.cu) that Gemm takes when GemvApplies.
 inline constexpr int64_t kGemvMaxRows = 1;  // at 2 rows the mma kernel was faster (H200)
 inline constexpr int64_t kGemvMinRows = 1024;
-bool GemvApplies(const GemmCall& c);
+// min_out: the fewest weight rows (one warp each) for which the GEMV beats the split-K mma kernel; a
+// call that would otherwise take the fp32 SIMT kernel (tensor_cores off) passes 1.
+bool GemvApplies(const GemmCall& c, int64_t min_out = kGemvMinRows);
 void Gemv(const GemmCall& c, cudaStream_t stream);
 // The tensor-core path (sm80_gemm_mma.cu); `ksplit` > 1 accumulates with atomics into a zeroed y.
 void GemmMma(const GemmCall& c, int ksplit, cudaStream_t stream);
@@ -119,6 +121,8 @@ void RowInvRms(const float* x, int64_t n, int64_t len, float eps, float* inv, cu
 struct HcPreArgs {
   const float* mixraw = nullptr;  // [n, m]
   const float* inv = nullptr;     // [n]
+  // Instead of mixraw and inv: HcMix's partial sums [n, kHcMixSplits, m + 1], reduced here in a fixed order.
+  const float* part = nullptr;
   const float* base = nullptr;    // [m]
   const float* scale = nullptr;   // [3] ([1] in head mode)
   const float* X = nullptr;       // [n, hc, D]
@@ -133,6 +137,14 @@ struct HcPreArgs {
   float* u_out = nullptr;  // optional [n, D]: the collapsed u before the norm (DSpark confidence)
 };
 void HcPre(const HcPreArgs& a, cudaStream_t stream);
+// The mHC mixing projection fused with the row's sum of squares, for decode-sized passes (rows <=
+// kHcMixMaxRows): part[(r·kHcMixSplits + s)·(m + 1) + o] = Σ_{k in chunk s} X[r, k]·W[o, k] for o < m, and
+// Σ_{k in chunk s} X[r, k]² for o = m; HcPre (HcPreArgs::part) adds the chunks. One launch instead of a row
+// norm and a split-K fp32 GEMM whose blocks were mostly empty (24 outputs). Needs HcMixFits.
+constexpr int kHcMixSplits = 128;   // K chunks (blocks per row group): 128 floats each at hc·D = 16384
+constexpr int kHcMixMaxRows = 64;   // larger passes take the GEMM
+bool HcMixFits(const DevW& w, int64_t n);
+void HcMix(const float* X, const DevW& w, int64_t n, float* part, cudaStream_t stream);
 // X[r, k] = post[r, k]·y[r] + Σ_j comb[r, j, k]·X[r, j].
 void HcPost(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc, int64_t D,
             cudaStream_t stream);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/kernels.h"
@@ -41,25 +42,84 @@ __global__ void __launch_bounds__(1024) RowInvRmsKernel(const float* x, int64_t 
   if (threadIdx.x == 0) inv[blockIdx.x] = 1.0f / sqrtf(ss / static_cast<float>(len) + eps);
 }
 
+// Block (chunk s, row group): the chunk's weights [M, kc] in shared memory, each warp a row at a time; a
+// lane holds 4 consecutive k per 128. The warp's sums go through the same shuffle tree for every row.
+template <int M>
+__global__ void __launch_bounds__(256) HcMixKernel(const float* X, int64_t K, const float* W, int64_t n,
+                                                   int rows_per_block, float* part) {
+  extern __shared__ float4 w4s[];  // [M][kc / 4]
+  const int s = blockIdx.x, kc = static_cast<int>(K / kHcMixSplits), kc4 = kc / 4;
+  const int64_t k0 = static_cast<int64_t>(s) * kc;
+  for (int i = threadIdx.x; i < M * kc4; i += blockDim.x) {
+    const int o = i / kc4, j = i % kc4;
+    w4s[i] = reinterpret_cast<const float4*>(W + o * K + k0)[j];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_block;
+  const int64_t r_end = min(n, r_begin + rows_per_block);
+  for (int64_t r = r_begin + warp; r < r_end; r += blockDim.x / 32) {
+    const float4* x4 = reinterpret_cast<const float4*>(X + r * K + k0);
+    float acc[M + 1];
+#pragma unroll
+    for (int o = 0; o <= M; ++o) acc[o] = 0.0f;
+    for (int j = lane; j < kc4; j += 32) {
+      const float4 x = x4[j];
+      acc[M] = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, acc[M]))));
+#pragma unroll
+      for (int o = 0; o < M; ++o) {
+        const float4 w = w4s[o * kc4 + j];
+        acc[o] = fmaf(x.x, w.x, fmaf(x.y, w.y, fmaf(x.z, w.z, fmaf(x.w, w.w, acc[o]))));
+      }
+    }
+    float* dst = part + (r * kHcMixSplits + s) * (M + 1);
+#pragma unroll
+    for (int o = 0; o <= M; ++o) {
+      const float v = WarpSum(acc[o]);
+      if (lane == 0) dst[o] = v;
+    }
+  }
+}
+
 // One block per row; dynamic shared memory holds u [D].
 __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
   extern __shared__ float us[];
   __shared__ float red[32];
   __shared__ float pre[kMaxHc], post[kMaxHc], C[kMaxHc * kMaxHc];
+  __shared__ float mix_s[kMaxHc * (kMaxHc + 2) + 1];
   const int64_t r = blockIdx.x;
   const int k = a.hc;
   const int m = a.head_mode ? k : (2 + k) * k;
   const float* mr = a.mixraw + r * m;
-  const float inv = a.inv[r];
-  if (k == 4 && !a.head_mode) {
-    // hc = 4: the 4x4 Sinkhorn on 16 lanes of warp 0 (element t = row j * 4 + column i; row sums over lane
-    // xor 1, 2, column sums over xor 4, 8), instead of one thread doing ~700 divisions.
-    if (threadIdx.x < 32) {
-      const int t = threadIdx.x & 15, j = t >> 2;
-      if (threadIdx.x < 4) {
-        pre[t] = Sigmoid(mr[t] * inv * a.scale[0] + a.base[t]) + a.hc_eps;
-        post[t] = 2.0f * Sigmoid(mr[4 + t] * inv * a.scale[1] + a.base[4 + t]);
-      }
+  float inv;
+  if (a.part != nullptr) {  // add HcMix's chunks: warp o sums column o, lanes in a fixed order
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = warp; o <= m; o += blockDim.x / 32) {
+      const float* col = a.part + r * kHcMixSplits * (m + 1) + o;
+      float v = 0.0f;
+      for (int s = lane; s < kHcMixSplits; s += 32) v += col[s * (m + 1)];
+      v = WarpSum(v);
+      if (lane == 0) mix_s[o] = v;
+    }
+    __syncthreads();
+    mr = mix_s;
+    inv = 1.0f / sqrtf(mix_s[m] / static_cast<float>(k * a.D) + a.rms_eps);
+  } else {
+    inv = a.inv[r];
+  }
+  // pre first: u needs it, the Sinkhorn does not. Then warp 0 does the Sinkhorn (and post) while the other
+  // warps collapse the streams into u.
+  if (threadIdx.x < k) pre[threadIdx.x] = Sigmoid(mr[threadIdx.x] * inv * a.scale[0] + a.base[threadIdx.x]) + a.hc_eps;
+  __syncthreads();
+  float ss = 0.0f;
+  if (threadIdx.x < 32) {
+    if (a.head_mode) {
+      // nothing but pre
+    } else if (k == 4) {
+      // hc = 4: the 4x4 Sinkhorn on 16 lanes of warp 0 (element t = row j * 4 + column i; row sums over lane
+      // xor 1, 2, column sums over xor 4, 8), instead of one thread doing ~700 divisions.
+      const int t = threadIdx.x & 15;
+      if (threadIdx.x < 4) post[t] = 2.0f * Sigmoid(mr[4 + t] * inv * a.scale[1] + a.base[4 + t]);
       const float v = mr[8 + t] * inv * a.scale[2] + a.base[8 + t];
       auto rsum = [](float x) {
         x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -78,16 +138,9 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
         c = c / (rsum(c) + a.hc_eps);
         c = c / (csum(c) + a.hc_eps);
       }
-      (void)j;
-      if (threadIdx.x < 16) {
-        C[t] = c;
-        a.comb[r * 16 + t] = c;
-      }
+      if (threadIdx.x < 16) a.comb[r * 16 + t] = c;
       if (threadIdx.x < 4) a.post[r * 4 + t] = post[t];
-    }
-  } else if (threadIdx.x == 0) {
-    for (int j = 0; j < k; ++j) pre[j] = Sigmoid(mr[j] * inv * a.scale[0] + a.base[j]) + a.hc_eps;
-    if (!a.head_mode) {
+    } else if (threadIdx.x == 0) {
       for (int j = 0; j < k; ++j) post[j] = 2.0f * Sigmoid(mr[k + j] * inv * a.scale[1] + a.base[k + j]);
       for (int j = 0; j < k; ++j) {
         float mx = -INFINITY;
@@ -125,15 +178,14 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
       for (int j = 0; j < k; ++j) a.post[r * k + j] = post[j];
       for (int j = 0; j < k * k; ++j) a.comb[r * k * k + j] = C[j];
     }
-  }
-  __syncthreads();
-  const float* xr = a.X + r * k * a.D;
-  float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
-    float u = 0.0f;
-    for (int j = 0; j < k; ++j) u = fmaf(pre[j], xr[j * a.D + d], u);
-    us[d] = u;
-    ss = fmaf(u, u, ss);
+  } else {
+    const float* xr = a.X + r * k * a.D;
+    for (int64_t d = threadIdx.x - 32; d < a.D; d += blockDim.x - 32) {
+      float u = 0.0f;
+      for (int j = 0; j < k; ++j) u = fmaf(pre[j], xr[j * a.D + d], u);
+      us[d] = u;
+      ss = fmaf(u, u, ss);
+    }
   }
   ss = BlockSum(ss, red);
   const float inv_u = 1.0f / sqrtf(ss / static_cast<float>(a.D) + a.rms_eps);
@@ -422,6 +474,25 @@ void HcPre(const HcPreArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
   // 1024 threads: with one row per block (decode), the row's loads must be spread wide to hide latency.
   HcPreKernel<<<static_cast<unsigned>(a.n), 1024, static_cast<size_t>(a.D) * sizeof(float), stream>>>(a);
+}
+
+bool HcMixFits(const DevW& w, int64_t n) {
+  return n >= 1 && n <= kHcMixMaxRows && w.type == WType::kF32 && (w.out == 24 || w.out == 4) &&
+         w.in % (kHcMixSplits * 4) == 0 && w.in / kHcMixSplits <= 256 && w.row_base == 0 && w.col_base == 0 &&
+         reinterpret_cast<uintptr_t>(w.data) % 16 == 0;  // float4 loads; at most 24 KB of shared memory
+}
+
+void HcMix(const float* X, const DevW& w, int64_t n, float* part, cudaStream_t stream) {
+  if (n <= 0) return;
+  const int rows_per_block = 16;  // 2 rows per warp: the chunk's weights are loaded once per 16 rows
+  const dim3 grid(kHcMixSplits, static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block));
+  const size_t smem = static_cast<size_t>(w.out * (w.in / kHcMixSplits)) * sizeof(float);
+  const float* W = static_cast<const float*>(w.data);
+  if (w.out == 24) {
+    HcMixKernel<24><<<grid, 256, smem, stream>>>(X, w.in, W, n, rows_per_block, part);
+  } else {
+    HcMixKernel<4><<<grid, 256, smem, stream>>>(X, w.in, W, n, rows_per_block, part);
+  }
 }
 
 void HcPost(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc, int64_t D,

@@ -314,17 +314,50 @@ __global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t l
 constexpr int kKT = 64;      // keys per tile
 constexpr int kMaxHG = 8;    // heads per block
 constexpr int kAttnThreads = 256;
+static_assert(kMaxHG == 8, "WarpSumScatter8 and LoadProbs hold 8 heads");
+
+// Where the score tile starts after the HG heads' queries [HG][hd] (floats, rounded up to 16 bytes).
+__host__ __device__ constexpr int64_t AttnScoreOffset(int HG, int hd) {
+  return (static_cast<int64_t>(HG) * hd + 3) / 4 * 4;
+}
+__device__ __forceinline__ void LoadProbs(const float* p, float (&pv)[kMaxHG]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  pv[0] = a.x; pv[1] = a.y; pv[2] = a.z; pv[3] = a.w;
+  pv[4] = b.x; pv[5] = b.y; pv[6] = b.z; pv[7] = b.w;
+}
+
+// Sum of v[0..7] over the warp, scattered: lane l ends with the total of head ((l >> 4) & 1) * 4 +
+// ((l >> 3) & 1) * 2 + ((l >> 2) & 1) (9 shuffles instead of 8 x 5). The order of additions is fixed.
+__device__ __forceinline__ float WarpSumScatter8(const float (&v)[kMaxHG], int lane) {
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  float w[4], x[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float send = b4 ? v[i] : v[i + 4], keep = b4 ? v[i + 4] : v[i];
+    w[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float send = b3 ? w[i] : w[i + 2], keep = b3 ? w[i + 2] : w[i];
+    x[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  float y = (b2 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, b2 ? x[0] : x[1], 4);
+  y += __shfl_xor_sync(0xffffffffu, y, 2);
+  return y + __shfl_xor_sync(0xffffffffu, y, 1);
+}
 
 // One block per (row, group of HG heads, key split). Keys (= values) are shared by all heads (MQA), so each
-// key is read once per block for HG heads. Online softmax over tiles of kKT keys. With splits == 1 the block
-// folds in the sink, normalises, de-ropes and writes the output; with splits > 1 it writes (max, sum,
-// unnormalised accumulator) for AttnCombineKernel, which spreads decode rows over the whole GPU.
+// key is read once per block for HG heads. Online softmax over tiles of kKT keys; the tile's scores and
+// probabilities live in shared memory key-major (ps[key * kMaxHG + head]), so the value pass reads a key's
+// eight probabilities as two broadcast float4s. With splits == 1 the block folds in the sink, normalises,
+// de-ropes and writes the output; with splits > 1 it writes (max, sum, unnormalised accumulator) for
+// AttnCombineKernel, which spreads decode rows over the whole GPU.
 template <typename CacheT>
 __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s, CacheDev cache, int HG, int splits,
                                                            float* part) {
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
-  float* ps = qs + HG * a.hd;
+  float* ps = qs + AttnScoreOffset(HG, a.hd);  // [kKT][kMaxHG], 16-byte aligned
   __shared__ const CacheT* kp[kKT];
   __shared__ float m_s[kMaxHG], l_s[kMaxHG], al_s[kMaxHG];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -389,31 +422,29 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
           const float2 k2 = Load2(k, d);
 #pragma unroll
           for (int h = 0; h < kMaxHG; ++h) {
-            if (h < HG) dot[h] = fmaf(qs[h * hd + d], k2.x, fmaf(qs[h * hd + d + 1], k2.y, dot[h]));
+            if (h < HG) {
+              const float2 q2 = *reinterpret_cast<const float2*>(qs + h * hd + d);
+              dot[h] = fmaf(q2.x, k2.x, fmaf(q2.y, k2.y, dot[h]));
+            }
           }
         }
-#pragma unroll
-        for (int h = 0; h < kMaxHG; ++h) dot[h] = WarpSum(dot[h]);
-        if (lane < HG) {
-          float mine = 0.0f;
-#pragma unroll
-          for (int h = 0; h < kMaxHG; ++h) mine = lane == h ? dot[h] : mine;
-          ps[lane * kKT + jj] = mine * a.scale;
-        }
+        const float total = WarpSumScatter8(dot, lane);
+        const int h = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
+        if ((lane & 3) == 0 && h < HG) ps[jj * kMaxHG + h] = total * a.scale;
       } else if (lane < HG) {
-        ps[lane * kKT + jj] = -INFINITY;
+        ps[jj * kMaxHG + lane] = -INFINITY;
       }
     }
     __syncthreads();
     if (warp < HG) {
       const int h = warp;
-      const float v0 = ps[h * kKT + lane], v1 = ps[h * kKT + lane + 32];
+      const float v0 = ps[lane * kMaxHG + h], v1 = ps[(lane + 32) * kMaxHG + h];
       const float m_old = m_s[h];
       const float m_new = fmaxf(m_old, WarpMax(fmaxf(v0, v1)));
       const float ms = m_new == -INFINITY ? 0.0f : m_new;  // no (-inf) - (-inf) when nothing is visible yet
       const float e0 = expf(v0 - ms), e1 = expf(v1 - ms);
-      ps[h * kKT + lane] = e0;
-      ps[h * kKT + lane + 32] = e1;
+      ps[lane * kMaxHG + h] = e0;
+      ps[(lane + 32) * kMaxHG + h] = e1;
       const float sum = WarpSum(e0 + e1);
       if (lane == 0) {
         const float alpha = expf(m_old - ms);
@@ -438,24 +469,26 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
         for (int u = 0; u < 4; ++u) k2[u] = Load2(kp[jj + u], 2 * tid);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
+          float pv[kMaxHG];
+          LoadProbs(ps + (jj + u) * kMaxHG, pv);
 #pragma unroll
           for (int h = 0; h < kMaxHG; ++h) {
             if (h < HG) {
-              const float pv = ps[h * kKT + jj + u];
-              acc[h][0] = fmaf(pv, k2[u].x, acc[h][0]);
-              acc[h][1] = fmaf(pv, k2[u].y, acc[h][1]);
+              acc[h][0] = fmaf(pv[h], k2[u].x, acc[h][0]);
+              acc[h][1] = fmaf(pv[h], k2[u].y, acc[h][1]);
             }
           }
         }
       }
       for (; jj < jn; ++jj) {
         const float2 k2 = Load2(kp[jj], 2 * tid);
+        float pv[kMaxHG];
+        LoadProbs(ps + jj * kMaxHG, pv);
 #pragma unroll
         for (int h = 0; h < kMaxHG; ++h) {
           if (h < HG) {
-            const float pv = ps[h * kKT + jj];
-            acc[h][0] = fmaf(pv, k2.x, acc[h][0]);
-            acc[h][1] = fmaf(pv, k2.y, acc[h][1]);
+            acc[h][0] = fmaf(pv[h], k2.x, acc[h][0]);
+            acc[h][1] = fmaf(pv[h], k2.y, acc[h][1]);
           }
         }
       }
@@ -606,7 +639,7 @@ void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaS
   const int hg = HeadsPerBlock(a.heads);
   const int splits = a.part != nullptr ? std::max(1, a.splits) : 1;
   const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / hg), static_cast<unsigned>(splits));
-  const size_t smem = static_cast<size_t>(hg * a.hd + hg * kKT) * sizeof(float);
+  const size_t smem = static_cast<size_t>(AttnScoreOffset(hg, a.hd) + kMaxHG * kKT) * sizeof(float);
   AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg, splits, a.part);
   if (splits > 1) {
     const dim3 cgrid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads));

@@ -13,6 +13,7 @@ using Clock = std::chrono::steady_clock;
 struct Balancer::Worker {
   std::string address;
   uint64_t id_hash = 0;
+  uint64_t group_hash = 0;  // HostHash(address): the workers of one host share its numoe-gpu's prefix cache
   std::unique_ptr<WorkerClient> client;
   bool up = false;
   bool ever_up = false;
@@ -116,6 +117,7 @@ Balancer::Balancer(BalancerOptions options, const ClientFactory& factory) : opti
     auto w = std::make_unique<Worker>();
     w->address = address;
     w->id_hash = StableHash(address);
+    w->group_hash = HostHash(address);
     w->client = factory(address);
     workers_.push_back(std::move(w));
   }
@@ -212,6 +214,7 @@ std::optional<size_t> Balancer::PlaceLocked(const std::shared_ptr<Job>& job_ptr)
   for (size_t i = 0; i < workers_.size(); ++i) {
     const Worker& w = *workers_[i];
     loads[i].id_hash = w.id_hash;
+    loads[i].group_hash = w.group_hash;
     loads[i].up = w.up;
     loads[i].has_slot = w.in_flight < SlotsLocked(w);
     loads[i].excluded = job.tried[i];

@@ -24,19 +24,50 @@ uint64_t PrefixHash(std::span<const int32_t> prompt_ids, int n) {
   return h == 0 ? 1 : h;
 }
 
+uint64_t HostHash(std::string_view address) {
+  std::string_view host = address;
+  if (!host.empty() && host.front() == '[') {
+    const size_t close = host.find(']');
+    if (close != std::string_view::npos) host = host.substr(0, close + 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string_view::npos &&
+                                                  host.find(':') == colon) {  // one colon: host:port
+    host = host.substr(0, colon);
+  }
+  return StableHash(host);
+}
+
+namespace {
+
+uint64_t GroupKey(const WorkerLoad& w) { return w.group_hash != 0 ? w.group_hash : w.id_hash; }
+
+// Less outstanding work, then fewer requests in flight (ties: the lower index, the one seen first).
+bool LessLoaded(const WorkerLoad& a, const WorkerLoad& b) {
+  return a.outstanding_tokens < b.outstanding_tokens ||
+         (a.outstanding_tokens == b.outstanding_tokens && a.in_flight < b.in_flight);
+}
+
+}  // namespace
+
 std::optional<size_t> PreferredWorker(std::span<const WorkerLoad> workers, uint64_t prefix_hash) {
-  std::optional<size_t> best;
+  std::optional<uint64_t> group;
   uint64_t best_weight = 0;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    const WorkerLoad& w = workers[i];
+  for (const WorkerLoad& w : workers) {
     if (!w.up || w.excluded) continue;
-    uint64_t weight = SplitMix64(prefix_hash ^ w.id_hash);
-    if (!best || weight > best_weight) {
-      best = i;
+    const uint64_t weight = SplitMix64(prefix_hash ^ GroupKey(w));
+    if (!group || weight > best_weight) {
+      group = GroupKey(w);
       best_weight = weight;
     }
   }
-  return best;
+  if (!group) return std::nullopt;
+  std::optional<size_t> first, best;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const WorkerLoad& w = workers[i];
+    if (!w.up || w.excluded || GroupKey(w) != *group) continue;
+    if (!first) first = i;
+    if (w.has_slot && (!best || LessLoaded(w, workers[*best]))) best = i;
+  }
+  return best ? best : first;
 }
 
 std::optional<size_t> ChooseWorker(std::span<const WorkerLoad> workers, uint64_t prefix_hash,
@@ -49,11 +80,7 @@ std::optional<size_t> ChooseWorker(std::span<const WorkerLoad> workers, uint64_t
       least = i;
       continue;
     }
-    const WorkerLoad& l = workers[*least];
-    if (w.outstanding_tokens < l.outstanding_tokens ||
-        (w.outstanding_tokens == l.outstanding_tokens && w.in_flight < l.in_flight)) {
-      least = i;
-    }
+    if (LessLoaded(w, workers[*least])) least = i;
   }
   if (!least) return std::nullopt;
   if (prefix_hash == 0 || options.prefix_tokens <= 0) return least;

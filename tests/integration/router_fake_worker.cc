@@ -127,9 +127,12 @@ int main(int argc, char** argv) {
   Options o;
   int64_t port = 0;
   std::string ready_file;
+  std::string host = "127.0.0.1";
   numoe::ArgParser p("router_fake_worker", "A fake numoe-worker for the router tests (see the source header).");
   p.AddString("model", "DIR", "model directory (for tokenizer.json)", &o.model, true);
-  p.AddInt("port", "N", "port on 127.0.0.1 (0 = any)", &port, 0, 65535);
+  p.AddString("host", "ADDR", "address to listen on (loopback: any 127.x.y.z, so a test can have several hosts)",
+              &host);
+  p.AddInt("port", "N", "port on --host (0 = any)", &port, 0, 65535);
   p.AddString("id", "NAME", "worker_id reported by Stats", &o.id);
   p.AddString("ready-file", "PATH", "write the bound port here once serving", &ready_file);
   p.AddInt("token-delay-ms", "MS", "sleep before each token", &o.token_delay_ms, 0, 100000);
@@ -153,7 +156,7 @@ int main(int argc, char** argv) {
   FakeWorker service(o, std::move(*tok));
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(), &bound);
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();
   if (!server || bound == 0) {

@@ -40,7 +40,8 @@ const std::vector<int> kHello = {47, 477, 86, 19, 707, 8};  // "Hello, world!" (
 
 struct WorkerSpec {
   std::vector<std::string> flags;
-  int port = 0;  // 0 = any
+  int port = 0;                     // 0 = any
+  std::string host = "127.0.0.1";  // any 127.x.y.z is this machine: distinct ones are distinct hosts to the router
 };
 
 // N fake workers and one router, all children of the test.
@@ -54,7 +55,9 @@ class Cluster {
       StartWorker(i);
     }
     std::string list;
-    for (int p : ports_) list += (list.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(p);
+    for (size_t i = 0; i < ports_.size(); ++i) {
+      list += (list.empty() ? "" : ",") + specs_[i].host + ":" + std::to_string(ports_[i]);
+    }
     std::vector<std::string> argv = {kBin + "/numoe-router", "--model", kModel, "--workers", list, "--port", "0",
                                      "--grpc-port", "0", "--ready-file", dir_ + "/router.ready",
                                      "--health-interval", "0.2", "--health-timeout", "0.5"};
@@ -80,7 +83,8 @@ class Cluster {
     std::string ready = dir_ + "/worker" + std::to_string(i) + ".ready";
     std::remove(ready.c_str());
     std::vector<std::string> argv = {kBin + "/router_fake_worker", "--model", kModel, "--id", "w" + std::to_string(i),
-                                     "--port", std::to_string(ports_[i] ? ports_[i] : specs_[i].port),
+                                     "--host", specs_[i].host, "--port",
+                                     std::to_string(ports_[i] ? ports_[i] : specs_[i].port),
                                      "--ready-file", ready};
     argv.insert(argv.end(), specs_[i].flags.begin(), specs_[i].flags.end());
     workers_[i] = Child::Start(argv, {.log = dir_ + "/worker" + std::to_string(i) + ".log", .append_log = true});
@@ -105,7 +109,7 @@ class Cluster {
 
   // Stats of fake worker i, straight from it.
   v1::WorkerStats Stats(size_t i) {
-    auto stub = v1::Worker::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(ports_[i]),
+    auto stub = v1::Worker::NewStub(grpc::CreateChannel(specs_[i].host + ":" + std::to_string(ports_[i]),
                                                         grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 2s);
@@ -512,10 +516,12 @@ TEST(RouterIntegration, WorkerDyingMidStreamEndsOnlyThatStream) {
   EXPECT_EQ(r.status, 503) << r.body;
 }
 
-TEST(RouterIntegration, PrefixAffinityKeepsAPrefixOnOneWorker) {
-  Cluster c({{}, {}, {}}, {"--affinity-prefix-tokens", "4"});
+TEST(RouterIntegration, PrefixAffinityKeepsAPrefixOnOneHost) {
+  // Three hosts (one worker each), then a second worker on the first host.
+  Cluster c({{.host = "127.0.0.1"}, {.host = "127.0.0.2"}, {.host = "127.0.0.3"}}, {"--affinity-prefix-tokens", "4"});
   ASSERT_TRUE(c.WaitUp(3)) << c.RouterLog();
-  // The same 4-token prefix with different tails: every request lands on the same worker.
+  // The same 4-token prefix with different tails: every request lands on the same host; other prefixes
+  // reach the other hosts.
   for (int i = 0; i < 6; ++i) {
     int status = 0;
     Post(c.http(), "/v1/completions", {{"prompt", {11, 12, 13, 14, 20 + i}}, {"max_tokens", 1}}, &status);
@@ -524,6 +530,35 @@ TEST(RouterIntegration, PrefixAffinityKeepsAPrefixOnOneWorker) {
   int used = 0;
   for (size_t w = 0; w < 3; ++w) used += c.Stats(w).prompt_tokens() > 0 ? 1 : 0;
   EXPECT_EQ(used, 1);
+  for (int p = 0; p < 24; ++p) {
+    int status = 0;
+    Post(c.http(), "/v1/completions", {{"prompt", {100 + p, 7, 7, 7}}, {"max_tokens", 1}}, &status);
+    ASSERT_EQ(status, 200);
+  }
+  used = 0;
+  for (size_t w = 0; w < 3; ++w) used += c.Stats(w).prompt_tokens() > 0 ? 1 : 0;
+  EXPECT_EQ(used, 3);
+}
+
+TEST(RouterIntegration, OneHostSpreadsASharedPrefixByLoad) {
+  // Workers of one host share numoe-gpu's prefix cache: a burst of requests with one prefix (chats with the
+  // same system prompt) goes by load, not all to one worker.
+  Cluster c({{.flags = {"--token-delay-ms", "50"}}, {.flags = {"--token-delay-ms", "50"}},
+             {.flags = {"--token-delay-ms", "50"}}},
+            {"--affinity-prefix-tokens", "4"});
+  ASSERT_TRUE(c.WaitUp(3)) << c.RouterLog();
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&, i] {
+      int status = 0;
+      Post(c.http(), "/v1/completions", {{"prompt", {11, 12, 13, 14, 20 + i}}, {"max_tokens", 4}}, &status);
+      if (status == 200) ++ok;
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(ok.load(), 6);
+  for (size_t w = 0; w < 3; ++w) EXPECT_GT(c.Stats(w).prompt_tokens(), 0u) << "worker " << w << " got nothing";
 }
 
 TEST(RouterIntegration, Grpc) {

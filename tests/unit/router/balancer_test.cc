@@ -107,6 +107,53 @@ TEST(Policy, PreferredWorkerUnlessMuchBusier) {
   EXPECT_EQ(ChooseWorker(w, h, o), other);
 }
 
+TEST(Policy, HostHashIgnoresThePort) {
+  EXPECT_EQ(HostHash("10.0.0.1:9100"), HostHash("10.0.0.1:9101"));
+  EXPECT_NE(HostHash("10.0.0.1:9100"), HostHash("10.0.0.2:9100"));
+  EXPECT_EQ(HostHash("[::1]:5"), HostHash("[::1]:6"));
+  EXPECT_NE(HostHash("[::1]:5"), HostHash("[::2]:5"));
+  EXPECT_EQ(HostHash("gpu-box:7000"), HostHash("gpu-box:7001"));
+  EXPECT_NE(HostHash("w0"), HostHash("w1"));  // no port: the address is the host
+}
+
+TEST(Policy, WorkersOfOneHostShareAffinityAndGoByLoad) {
+  // Two hosts of two workers: a prefix sticks to one host; inside it the less loaded worker wins.
+  std::vector<WorkerLoad> w(4);
+  for (int i = 0; i < 4; ++i) {
+    const std::string address = "10.0.0." + std::to_string(1 + i / 2) + ":" + std::to_string(9100 + i);
+    w[i].id_hash = StableHash(address);
+    w[i].group_hash = HostHash(address);
+    w[i].up = w[i].has_slot = true;
+  }
+  PolicyOptions o;
+  int per_host[2] = {0, 0};
+  for (int32_t p = 0; p < 200; ++p) {
+    const uint64_t h = PrefixHash(std::vector<int32_t>{p, 3, 5}, o.prefix_tokens);
+    const size_t first = *ChooseWorker(w, h, o);
+    const size_t host = first / 2, mate = host * 2 + (1 - first % 2);
+    ++per_host[host];
+    auto loaded = w;
+    loaded[first].outstanding_tokens = 100;  // its mate is now the less loaded worker of that host
+    EXPECT_EQ(ChooseWorker(loaded, h, o), mate) << "prefix " << p;
+    loaded[mate].outstanding_tokens = 100;   // both busy, yet not "much busier" than the other host: stay
+    EXPECT_EQ(*ChooseWorker(loaded, h, o) / 2, host) << "prefix " << p;
+  }
+  EXPECT_GT(per_host[0], 50);
+  EXPECT_GT(per_host[1], 50);
+  // One host: affinity never overrides the least loaded worker.
+  std::vector<WorkerLoad> one(3);
+  for (int i = 0; i < 3; ++i) {
+    const std::string address = "127.0.0.1:" + std::to_string(9100 + i);
+    one[i].id_hash = StableHash(address);
+    one[i].group_hash = HostHash(address);
+    one[i].up = one[i].has_slot = true;
+    one[i].outstanding_tokens = 10 * (3 - i);
+  }
+  for (int32_t p = 0; p < 50; ++p) {
+    EXPECT_EQ(ChooseWorker(one, PrefixHash(std::vector<int32_t>{p, 1}, o.prefix_tokens), o), 2u) << "prefix " << p;
+  }
+}
+
 BalancerOptions Opts(int n) {
   BalancerOptions o;
   for (int i = 0; i < n; ++i) o.workers.push_back("w" + std::to_string(i));

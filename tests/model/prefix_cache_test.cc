@@ -149,7 +149,7 @@ TEST_P(PrefixCacheTest, WarmEqualsColdForEveryGolden) {
       if (host) {
         EXPECT_EQ(st.entries, 0) << what;
         EXPECT_EQ(st.host_hits, st.hits) << what;
-        EXPECT_GE(st.host_hits, 2u) << what;
+        EXPECT_EQ(st.host_hits, static_cast<uint64_t>((again.cached > 0 ? 1 : 0) + (warm2.cached > 0 ? 1 : 0))) << what;
         EXPECT_GT(st.host_bytes, 0) << what;
       } else {
         EXPECT_GT(st.bytes, 0) << what;
@@ -176,7 +176,9 @@ TEST_P(PrefixCacheTest, SpeculativeStepsMatch) {
       const Outcome again = Generate(m, &cache, g.input_ids, 3, 8, d, g.greedy);
       EXPECT_GT(again.cached, 0) << w;
       ExpectSame(cold, again, w + " (again)");
-      if (host) EXPECT_GT(cache.stats().host_hits, 0u) << w;
+      if (host) {
+        EXPECT_GT(cache.stats().host_hits, 0u) << w;
+      }
     }
   }
 }

@@ -42,7 +42,7 @@ int RunPrefixBench(int argc, char** argv) {
   std::string model, log_dir, backend = "cpu";
   int64_t workers = 1, threads = 0, system_tokens = 2048, turns = 8, user_tokens = 256, max_tokens = 32;
   int64_t checkpoint_tokens = -1;
-  double startup_timeout = 1800, request_timeout = 3600, cache_gb = -1;
+  double startup_timeout = 1800, request_timeout = 3600, cache_gb = -1, host_gb = -1;
   bool json_only = false;
   ArgParser p(argv[0],
               "The prefix cache over a multi-turn conversation through `numoe serve`: per turn, time to first token\n"
@@ -57,6 +57,8 @@ int RunPrefixBench(int argc, char** argv) {
   p.AddInt("user-tokens", "N", "tokens of each turn's new user message", &user_tokens, 1, 1 << 20);
   p.AddInt("max-tokens", "T", "tokens of each answer (greedy, EOS ignored)", &max_tokens, 1, 1 << 16);
   p.AddDouble("prefix-cache-gb", "GB", "numoe serve --prefix-cache-gb (-1 = its default)", &cache_gb, -1, 1e6);
+  p.AddDouble("prefix-cache-host-gb", "GB", "numoe serve --prefix-cache-host-gb (-1 = its default)", &host_gb, -1,
+              1e6);
   p.AddInt("prefix-checkpoint-tokens", "N", "numoe serve --prefix-checkpoint-tokens (-1 = its default)",
            &checkpoint_tokens, -1, int64_t{1} << 30);
   p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &log_dir);
@@ -86,6 +88,7 @@ int RunPrefixBench(int argc, char** argv) {
   ServeSpec serve_spec{.model = model, .backend = backend, .spec = "none", .log_dir = log_dir, .workers = workers,
                        .threads = threads, .affinity_prefix_tokens = -1};
   if (cache_gb >= 0) serve_spec.extra.insert(serve_spec.extra.end(), {"--prefix-cache-gb", absl::StrCat(cache_gb)});
+  if (host_gb >= 0) serve_spec.extra.insert(serve_spec.extra.end(), {"--prefix-cache-host-gb", absl::StrCat(host_gb)});
   if (checkpoint_tokens >= 0) {
     serve_spec.extra.insert(serve_spec.extra.end(), {"--prefix-checkpoint-tokens", std::to_string(checkpoint_tokens)});
   }

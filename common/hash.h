@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace numoe {
 
@@ -18,5 +19,13 @@ inline constexpr uint64_t SplitMix64Finalize(uint64_t z) {
 
 // One step of the generator from state x: the finalizer of x + gamma.
 inline constexpr uint64_t SplitMix64(uint64_t x) { return SplitMix64Finalize(x + kSplitMix64Gamma); }
+
+// A hash chain over token ids: `h` (the hash of the ids before, or a seed) extended by `ids`, so the hash of
+// a prefix extends to the hash of any longer prompt without rereading it (the router's prefix affinity, the
+// prefix cache's pages).
+inline uint64_t HashTokens(uint64_t h, std::span<const int32_t> ids) {
+  for (int32_t id : ids) h = SplitMix64(h ^ static_cast<uint32_t>(id));
+  return h;
+}
 
 }  // namespace numoe

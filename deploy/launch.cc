@@ -38,6 +38,9 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
             &o->no_prefix_cache);
   p.AddDouble("prefix-cache-gb", "GB", "numoe-gpu --prefix-cache-gb: the prefix cache's memory (-1 = its default)",
               &o->prefix_cache_gb, -1, 1e6);
+  p.AddDouble("prefix-cache-host-gb", "GB",
+              "numoe-gpu --prefix-cache-host-gb: the prefix cache's host-RAM tier (0 = none, -1 = its default)",
+              &o->prefix_cache_host_gb, -1, 1e6);
   p.AddInt("prefix-checkpoint-tokens", "N",
            "numoe-gpu --prefix-checkpoint-tokens: a prefix-cache checkpoint every N tokens of a long prompt (-1 = its "
            "default)",
@@ -96,6 +99,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   if (o.lanes >= 0) g.lanes = o.lanes;
   g.no_prefix_cache = o.no_prefix_cache;
   if (o.prefix_cache_gb >= 0) g.prefix_cache_gb = o.prefix_cache_gb;
+  if (o.prefix_cache_host_gb >= 0) g.prefix_cache_host_gb = o.prefix_cache_host_gb;
   if (o.prefix_checkpoint_tokens >= 0) g.prefix_checkpoint_tokens = o.prefix_checkpoint_tokens;
   // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
   g.max_sequences = std::max(g.max_sequences, o.max_seqs);

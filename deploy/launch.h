@@ -45,10 +45,11 @@ struct LaunchOptions {
   int router_port = 8000;               // REST
   int router_grpc_port = 8001;
   int64_t affinity_prefix_tokens = -1;  // numoe-router --affinity-prefix-tokens; -1 = its default
-  // numoe-gpu's prefix cache: --no-prefix-cache, --prefix-cache-gb (< 0 = its default),
-  // --prefix-checkpoint-tokens (-1 = its default).
+  // numoe-gpu's prefix cache: --no-prefix-cache, --prefix-cache-gb and --prefix-cache-host-gb (< 0 = their
+  // defaults), --prefix-checkpoint-tokens (-1 = its default).
   bool no_prefix_cache = false;
   double prefix_cache_gb = -1;
+  double prefix_cache_host_gb = -1;
   int64_t prefix_checkpoint_tokens = -1;
   std::string api_key_file;             // numoe-router --api-key-file ("" = none)
   std::string tls_cert, tls_key;        // numoe-router --tls-cert / --tls-key ("" = no TLS)
@@ -57,7 +58,7 @@ struct LaunchOptions {
 // --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs,
 // --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --host, --port,
 // --grpc-port, --affinity-prefix-tokens, --api-key-file, --tls-cert and --tls-key (the router's) and numoe-gpu's
-// --no-prefix-cache, --prefix-cache-gb, --prefix-checkpoint-tokens,
+// --no-prefix-cache, --prefix-cache-gb, --prefix-cache-host-gb, --prefix-checkpoint-tokens,
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 

@@ -116,6 +116,7 @@ int RunGpuApp(const GpuAppConfig& flags) {
   opts.prefix_cache = !config.no_prefix_cache;
   opts.prefix.budget_bytes = static_cast<int64_t>(config.prefix_cache_gb * double(int64_t{1} << 30));
   opts.prefix.checkpoint_tokens = config.prefix_checkpoint_tokens;
+  opts.prefix.host_budget_bytes = static_cast<int64_t>(config.prefix_cache_host_gb * double(int64_t{1} << 30));
   // A checkpoint takes one of the CUDA backend's sequence slots (--max-sequences): keep most for running ones
   // (a running sequence that finds none free evicts checkpoints anyway: PrefixCache::MakeRoom).
   if (config.backend == Backend::kCuda) opts.prefix.max_entries = std::max<int64_t>(1, config.max_sequences / 4);
@@ -125,7 +126,8 @@ int RunGpuApp(const GpuAppConfig& flags) {
   } else if (!caps.fork) {
     NLOG(INFO) << "numoe-gpu: no prefix cache: the " << backend << " backend cannot copy a sequence's state";
   } else {
-    NLOG(INFO) << "numoe-gpu: prefix cache of " << config.prefix_cache_gb << " GiB shared by every worker, a checkpoint "
+    NLOG(INFO) << "numoe-gpu: prefix cache of " << config.prefix_cache_gb << " GiB (then "
+               << config.prefix_cache_host_gb << " GiB of host RAM) shared by every worker, a checkpoint "
                << (opts.prefix.checkpoint_tokens > 0 ? absl::StrCat("every ", opts.prefix.checkpoint_tokens, " prompt tokens and ") : std::string())
                << "at each prompt's and answer's end";
   }

@@ -35,10 +35,11 @@ struct GpuAppConfig {
   // rolls back (both do).
   SpecChoice spec = SpecChoice::kAuto;
   // The prefix cache (model/prefix_cache.h): off with --no-prefix-cache; its checkpoints' memory in GiB
-  // (the backend's own: RAM on the CPU backend, GPU memory on CUDA); a checkpoint every N tokens of a long
-  // prompt.
+  // (the backend's own: RAM on the CPU backend, GPU memory on CUDA), then its host-RAM tier's (0 = none); a
+  // checkpoint every N tokens of a long prompt.
   bool no_prefix_cache = false;
   double prefix_cache_gb = 4.0;
+  double prefix_cache_host_gb = 8.0;
   int64_t prefix_checkpoint_tokens = 2048;
 
   bool operator==(const GpuAppConfig&) const = default;

@@ -45,6 +45,11 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
               "memory for the prefix cache's checkpoints (the backend's own: RAM on the CPU backend, GPU memory on "
               "CUDA); the least recently used go past it",
               &c->prefix_cache_gb, 0.0, 1e6);
+  p.AddDouble("prefix-cache-host-gb", "GB",
+              "host RAM for the prefix cache's second tier (pinned on CUDA): checkpoints the first tier evicts move "
+              "there instead of being dropped, the compressed history of a shared prefix held once; the least "
+              "recently used go past it (0 = no second tier)",
+              &c->prefix_cache_host_gb, 0.0, 1e6);
   p.AddInt("prefix-checkpoint-tokens", "N",
            "prefix cache: a checkpoint every N tokens of a long prompt, besides the ones at each prompt's and "
            "answer's end (0 = only those)",

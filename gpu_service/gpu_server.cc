@@ -143,6 +143,13 @@ v1::GpuStats GpuServer::Stats() const {
     s.set_prefix_bytes(static_cast<uint64_t>(p.bytes));
     s.set_prefix_budget_bytes(static_cast<uint64_t>(p.budget_bytes));
     s.set_prefix_evicted(p.evicted);
+    s.set_prefix_host_checkpoints(static_cast<uint64_t>(p.host_entries));
+    s.set_prefix_host_bytes(static_cast<uint64_t>(p.host_bytes));
+    s.set_prefix_host_pages(static_cast<uint64_t>(p.host_pages));
+    s.set_prefix_host_budget_bytes(static_cast<uint64_t>(p.host_budget_bytes));
+    s.set_prefix_host_stored(p.host_stored);
+    s.set_prefix_host_evicted(p.host_evicted);
+    s.set_prefix_host_hits(p.host_hits);
   }
   const int64_t now = SteadyMillis();
   std::lock_guard<std::mutex> lk(mu_);

@@ -1,8 +1,16 @@
 #include "model/backend.h"
 
+#include <algorithm>
 #include <set>
 
 namespace numoe {
+
+HostBytes HostBytes::Heap(int64_t n) {
+  HostBytes b;
+  b.data = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+  b.size = n;
+  return b;
+}
 
 Status ValidateSequenceSteps(std::span<const SequenceStep> steps, const ModelConfig& config,
                              const std::function<StatusOr<int64_t>(SequenceId)>& position) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -123,6 +124,35 @@ struct Capabilities {
   int64_t lanes = 0;
   // ForkSequence copies a sequence's state (n choices of one prompt prefill it once).
   bool fork = false;
+  // ExportSequence / ImportSequence move a sequence's state to host memory and back (the prefix cache's
+  // host tier), with pages of a positive multiple of this many positions; 0 = they are not implemented.
+  int64_t export_align = 0;
+};
+
+// Host memory a backend's ExportSequence filled (pinned on CUDA, so the copies run at the link's speed),
+// freed by the deleter it came with; shared by whoever holds it (the prefix cache shares pages).
+struct HostBytes {
+  std::shared_ptr<uint8_t[]> data;
+  int64_t size = 0;
+  const uint8_t* get() const { return data.get(); }
+  // `n` bytes of ordinary heap memory (what the CPU backend and tests use).
+  static HostBytes Heap(int64_t n);
+};
+
+// A sequence's state in host memory, split by how it is kept (docs/dsv4-architecture.md §2.7-2.8):
+//  - pages[k]: everything the state appends for absolute positions [k·page_tokens, (k+1)·page_tokens) and
+//    never rewrites (the CSA/HCA compressed entries and the indexer's keys; on CUDA the device's own pages of
+//    them). Only whole pages: there are position / page_tokens of them. Two sequences that consumed the same
+//    tokens up to a page's end hold byte-identical copies of it, so a host tier may keep one for both.
+//  - rest: everything else, per sequence: the window rings, the compressors' pending blocks and overlap
+//    halves, the drafter's rings, the tail of the compressed history past the last whole page.
+// The bytes are the backend's own layout; only the backend that wrote them (same model, same options) reads
+// them back.
+struct HostState {
+  int64_t position = 0;
+  int64_t page_tokens = 0;
+  std::vector<HostBytes> pages;
+  HostBytes rest;
 };
 
 class ModelBackend {
@@ -152,6 +182,23 @@ class ModelBackend {
   virtual Status Settle(SequenceId seq) {
     (void)seq;
     return absl::UnimplementedError("this backend cannot settle a speculative step");
+  }
+  // Copies `seq`'s state to host memory (HostState). Pages below `first_page` are left empty (size 0: the
+  // caller already holds them, from a sequence that consumed the same tokens up to there). page_tokens must be
+  // a positive multiple of capabilities().export_align; the sequence's last step must not have been
+  // speculative (FailedPrecondition). The sequence is unchanged.
+  virtual StatusOr<HostState> ExportSequence(SequenceId seq, int64_t page_tokens, int64_t first_page) {
+    (void)seq;
+    (void)page_tokens;
+    (void)first_page;
+    return absl::UnimplementedError("this backend cannot export sequences");
+  }
+  // A new sequence whose state is `state` (every page present), which ExportSequence of this backend made.
+  // InvalidArgument when the bytes do not fit this model's layout; RESOURCE_EXHAUSTED when the backend has no
+  // room (like CreateSequence).
+  virtual StatusOr<SequenceId> ImportSequence(const HostState& state) {
+    (void)state;
+    return absl::UnimplementedError("this backend cannot import sequences");
   }
   virtual Capabilities capabilities() const = 0;
   SpecMethod drafter() const { return capabilities().drafter; }

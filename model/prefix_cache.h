@@ -15,11 +15,21 @@
 // Speculative steps leave none of their own: a sequence is stored only at a position every token of which was
 // accepted (after a speculative step, once ModelBackend::Settle made its rollback final).
 //
-// Memory: the checkpoints' bytes (ModelBackend::Memory capacity) stay within `budget_bytes`; past it the
-// least recently used checkpoint goes (logged). Running sequences are never evicted: a restored sequence
-// is a copy that owes nothing to its checkpoint. For the CPU backend this memory is host RAM (its only
-// tier); for the CUDA backend it is GPU memory.
-//
+// Memory, in two tiers, each LRU and bounded in bytes:
+//  1. the backend's own memory (host RAM for the CPU backend, GPU memory for CUDA): checkpoints are parked
+//     sequences (ModelBackend::Memory capacity counts), within `budget_bytes`.
+//  2. host RAM (`host_budget_bytes`, 0 = none; pinned on CUDA): a checkpoint the first tier evicts is
+//     exported there (ModelBackend::ExportSequence) instead of dropped. A lookup whose deepest match lies
+//     there imports it (ModelBackend::ImportSequence) and promotes it to the first tier when it fits (the
+//     host copy stays: evicting it again costs nothing). In this tier the compressed history (CSA/HCA
+//     entries, the indexer's keys: appended per absolute position and never rewritten) lives in pages of
+//     `page_tokens` positions aligned to absolute positions and keyed by a hash chain over the tokens up to
+//     the page's end (common/hash.h HashTokens), verified token for token against the page before it: two
+//     checkpoints of one conversation (turn 1's and turn 2's ends) hold the pages of their common prefix
+//     once, refcounted, and the bytes count them once. The rest of a checkpoint (window rings, pending
+//     blocks, drafter rings, the history past its last whole page) is its own.
+// Every eviction is logged. Running sequences are never evicted: a restored sequence is a copy that owes
+// nothing to its checkpoint.
 // Thread-safety: every method may be called from any thread; calls that touch the model (Restore, Store,
 // Adopt, eviction) must be made by the thread that holds the model (numoe-gpu's forward lock). stats() needs
 // nothing.
@@ -28,8 +38,10 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -44,8 +56,15 @@ struct PrefixCacheOptions {
   // The most checkpoints held: each is a sequence of the backend, and a backend with a fixed number of
   // sequence slots (CUDA) needs most of them for running sequences.
   int64_t max_entries = 256;
+  // The host tier's bound (0 = no host tier; a backend without Capabilities::export_align has none either).
+  int64_t host_budget_bytes = 0;
+  // The host tier's page: the smallest multiple of the backend's export_align >= this. 256 positions on V4
+  // hold whole entries of every compress rate (64 CSA and indexer entries, 2 HCA), and bound what a
+  // checkpoint keeps of its own past the last shared page; much smaller pages only add hash lookups.
+  int64_t page_tokens = 256;
 };
-// The options' bounds: budget >= 0, checkpoint_tokens >= 0, min_tokens >= 1. Messages name the flag.
+// The options' bounds: budgets >= 0, checkpoint_tokens >= 0, min_tokens >= 1, page_tokens >= 1. Messages name
+// the flag.
 Status ValidatePrefixCacheOptions(const PrefixCacheOptions& o);
 
 struct PrefixCacheStats {
@@ -53,10 +72,20 @@ struct PrefixCacheStats {
   uint64_t hit_tokens = 0;      // of them restored from a checkpoint instead of computed
   uint64_t lookups = 0, hits = 0;
   uint64_t stored = 0;          // checkpoints taken (copies and adoptions)
-  uint64_t evicted = 0;
-  int64_t entries = 0;
-  int64_t bytes = 0;            // held by the checkpoints now
+  uint64_t evicted = 0;         // from the first tier (exported to the host tier or dropped)
+  int64_t entries = 0;          // first tier (the backend's memory)
+  int64_t bytes = 0;            // held by the first tier's checkpoints now
   int64_t budget_bytes = 0;
+  // The host tier: checkpoints, their bytes (shared pages once), pages held (shared ones once), its bound,
+  // checkpoints exported into it, dropped from it, and restored from it.
+  int64_t host_entries = 0;
+  int64_t host_bytes = 0;
+  int64_t host_pages = 0;
+  int64_t host_budget_bytes = 0;
+  int64_t page_tokens = 0;      // the host tier's page (0 = no host tier)
+  uint64_t host_stored = 0;
+  uint64_t host_evicted = 0;
+  uint64_t host_hits = 0;
 };
 
 class PrefixCache {
@@ -101,16 +130,43 @@ class PrefixCache {
     SequenceId seq = 0;
     int64_t bytes = 0;
   };
+  // A host page: the history of positions [k·P, (k+1)·P) of the checkpoints whose tokens up to (k+1)·P are
+  // `hash`'s; `parent` is page k-1 (held while this one is), `tokens` this page's own, for the check that
+  // makes sharing exact.
+  struct Page {
+    uint64_t hash = 0;
+    const Page* parent = nullptr;
+    std::vector<int32_t> tokens;
+    HostBytes bytes;
+    int64_t refs = 0;     // host entries holding it
+    bool shared = false;  // in pages_ (false: a hash collision kept it private)
+  };
+  struct HostEntry {
+    std::vector<int32_t> tokens;
+    std::vector<std::shared_ptr<Page>> pages;
+    HostBytes rest;
+  };
   // Under mu_: the entry with exactly these tokens, or end().
   std::list<Entry>::iterator FindLocked(std::span<const int32_t> tokens);
+  std::list<HostEntry>::iterator FindHostLocked(std::span<const int32_t> tokens);
   void InsertLocked(Entry e);
   void EvictLocked();
+  // Drops the first tier's least recently used checkpoint, exporting it to the host tier first when there is one.
   void EvictOneLocked(const char* why);
+  void SpillLocked(const Entry& e);
+  void EvictHostLocked();
+  void DropHostLocked(std::list<HostEntry>::iterator it, const char* why);
+  // Imports the host checkpoint `it` (deeper than any first-tier match): the new sequence for the caller, the
+  // checkpoint promoted to the first tier when it fits.
+  StatusOr<SequenceId> RestoreFromHostLocked(std::list<HostEntry>::iterator it);
 
   ModelBackend* model_;
   PrefixCacheOptions options_;
+  int64_t page_tokens_ = 0;  // the host tier's page (0 = no host tier)
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recently used first
+  std::list<HostEntry> host_lru_;  // most recently used first
+  std::unordered_map<uint64_t, std::shared_ptr<Page>> pages_;  // shared host pages by chain hash
   PrefixCacheStats stats_;
 };
 

@@ -51,6 +51,41 @@ int64_t CompressorState::fixed_bytes() const {
                               sizeof(float));
 }
 
+namespace {
+
+void PutBytes(std::vector<uint8_t>* out, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  out->insert(out->end(), b, b + n);
+}
+
+bool TakeBytes(const uint8_t** p, const uint8_t* end, void* to, size_t n) {
+  if (static_cast<size_t>(end - *p) < n) return false;
+  std::memcpy(to, *p, n);
+  *p += n;
+  return true;
+}
+
+}  // namespace
+
+void CompressorState::SaveFixed(std::vector<uint8_t>* out) const {
+  const int64_t head[2] = {next_position_, has_prev_ ? 1 : 0};
+  PutBytes(out, head, sizeof(head));
+  for (const std::vector<float>* v : {&pend_kv_, &pend_gate_, &prev_kv_, &prev_gate_}) {
+    PutBytes(out, v->data(), v->size() * sizeof(float));
+  }
+}
+
+bool CompressorState::LoadFixed(const uint8_t** p, const uint8_t* end) {
+  int64_t head[2];
+  if (!TakeBytes(p, end, head, sizeof(head)) || head[0] < 0) return false;
+  next_position_ = head[0];
+  has_prev_ = head[1] != 0;
+  for (std::vector<float>* v : {&pend_kv_, &pend_gate_, &prev_kv_, &prev_gate_}) {
+    if (!TakeBytes(p, end, v->data(), v->size() * sizeof(float))) return false;
+  }
+  return true;
+}
+
 void CompressorState::Append(int64_t position, const float* kv, const float* gate) {
   NCHECK(position == next_position_) << "compressor positions must be consecutive";
   ++next_position_;

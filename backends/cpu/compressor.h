@@ -64,7 +64,14 @@ class CompressorState {
   void EndUndo();
   void RewindTo(int64_t position);
   int64_t next_position() const { return next_position_; }
+  int64_t rate() const { return p_.rate; }
   const ChunkedRows& entries() const { return entries_; }
+  // Host export (ModelBackend::ExportSequence): the per-sequence part (next position, pending slots, overlap
+  // halves) appended to `out`; LoadFixed reads it back from [*p, end), advancing *p (false when the bytes are
+  // short or do not fit these params). Entries travel by rows: entries() out, AppendEntry() in.
+  void SaveFixed(std::vector<uint8_t>* out) const;
+  bool LoadFixed(const uint8_t** p, const uint8_t* end);
+  float* AppendEntry() { return entries_.Append(); }
   int64_t fixed_bytes() const;
 
  private:

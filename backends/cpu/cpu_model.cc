@@ -225,6 +225,9 @@ CpuModel::CpuModel(ModelConfig cfg, std::unique_ptr<ModelW> w, std::unique_ptr<D
     : cfg_(std::move(cfg)), w_(std::move(w)), dspark_(std::move(dspark)), mtp_(std::move(mtp)), pool_(pool) {
   inv_freq_main_ = RopeInvFreq(cfg_.rope_main, cfg_.rope_dim);
   inv_freq_compress_ = RopeInvFreq(cfg_.rope_compress, cfg_.rope_dim);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    if (cfg_.CompressRate(l) > 0) export_align_ = std::lcm(export_align_, cfg_.CompressRate(l));
+  }
 }
 
 CpuModel::~CpuModel() = default;
@@ -389,6 +392,168 @@ StatusOr<SequenceId> CpuModel::ForkSequence(SequenceId parent) {
   st->mtp_ring = from.mtp_ring;
   st->mtp_x = from.mtp_x;
   st->mtp_x_from = from.mtp_x_from;
+  const SequenceId id = next_id_++;
+  seqs_[id] = std::move(st);
+  return id;
+}
+
+namespace {
+
+// Host export helpers: raw bytes appended to a buffer / read from one with a bounds check.
+void Put(std::vector<uint8_t>* out, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  out->insert(out->end(), b, b + n);
+}
+void PutI64(std::vector<uint8_t>* out, int64_t v) { Put(out, &v, sizeof(v)); }
+void PutFloats(std::vector<uint8_t>* out, const std::vector<float>& v) {
+  PutI64(out, static_cast<int64_t>(v.size()));
+  Put(out, v.data(), v.size() * sizeof(float));
+}
+
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+  bool ok = true;
+  void Take(void* to, size_t n) {
+    if (!ok || static_cast<size_t>(end - p) < n) {
+      ok = false;
+      return;
+    }
+    std::memcpy(to, p, n);
+    p += n;
+  }
+  int64_t I64() {
+    int64_t v = 0;
+    Take(&v, sizeof(v));
+    return v;
+  }
+  // A float vector of exactly `want` elements (or any size when want < 0, up to what is left).
+  void Floats(std::vector<float>* v, int64_t want) {
+    const int64_t n = I64();
+    if (!ok || n < 0 || (want >= 0 && n != want) || n > (end - p) / static_cast<int64_t>(sizeof(float))) {
+      ok = false;
+      return;
+    }
+    v->resize(static_cast<size_t>(n));
+    Take(v->data(), v->size() * sizeof(float));
+  }
+};
+
+// Wraps a filled buffer as HostBytes without copying it.
+HostBytes Own(std::vector<uint8_t> v) {
+  auto owner = std::make_shared<std::vector<uint8_t>>(std::move(v));
+  HostBytes b;
+  b.size = static_cast<int64_t>(owner->size());
+  b.data = std::shared_ptr<uint8_t[]>(owner, owner->data());
+  return b;
+}
+
+constexpr int64_t kHostStateMagic = 0x4e4d4f4543505531;  // "NMOECPU1"
+
+}  // namespace
+
+StatusOr<HostState> CpuModel::ExportSequence(SequenceId seq, int64_t page_tokens, int64_t first_page) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  const SeqState& st = *it->second;
+  if (st.undo_from >= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, ": cannot export right after a speculative step"));
+  }
+  if (page_tokens <= 0 || page_tokens % export_align_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ExportSequence: page_tokens ", page_tokens,
+                                                   " is not a positive multiple of ", export_align_));
+  }
+  std::vector<const CompressorState*> comps;
+  for (const auto& L : st.layers) {
+    for (const CompressorState* c : {L.comp.get(), L.index_comp.get()}) {
+      if (c != nullptr) comps.push_back(c);
+    }
+  }
+  HostState hs;
+  hs.position = st.position;
+  hs.page_tokens = page_tokens;
+  const int64_t whole = st.position / page_tokens;
+  hs.pages.resize(static_cast<size_t>(whole));
+  auto put_rows = [](std::vector<uint8_t>* out, const CompressorState& c, int64_t from, int64_t to) {
+    for (int64_t r = from; r < to; ++r) {
+      Put(out, c.entries().Row(r), static_cast<size_t>(c.entries().width()) * sizeof(float));
+    }
+  };
+  for (int64_t k = std::max<int64_t>(first_page, 0); k < whole; ++k) {
+    std::vector<uint8_t> page;
+    for (const CompressorState* c : comps) put_rows(&page, *c, k * page_tokens / c->rate(), (k + 1) * page_tokens / c->rate());
+    hs.pages[static_cast<size_t>(k)] = Own(std::move(page));
+  }
+  std::vector<uint8_t> rest;
+  PutI64(&rest, kHostStateMagic);
+  PutI64(&rest, st.position);
+  PutI64(&rest, static_cast<int64_t>(st.layers.size()));
+  for (const auto& L : st.layers) PutFloats(&rest, L.ring);
+  for (const CompressorState* c : comps) {
+    c->SaveFixed(&rest);
+    const int64_t from = whole * page_tokens / c->rate();
+    PutI64(&rest, c->entries().rows() - from);
+    put_rows(&rest, *c, from, c->entries().rows());
+  }
+  PutI64(&rest, static_cast<int64_t>(st.drafter_rings.size()));
+  for (const auto& r : st.drafter_rings) PutFloats(&rest, r);
+  PutFloats(&rest, st.mtp_ring);
+  PutFloats(&rest, st.mtp_x);
+  PutI64(&rest, st.mtp_x_from);
+  hs.rest = Own(std::move(rest));
+  return hs;
+}
+
+StatusOr<SequenceId> CpuModel::ImportSequence(const HostState& hs) {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("ImportSequence: ", what));
+  };
+  if (hs.page_tokens <= 0 || hs.page_tokens % export_align_ != 0) {
+    return bad(absl::StrCat("page_tokens ", hs.page_tokens, " is not a positive multiple of ", export_align_));
+  }
+  if (hs.position < 0 || static_cast<int64_t>(hs.pages.size()) != hs.position / hs.page_tokens) {
+    return bad(absl::StrCat(hs.pages.size(), " pages do not fit position ", hs.position));
+  }
+  std::unique_ptr<SeqState> st = NewState();
+  st->position = hs.position;
+  std::vector<CompressorState*> comps;
+  for (auto& L : st->layers) {
+    for (CompressorState* c : {L.comp.get(), L.index_comp.get()}) {
+      if (c != nullptr) comps.push_back(c);
+    }
+  }
+  auto take_rows = [](Reader* in, CompressorState* c, int64_t n) {
+    const size_t w = static_cast<size_t>(c->entries().width()) * sizeof(float);
+    for (int64_t r = 0; r < n && in->ok; ++r) in->Take(c->AppendEntry(), w);
+  };
+  for (size_t k = 0; k < hs.pages.size(); ++k) {
+    const HostBytes& page = hs.pages[k];
+    if (page.get() == nullptr) return bad(absl::StrCat("page ", k, " is missing"));
+    Reader in{page.get(), page.get() + page.size};
+    for (CompressorState* c : comps) take_rows(&in, c, hs.page_tokens / c->rate());
+    if (!in.ok || in.p != in.end) return bad(absl::StrCat("page ", k, " does not fit this model's layout"));
+  }
+  if (hs.rest.get() == nullptr) return bad("the rest of the state is missing");
+  Reader in{hs.rest.get(), hs.rest.get() + hs.rest.size};
+  if (in.I64() != kHostStateMagic || in.I64() != hs.position ||
+      in.I64() != static_cast<int64_t>(st->layers.size())) {
+    return bad("the state was not exported by this backend for this model");
+  }
+  for (auto& L : st->layers) in.Floats(&L.ring, static_cast<int64_t>(L.ring.size()));
+  const int64_t whole = hs.position / hs.page_tokens;
+  for (CompressorState* c : comps) {
+    if (!in.ok || !c->LoadFixed(&in.p, in.end) || c->next_position() != hs.position) return bad("compressor state");
+    const int64_t tail = in.I64();
+    if (!in.ok || tail != hs.position / c->rate() - whole * hs.page_tokens / c->rate()) return bad("compressed entries");
+    take_rows(&in, c, tail);
+  }
+  if (in.I64() != static_cast<int64_t>(st->drafter_rings.size())) return bad("drafter rings");
+  for (auto& r : st->drafter_rings) in.Floats(&r, static_cast<int64_t>(r.size()));
+  in.Floats(&st->mtp_ring, static_cast<int64_t>(st->mtp_ring.size()));
+  in.Floats(&st->mtp_x, -1);
+  st->mtp_x_from = in.I64();
+  if (!in.ok || in.p != in.end) return bad("the rest of the state does not fit this model's layout");
   const SequenceId id = next_id_++;
   seqs_[id] = std::move(st);
   return id;

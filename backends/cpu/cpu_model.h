@@ -123,6 +123,11 @@ class CpuModel final : public ModelBackend {
   Status Settle(SequenceId seq) override;
   // A deep copy of the parent's state (rings, compressor buffers and entries, drafter rings).
   StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
+  // A compact host copy: pages hold each compressor's entries (main, then indexer, layer by layer) of the
+  // page's positions; the rest holds the rings, the compressors' pending state and entries past the last
+  // whole page, and the drafter's state. export_align is the lcm of the layers' compress rates.
+  StatusOr<HostState> ExportSequence(SequenceId seq, int64_t page_tokens, int64_t first_page) override;
+  StatusOr<SequenceId> ImportSequence(const HostState& state) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   // Verifies any speculative step; drafts per item are bounded only by kMaxDraftsPerItem (model/step.h).
   Capabilities capabilities() const override {
@@ -132,7 +137,8 @@ class CpuModel final : public ModelBackend {
                                                       : SpecMethod::kNone,
                         .max_spec_tokens = 0,
                         .interleaved_steps = true,
-                        .fork = true};
+                        .fork = true,
+                        .export_align = export_align_};
   }
   // DSpark: a block of `depth` drafts from one pass. MTP: `depth` sequential passes of the MTP block, each
   // on the previous pass's output streams and drafted token; the block's draft-time KV entries are
@@ -186,6 +192,7 @@ class CpuModel final : public ModelBackend {
   std::unique_ptr<MtpW> mtp_;
   ThreadPool* pool_;
   std::vector<float> inv_freq_main_, inv_freq_compress_;
+  int64_t export_align_ = 1;  // lcm of the compress rates (Capabilities::export_align)
   std::map<SequenceId, std::unique_ptr<SeqState>> seqs_;
   SequenceId next_id_ = 1;
   HiddenHook hidden_hook_;

@@ -820,6 +820,164 @@ StatusOr<SequenceId> CudaModel::ForkSequence(SequenceId parent) {
   return id;
 }
 
+namespace {
+
+// `n` bytes of pinned host memory (portable: every rank's device copies from it at full speed).
+StatusOr<HostBytes> PinnedHostBytes(int64_t n) {
+  void* p = nullptr;
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, static_cast<size_t>(std::max<int64_t>(n, 1)), cudaHostAllocPortable));
+  HostBytes b;
+  b.data = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(p), [](uint8_t* q) { (void)cudaFreeHost(q); });
+  b.size = n;
+  return b;
+}
+
+constexpr int64_t kHostStateMagic = 0x4e4d4f4543554431;  // "NMOECUD1"
+constexpr int64_t kHostHeaderWords = 6;  // magic, position, ranks, slot bytes, page bytes, tail pages
+
+}  // namespace
+
+StatusOr<HostState> CudaModel::ExportSequence(SequenceId seq, int64_t page_tokens, int64_t first_page) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  const Seq& s = it->second;
+  if (s.spec || s.replay) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, ": cannot export right after a speculative step"));
+  }
+  if (page_tokens <= 0 || page_tokens % page_tokens_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ExportSequence: page_tokens ", page_tokens,
+                                                   " is not a positive multiple of ", page_tokens_));
+  }
+  const int64_t m = page_tokens / page_tokens_, whole = s.position / page_tokens;
+  const int64_t used = PagesFor(s.position), tail = used - whole * m;
+  if (tail < 0 || used > static_cast<int64_t>(s.pages.size())) {
+    return absl::InternalError(absl::StrCat("sequence ", seq, ": ", s.pages.size(), " pages for position ", s.position));
+  }
+  const int64_t tp = static_cast<int64_t>(ranks_.size());
+  const int64_t page_bytes = page_elems_ * (bf16_cache_ ? 2 : 4);
+  HostState hs;
+  hs.position = s.position;
+  hs.page_tokens = page_tokens;
+  hs.pages.resize(static_cast<size_t>(whole));
+  for (int64_t k = std::max<int64_t>(first_page, 0); k < whole; ++k) {
+    ASSIGN_OR_RETURN(hs.pages[static_cast<size_t>(k)], PinnedHostBytes(tp * m * page_bytes));
+  }
+  const int64_t header = kHostHeaderWords * static_cast<int64_t>(sizeof(int64_t));
+  ASSIGN_OR_RETURN(hs.rest, PinnedHostBytes(header + tp * (slot_bytes_ + tail * page_bytes)));
+  int64_t* head = reinterpret_cast<int64_t*>(hs.rest.data.get());
+  const int64_t words[kHostHeaderWords] = {kHostStateMagic, s.position, tp, slot_bytes_, page_bytes, tail};
+  std::copy(words, words + kHostHeaderWords, head);
+  for (int64_t ri = 0; ri < tp; ++ri) {
+    Rank& r = *ranks_[static_cast<size_t>(ri)];
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    auto d2h = [&](uint8_t* to, int64_t page) {
+      return cudaMemcpyAsync(to, r.pages.as<char>() + page * page_bytes, static_cast<size_t>(page_bytes),
+                             cudaMemcpyDeviceToHost, r.stream);
+    };
+    for (int64_t k = std::max<int64_t>(first_page, 0); k < whole; ++k) {
+      uint8_t* to = hs.pages[static_cast<size_t>(k)].data.get() + ri * m * page_bytes;
+      for (int64_t j = 0; j < m; ++j) {
+        NUMOE_CUDA_RETURN_IF_ERROR(d2h(to + j * page_bytes, s.pages[static_cast<size_t>(k * m + j)]));
+      }
+    }
+    uint8_t* rest = hs.rest.data.get() + header + ri * (slot_bytes_ + tail * page_bytes);
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rest, r.fixed.as<char>() + s.slot * slot_bytes_,
+                                               static_cast<size_t>(slot_bytes_), cudaMemcpyDeviceToHost, r.stream));
+    for (int64_t j = 0; j < tail; ++j) {
+      NUMOE_CUDA_RETURN_IF_ERROR(d2h(rest + slot_bytes_ + j * page_bytes, s.pages[static_cast<size_t>(whole * m + j)]));
+    }
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+  }
+  return hs;
+}
+
+StatusOr<SequenceId> CudaModel::ImportSequence(const HostState& hs) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("ImportSequence: ", what)); };
+  if (hs.page_tokens <= 0 || hs.page_tokens % page_tokens_ != 0) {
+    return bad(absl::StrCat("page_tokens ", hs.page_tokens, " is not a positive multiple of ", page_tokens_));
+  }
+  if (hs.position < 0 || hs.position > max_context_ ||
+      static_cast<int64_t>(hs.pages.size()) != hs.position / hs.page_tokens) {
+    return bad(absl::StrCat(hs.pages.size(), " pages do not fit position ", hs.position));
+  }
+  const int64_t m = hs.page_tokens / page_tokens_, whole = hs.position / hs.page_tokens;
+  const int64_t used = PagesFor(hs.position), tail = used - whole * m;
+  const int64_t tp = static_cast<int64_t>(ranks_.size());
+  const int64_t page_bytes = page_elems_ * (bf16_cache_ ? 2 : 4);
+  const int64_t header = kHostHeaderWords * static_cast<int64_t>(sizeof(int64_t));
+  if (tail < 0 || hs.rest.get() == nullptr || hs.rest.size != header + tp * (slot_bytes_ + tail * page_bytes)) {
+    return bad("the rest of the state does not fit this model's layout");
+  }
+  const int64_t* head = reinterpret_cast<const int64_t*>(hs.rest.get());
+  const int64_t want[kHostHeaderWords] = {kHostStateMagic, hs.position, tp, slot_bytes_, page_bytes, tail};
+  if (!std::equal(want, want + kHostHeaderWords, head)) {
+    return bad("the state was not exported by this backend with these options");
+  }
+  for (size_t k = 0; k < hs.pages.size(); ++k) {
+    if (hs.pages[k].get() == nullptr || hs.pages[k].size != tp * m * page_bytes) {
+      return bad(absl::StrCat("page ", k, " is missing or does not fit this model's layout"));
+    }
+  }
+  if (free_slots_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("all ", opt_.max_sequences,
+                                                     " sequence slots are in use (CudaOptions::max_sequences)"));
+  }
+  if (used > static_cast<int64_t>(free_pages_.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat("device KV cache full: importing a sequence needs ", used,
+                                                     " pages but ", free_pages_.size(),
+                                                     " are free (CudaOptions::cache_mb)"));
+  }
+  Seq s;
+  s.slot = free_slots_.back();
+  free_slots_.pop_back();
+  s.position = hs.position;
+  int32_t* table = table_h_.as<int32_t>();
+  for (int64_t i = 0; i < used; ++i) {
+    s.pages.push_back(free_pages_.back());
+    free_pages_.pop_back();
+    table[s.slot * max_pages_ + i] = s.pages.back();
+  }
+  const SequenceId id = next_id_++;
+  seqs_[id] = s;
+  auto copy = [&]() -> Status {
+    for (int64_t ri = 0; ri < tp; ++ri) {
+      Rank& r = *ranks_[static_cast<size_t>(ri)];
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+      auto h2d = [&](int64_t page, const uint8_t* from) {
+        return cudaMemcpyAsync(r.pages.as<char>() + page * page_bytes, from, static_cast<size_t>(page_bytes),
+                               cudaMemcpyHostToDevice, r.stream);
+      };
+      for (int64_t k = 0; k < whole; ++k) {
+        const uint8_t* from = hs.pages[static_cast<size_t>(k)].get() + ri * m * page_bytes;
+        for (int64_t j = 0; j < m; ++j) {
+          NUMOE_CUDA_RETURN_IF_ERROR(h2d(s.pages[static_cast<size_t>(k * m + j)], from + j * page_bytes));
+        }
+      }
+      const uint8_t* rest = hs.rest.get() + header + ri * (slot_bytes_ + tail * page_bytes);
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.fixed.as<char>() + s.slot * slot_bytes_, rest,
+                                                 static_cast<size_t>(slot_bytes_), cudaMemcpyHostToDevice, r.stream));
+      for (int64_t j = 0; j < tail; ++j) {
+        NUMOE_CUDA_RETURN_IF_ERROR(h2d(s.pages[static_cast<size_t>(whole * m + j)], rest + slot_bytes_ + j * page_bytes));
+      }
+      if (!s.pages.empty()) {
+        NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.table.as<int32_t>() + s.slot * max_pages_,
+                                                   table + s.slot * max_pages_,
+                                                   static_cast<size_t>(max_pages_) * sizeof(int32_t),
+                                                   cudaMemcpyHostToDevice, r.stream));
+      }
+      // Done before the sequence's first step, whichever lane (stream) runs it.
+      NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+    }
+    return absl::OkStatus();
+  };
+  if (Status st = copy(); !st.ok()) {
+    (void)ReleaseSequence(id);  // the slot and pages go back
+    return st;
+  }
+  return id;
+}
+
 Status CudaModel::ReleaseSequence(SequenceId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));

@@ -164,6 +164,11 @@ class CudaModel final : public CudaBackend {
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
   // A new slot and pages holding copies of the parent's (device-to-device, on every rank).
   StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
+  // To pinned host memory (cudaHostAlloc) and back, on every rank: a host page of m·page_tokens_ positions
+  // is the m device pages of those positions (rank by rank); the rest is the slot's fixed state and the
+  // device pages past the last whole host page (rank by rank). export_align is page_tokens_.
+  StatusOr<HostState> ExportSequence(SequenceId seq, int64_t page_tokens, int64_t first_page) override;
+  StatusOr<SequenceId> ImportSequence(const HostState& state) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   // Speculative steps need CudaOptions::max_spec_tokens > 0 (the snapshot and log are sized by it).
   // Lanes (CudaOptions::lanes; tp == 1, no drafter): steps of callers on different lanes interleave at
@@ -175,7 +180,8 @@ class CudaModel final : public CudaBackend {
                         .max_spec_tokens = spec_tokens_,
                         .interleaved_steps = lanes,
                         .lanes = lanes ? static_cast<int64_t>(lanes_.size()) : 0,
-                        .fork = true};
+                        .fork = true,
+                        .export_align = page_tokens_};
   }
   Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts,
                std::vector<DraftResult>* out) override;

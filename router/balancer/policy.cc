@@ -19,8 +19,7 @@ uint64_t StableHash(std::string_view s) {
 uint64_t PrefixHash(std::span<const int32_t> prompt_ids, int n) {
   if (n <= 0 || prompt_ids.empty()) return 0;
   size_t count = std::min(prompt_ids.size(), static_cast<size_t>(n));
-  uint64_t h = 0x51ed270b27c9e3a5ULL;
-  for (size_t i = 0; i < count; ++i) h = SplitMix64(h ^ static_cast<uint32_t>(prompt_ids[i]));
+  const uint64_t h = HashTokens(0x51ed270b27c9e3a5ULL, prompt_ids.first(count));
   return h == 0 ? 1 : h;
 }
 

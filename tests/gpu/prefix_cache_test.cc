@@ -1,9 +1,12 @@
 // The prefix cache (model/prefix_cache.h, model/prefix_step.h) on the CUDA backend: a prompt served from a
 // checkpoint (restored by ForkSequence) gives the same greedy tokens as with the cache off and logits within
 // the fixtures' tolerance (tests/data/README.md "matches"), whole and chunked, for the next turn of a
-// conversation and for a prompt diverging between interval checkpoints. Skips without a CUDA device.
+// conversation and for a prompt diverging between interval checkpoints; the host tier (ExportSequence to
+// pinned memory, ImportSequence back: the bytes survive the round trip exactly, and a prompt restored from
+// there matches cold). Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -99,6 +102,60 @@ TEST(CudaPrefixCache, WarmMatchesColdWithinTolerance) {
     EXPECT_EQ(warm2.cached, 64);
     EXPECT_EQ(warm2.tokens, cold2.tokens);
     EXPECT_LE(test::MaxAbsDiff(warm2.logits, cold2.logits), tol);
+  }
+}
+
+// The host tier: a first tier too small for any checkpoint, so each goes to pinned host memory and every hit
+// imports it; the prompt spans more than one host page (the backend's page_tokens: 512 positions on tiny-v4).
+TEST(CudaPrefixCache, HostTierMatchesCold) {
+  if (!CudaCompiledIn() || CudaDeviceCount() < 1) GTEST_SKIP() << "needs a GPU";
+  auto ck = Checkpoint::Open(test::TinyDir());
+  ASSERT_OK(ck);
+  auto experts = cpu::ReferenceExperts::Load(**ck, false);
+  ASSERT_OK(experts);
+  auto mm = CreateCudaBackend(**ck, CudaOptions{});
+  ASSERT_OK(mm);
+  ModelBackend& m = **mm;
+  const int64_t align = m.capabilities().export_align;
+  ASSERT_GT(align, 0);
+  ExpertBackend& ex = **experts;
+  const float tol = 5e-2f;  // tests/data/README.md "matches" (bf16 path)
+  auto goldens = test::Goldens::Load(test::TinyDir());
+  ASSERT_OK(goldens);
+  std::vector<int32_t> prompt;
+  while (prompt.size() < static_cast<size_t>(align + 90)) {
+    for (const auto& g : *goldens) prompt.insert(prompt.end(), g.input_ids.begin(), g.input_ids.end());
+  }
+  prompt.resize(static_cast<size_t>(align + 90));
+  // The round trip: export, import, export again gives the same bytes.
+  {
+    ASSERT_OK_AND_ASSIGN(SequenceId a, m.CreateSequence());
+    std::vector<SequenceLogits> out;
+    const SequenceStep step{.seq = a, .tokens = prompt};
+    ASSERT_OK(m.Forward({&step, 1}, &ex, &out));
+    ASSERT_OK_AND_ASSIGN(HostState hs, m.ExportSequence(a, align, 0));
+    ASSERT_EQ(hs.pages.size(), 1u);
+    ASSERT_OK_AND_ASSIGN(SequenceId b, m.ImportSequence(hs));
+    ASSERT_OK_AND_ASSIGN(HostState again, m.ExportSequence(b, align, 0));
+    ASSERT_EQ(again.pages.size(), 1u);
+    ASSERT_EQ(again.pages[0].size, hs.pages[0].size);
+    EXPECT_EQ(std::memcmp(again.pages[0].get(), hs.pages[0].get(), static_cast<size_t>(hs.pages[0].size)), 0);
+    ASSERT_EQ(again.rest.size, hs.rest.size);
+    EXPECT_EQ(std::memcmp(again.rest.get(), hs.rest.get(), static_cast<size_t>(hs.rest.size)), 0);
+    ASSERT_OK(m.ReleaseSequence(a));
+    ASSERT_OK(m.ReleaseSequence(b));
+  }
+  for (int64_t chunk : {0, 7}) {
+    PrefixCache cache(&m, {.budget_bytes = 1, .checkpoint_tokens = 64, .host_budget_bytes = int64_t{1} << 30});
+    const Outcome cold = Generate(m, ex, nullptr, prompt, 0, 6);
+    const Outcome first = Generate(m, ex, &cache, prompt, chunk, 6);
+    const Outcome again = Generate(m, ex, &cache, prompt, chunk, 6);
+    EXPECT_EQ(again.cached, static_cast<int64_t>(prompt.size()) - 1);
+    EXPECT_GT(cache.stats().host_hits, 0u);
+    EXPECT_EQ(cache.stats().entries, 0);
+    EXPECT_EQ(first.tokens, cold.tokens);
+    EXPECT_EQ(again.tokens, cold.tokens);
+    EXPECT_LE(test::MaxAbsDiff(again.logits, cold.logits), tol);
   }
 }
 

@@ -120,6 +120,7 @@ TEST(GpuFlags, RoundTripsEveryField) {
   c.spec = SpecChoice::kDspark;
   c.no_prefix_cache = true;
   c.prefix_cache_gb = 1.5;
+  c.prefix_cache_host_gb = 0.25;
   c.prefix_checkpoint_tokens = 512;
   ExpectRoundTrip(c, gpu::GpuArgv(c), gpu::AddGpuFlags);
 }

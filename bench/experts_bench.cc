@@ -100,12 +100,12 @@ int RunExpertsBench(int argc, char** argv) {
   ArgParser parser(argv[0],
                    "Routed-expert kernel GB/s against the machine's streaming-read GB/s (same threads, same run).");
   std::string preset_name = "v4-flash", isa_name, precision_name = "high";
-  int64_t tokens = 1, threads = 0, layers = 0, runs = 5, seed = 1, amx_min_rows = -1;
+  int64_t tokens = 1, threads = 0, layers = 0, runs = 5, seed = 1, amx_min_rows = -1, prefill_min_rows = -1;
   int64_t prefetch = -1, gate_up_chunk = 0, down_chunk = 0, huge_pages = 1, read_trials = 3, spin_us = -1, vbmi = 1,
           page_lines = -1;
   double seconds = 1.0, max_ratio = 1.05;
   bool json = false, peak = false, in_cache = false, compare_vbmi = false;
-  std::vector<int> compare_prefetch, compare_streams, compare_page_lines;
+  std::vector<int> compare_prefetch, compare_streams, compare_page_lines, compare_prefill_min_rows;
   parser.AddString("preset", "NAME", "expert shapes: v4-flash (4096x2048, 256 experts, top-6) or small", &preset_name);
   parser.AddInt("tokens", "T", "tokens per step (each routed to top-k random experts per layer)", &tokens, 1, 1 << 20);
   parser.AddInt("threads", "N", "kernel threads, pinned to the first N CPUs of NUMA node 0 (default: all)", &threads,
@@ -119,6 +119,9 @@ int RunExpertsBench(int argc, char** argv) {
   parser.AddInt("seed", "N", "routing and data seed", &seed);
   parser.AddInt("amx-min-rows", "N", "with --isa amx: experts with fewer rows use AVX-512 (default: MoeCompute's)",
                 &amx_min_rows, -1, 1 << 20);
+  parser.AddInt("prefill-min-rows", "N",
+                "AVX-512 int8: experts with at least N rows use the prefill path, 0 = never (default: MoeCompute's)",
+                &prefill_min_rows, -1, 1 << 20);
   parser.AddInt("prefetch", "BYTES", "int8 kernels' software prefetch distance, 0 = none (default: MoeCompute's)",
                 &prefetch, -1, 1 << 20);
   parser.AddInt("gate-up-chunk", "N", "tile pairs per gate/up work unit (default: MoeCompute's)", &gate_up_chunk, 0,
@@ -144,6 +147,10 @@ int RunExpertsBench(int argc, char** argv) {
                     "also run the kernel prefetching only the first N lines of each 4 KiB page, for each N listed, "
                     "interleaved the same way",
                     &compare_page_lines);
+  parser.AddIntList("compare-prefill-min-rows", "LIST",
+                    "also run the kernel with the AVX-512 prefill path from these many rows per expert on (0 = "
+                    "never), interleaved the same way",
+                    &compare_prefill_min_rows);
   parser.AddFlag("compare-vbmi", "also run the main setting without the VBMI decode, interleaved the same way",
                  &compare_vbmi);
   parser.AddInt("spin-us", "US", "how long idle pool threads poll for the next job (default: the pool's)", &spin_us,
@@ -181,6 +188,7 @@ int RunExpertsBench(int argc, char** argv) {
   }
   MoeComputeOptions moe_options;
   if (amx_min_rows >= 0) moe_options.amx_min_rows = amx_min_rows;
+  if (prefill_min_rows >= 0) moe_options.int8_prefill_min_rows = prefill_min_rows;
   if (prefetch >= 0) moe_options.prefetch_bytes = prefetch;
   if (gate_up_chunk > 0) moe_options.gate_up_chunk = gate_up_chunk;
   if (down_chunk > 0) moe_options.down_chunk = down_chunk;
@@ -328,6 +336,11 @@ int RunExpertsBench(int argc, char** argv) {
     MoeComputeOptions o = moe_options;
     o.prefetch_page_lines = n;
     variants.push_back({absl::StrCat("page lines ", n), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  for (int n : compare_prefill_min_rows) {
+    MoeComputeOptions o = moe_options;
+    o.int8_prefill_min_rows = n;
+    variants.push_back({absl::StrCat("prefill from ", n, " rows"), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
   }
   if (compare_vbmi) {
     MoeComputeOptions o = moe_options;

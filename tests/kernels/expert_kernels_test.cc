@@ -392,6 +392,76 @@ TEST_P(ExpertKernelTest, Int8StreamsAndDecodeSameBits) {
   }
 }
 
+// The AVX-512 prefill path (weight tiles decoded once per call, 4 rows x 2-3 tiles per microkernel) must
+// give the streaming int8 kernel's result bit for bit, for row counts around its row block and the
+// dispatch threshold (1, 15, 16, 17, 64, 511, 512, 513, 2048 and odd tails) and every tile count 1..7
+// (all remainders of its tile run), on a shape with a partial last tile and K of 2 super-blocks.
+TEST_P(ExpertKernelTest, Int8PrefillSameBits) {
+  const IsaCase& c = GetParam();
+  if (c.isa != Isa::kAvx512) GTEST_SKIP() << "AVX-512 int8 kernels only";
+  MoeCompute moe(pool_.get(), c.isa, Options());
+  const experts::KernelOps& stream = moe.Int8Ops();
+  const experts::KernelOps& prefill = c.without_vbmi ? experts::Avx512PrefillKernelOps(c.precision)
+                                                     : experts::Avx512VbmiPrefillKernelOps(c.precision);
+  EXPECT_EQ(&moe.Int8OpsFor(4096), &prefill);
+  EXPECT_EQ(&moe.Int8OpsFor(1), &stream);
+  std::mt19937 rng(22);
+  const int64_t hidden = 200, inter = 104;  // 7 gate tiles (the last partial); K 200 -> 2 super-blocks
+  auto experts = RandomExperts(1, hidden, inter, rng);
+  ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(hidden, inter, Refs(experts), PackIsa(c)));
+  const auto& shape = layer->shape();
+  const int64_t kp = shape.gate_up().padded_cols(), tile_bytes = shape.gate_up().tile_bytes();
+  std::uniform_real_distribution<float> ux(-2.0f, 2.0f);
+  const auto aligned = [](std::vector<uint8_t>& v) {
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
+  };
+  for (int64_t m : {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 64, 511, 512, 513, 2048}) {
+    std::vector<float> x(m * hidden);
+    for (auto& v : x) v = ux(rng) * (ux(rng) > 1.9f ? 8.0f : 1.0f);
+    std::vector<const float*> rows(m);
+    for (int64_t i = 0; i < m; ++i) rows[i] = x.data() + i * hidden;
+    std::vector<uint8_t> acts_s(stream.act_bytes(m, kp) + 64), acts_p(prefill.act_bytes(m, kp) + 64);
+    std::vector<uint8_t> scratch(prefill.scratch_bytes(kp) + 64);
+    stream.prepare_acts(rows.data(), m, hidden, kp, aligned(acts_s));
+    prefill.prepare_acts(rows.data(), m, hidden, kp, aligned(acts_p));
+    for (int64_t tiles = 1; tiles <= 7; ++tiles) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << ", tiles " << tiles);
+      const int64_t ldo = 16 * tiles + 3;
+      Guarded want(m * ldo, std::nanf("")), got(m * ldo, std::nanf(""));
+      experts::TileArgs args;
+      args.tiles = layer->expert_data(0);
+      args.num_tiles = tiles;
+      args.tile_stride = tile_bytes;
+      args.supers = kp / 128;
+      args.acts = aligned(acts_s);
+      args.m = m;
+      args.out = want.data();
+      args.ldo = ldo;
+      args.prefetch_bytes = 4096;
+      stream.tiles(args);
+      args.acts = aligned(acts_p);
+      args.out = got.data();
+      args.scratch = aligned(scratch);
+      prefill.tiles(args);
+      ASSERT_TRUE(got.guards_intact()) << "write outside out[m, ldo]";
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t col = 0; col < ldo; ++col) {
+          const float a = got.data()[i * ldo + col], e = want.data()[i * ldo + col];
+          if (col >= 16 * tiles) {
+            ASSERT_TRUE(std::isnan(a)) << "row " << i << " column " << col << " written past the tiles";
+            continue;
+          }
+          ASSERT_EQ(std::memcmp(&a, &e, 4), 0) << "row " << i << " column " << col << ": " << a << " vs " << e;
+        }
+      }
+    }
+  }
+}
+
+// Through MoeCompute: experts of hundreds of rows (the prefill path) and of a few (the streaming kernel)
+// in one step, against the reference with the bound.
+TEST_P(ExpertKernelTest, PrefillSizedExperts) { CheckStep({256, 80, 4, 600, 2}, 23); }
+
 INSTANTIATE_TEST_SUITE_P(Isas, ExpertKernelTest, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<IsaCase>& info) { return info.param.name; });
 

@@ -51,6 +51,10 @@ const KernelOps& Avx2KernelOps(ActivationPrecision precision);
 const KernelOps& Avx512KernelOps(ActivationPrecision precision);
 // The same kernel with the VBMI nibble decode (same results, fewer uops); needs AVX-512 VBMI as well.
 const KernelOps& Avx512VbmiKernelOps(ActivationPrecision precision);
+// The AVX-512 int8 kernels' prefill path (worker/kernels/int8_tiles.h): weight tiles decoded once per call
+// and shared by all rows; the same results bit for bit as the kernels above. Without / with the VBMI decode.
+const KernelOps& Avx512PrefillKernelOps(ActivationPrecision precision);
+const KernelOps& Avx512VbmiPrefillKernelOps(ActivationPrecision precision);
 const KernelOps& AmxKernelOps(ActivationPrecision precision);
 // The AMX kernel with its tile instructions replaced by scalar code (same decode, same data layout);
 // needs only AVX-512 BW/VBMI/BF16. For tests on machines without AMX.

@@ -96,15 +96,23 @@ const KernelOps& MoeCompute::OpsFor(int64_t rows, bool bf16_exact) const {
   switch (isa_) {
     case Isa::kGeneric: return experts::GenericKernelOps();
     case Isa::kAvx2: return experts::Avx2KernelOps(options_.precision);
-    case Isa::kAvx512: return Int8Ops();
+    case Isa::kAvx512: return Int8OpsFor(rows);
     case Isa::kAmx:
       if (rows >= options_.amx_min_rows && bf16_exact) {
         return options_.emulate_amx ? experts::AmxEmulatedKernelOps(options_.precision)
                                     : experts::AmxKernelOps(options_.precision);
       }
-      return Int8Ops();
+      return Int8OpsFor(rows);
   }
   return experts::GenericKernelOps();
+}
+
+const KernelOps& MoeCompute::Int8OpsFor(int64_t rows) const {
+  if (options_.int8_prefill_min_rows > 0 && rows >= options_.int8_prefill_min_rows) {
+    return vbmi_ ? experts::Avx512VbmiPrefillKernelOps(options_.precision)
+                 : experts::Avx512PrefillKernelOps(options_.precision);
+  }
+  return Int8Ops();
 }
 
 const KernelOps& MoeCompute::Int8Ops() const {

@@ -51,6 +51,15 @@ struct MoeComputeOptions {
   // thread, weights in cache, GFLOP/s AVX-512 vs AMX): 4 rows 192 vs 114, 16 rows 199 vs 394,
   // 64 rows 213 vs 417.
   int64_t amx_min_rows = 16;
+  // Experts with at least this many routed rows run the AVX-512 int8 kernel's prefill path (weight tiles
+  // decoded once per call into a cache-resident buffer, register-blocked over 4 rows x 2-3 tiles; same
+  // results bit for bit), fewer rows the streaming kernel. 0 = never. Measured with numoe-bench experts
+  // --compare-prefill-min-rows on the 2-vCPU Emerald Rapids VM (V4-Flash experts, 2 threads, 3 runs
+  // interleaved, median ratios to the read yardstick): T=128 (~3 rows per expert) streaming 0.489, prefill
+  // from 4 rows 0.444, from 1 row 0.381: with few rows the decoded buffer's store and reload cost more than
+  // the decode it saves, and the streaming kernel overlaps DRAM better. T=512 (~12 rows): streaming 0.172,
+  // from 1 row 0.197, from 16 rows 0.190, from 8 rows 0.177 (within that run's noise of each other).
+  int64_t int8_prefill_min_rows = 8;
   // Tests only: run Isa::kAmx with the tile instructions emulated in scalar code (needs AVX-512 BF16 and
   // VBMI, not AMX).
   bool emulate_amx = false;
@@ -126,6 +135,8 @@ class MoeCompute {
   const experts::KernelOps& OpsFor(int64_t rows, bool bf16_exact) const;
   // The AVX-512 int8 kernel: with the VBMI decode where the CPU has it.
   const experts::KernelOps& Int8Ops() const;
+  // The AVX-512 int8 kernel for an expert of `rows` rows: the prefill path from int8_prefill_min_rows on.
+  const experts::KernelOps& Int8OpsFor(int64_t rows) const;
 
  private:
   class Buffer;

@@ -285,5 +285,159 @@ void Int8PrepareActsFor(const float* const* rows, int64_t m, int64_t k, int64_t 
 
 size_t Int8ScratchBytes(int64_t) { return 0; }
 
+// ---- The prefill path: many rows per expert ------------------------------------------------------------
+//
+// The kernel above decodes each chunk's nibbles again for every group of rows and keeps one tile per
+// register set; at prefill sizes (tens to thousands of rows per expert call) that decode and the
+// latency-bound chains dominate. Here a run of kPrefillTiles tiles is decoded ONCE into a cache-resident
+// buffer of looked-up bytes (the same bytes S::Decode yields) and fp32 block scales, and then every group
+// of kPrefillRows rows runs a register-blocked microkernel over it: rows x tiles int32 block accumulators
+// (per level), vpdpbusd with the activation broadcast from memory. Per 32-column block and per row and
+// tile the same integer sums, and the same fp32 operations in the same order, as TilePassGroup: the result
+// is the same bit for bit (tests/kernels asserts it), so the error bound above holds unchanged.
+// Activations use the layout above with groups of kPrefillRows rows.
+inline constexpr int kPrefillRows = 4;
+// Tiles per microkernel: the registers hold rows x tiles x (kLevels + 1) accumulators plus one weight
+// vector per tile (32 zmm): 4 x 2 x 3 + 2 = 26 for two levels, 4 x 3 x 2 + 3 = 27 for one.
+template <int kLevels>
+constexpr int PrefillTiles() {
+  return kLevels == 2 ? 2 : 3;
+}
+
+// One decoded tile: weights [Kp/32 blocks][8 vectors: chunks 0-3 low nibbles, then 0-3 high][64 bytes],
+// then the scales [Kp/32][16] as floats.
+constexpr int64_t DecodedTileBytes(int64_t kp) { return kp * kTileRows + (kp / kBlockCols) * 64; }
+
+template <int kLevels>
+size_t Int8PrefillScratchBytes(int64_t kp) {
+  return static_cast<size_t>(PrefillTiles<kLevels>() * DecodedTileBytes(kp));
+}
+
+template <class S>
+inline void DecodeTile(const uint8_t* tile, int64_t supers, uint8_t* dst) {
+  static_assert(S::kLanes == kTileRows, "the prefill path needs one register per 16-row tile");
+  using VI = typename S::VI;
+  const VI lut = S::WeightLut();
+  float* scales = reinterpret_cast<float*>(dst + supers * kSuperCols * kTileRows);
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* p = tile + s * kSuperBytes;
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      uint8_t* d = dst + (4 * s + b) * 512;
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        VI lo, hi;
+        S::Decode(lut, S::LoadChunk(p + 256 * b + 64 * g), lo, hi);
+        S::StoreChunk(d + 64 * g, lo);
+        S::StoreChunk(d + 256 + 64 * g, hi);
+      }
+      S::StoreF(scales + (4 * s + b) * 16, S::Scales(p + kSuperNibbleBytes + 16 * b));
+    }
+  }
+}
+
+// R rows (one activation group) x NT decoded tiles over the whole K. While it runs, the first row group
+// prefetches the next run's packed tiles into L2, `pf_per_block` lines per block from `pf` up to `pf_end`.
+template <class S, int R, int NT, int kLevels>
+inline void PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_t blocks, const GroupActs<kLevels>& ga,
+                         float* out, int64_t ldo, const uint8_t* pf, int64_t pf_per_block, const uint8_t* pf_end) {
+  using VI = typename S::VI;
+  using VF = typename S::VF;
+  VF acc[R][NT];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) acc[r][t] = S::ZeroF();
+  }
+  const float* scales = reinterpret_cast<const float*>(dec + blocks * 512);
+  const int64_t scale_stride = dec_bytes / 4;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    for (int64_t j = 0; j < pf_per_block && pf < pf_end; ++j, pf += 64) PrefetchL2(pf);
+    VI bq[R][NT], bl[R][kLevels == 2 ? NT : 1];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        bq[r][t] = S::SetI(kLevels == 2 ? 0 : ga.corr[kb * R + r]);
+        if constexpr (kLevels == 2) bl[r][t] = S::SetI(ga.corr[kb * R + r]);
+      }
+    }
+    const uint8_t* w = dec + kb * 512;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      VI v[NT];
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) v[t] = S::LoadChunk(w + t * dec_bytes + 64 * j);
+      const int64_t qi = (8 * kb + j) * R;
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+          bq[r][t] = S::Dot(bq[r][t], v[t], ga.q[qi + r]);
+          if constexpr (kLevels == 2) bl[r][t] = S::Dot(bl[r][t], v[t], ga.l[qi + r]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const VF sv = S::LoadF(scales + t * scale_stride + kb * 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        VI total = bq[r][t];
+        if constexpr (kLevels == 2) total = S::ShiftAdd8(bq[r][t], bl[r][t]);
+        acc[r][t] = S::ScaleAdd(total, S::Mul(sv, S::SetF(ga.xs[kb * R + r])), acc[r][t]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) S::StoreF(out + r * ldo + 16 * t, acc[r][t]);
+  }
+}
+
+template <class S, int R, int NT, int kLevels>
+inline void PrefillDispatch(int gs, int nt, const uint8_t* dec, int64_t dec_bytes, int64_t blocks,
+                            const GroupActs<kLevels>& ga, float* out, int64_t ldo, const uint8_t* pf,
+                            int64_t pf_per_block, const uint8_t* pf_end) {
+  if constexpr (R >= 1 && NT >= 1) {
+    if (gs < R) {
+      PrefillDispatch<S, R - 1, NT, kLevels>(gs, nt, dec, dec_bytes, blocks, ga, out, ldo, pf, pf_per_block, pf_end);
+    } else if (nt < NT) {
+      PrefillDispatch<S, R, NT - 1, kLevels>(gs, nt, dec, dec_bytes, blocks, ga, out, ldo, pf, pf_per_block, pf_end);
+    } else {
+      PrefillMicro<S, R, NT, kLevels>(dec, dec_bytes, blocks, ga, out, ldo, pf, pf_per_block, pf_end);
+    }
+  }
+}
+
+template <class S, int kLevels>
+void Int8PrefillTiles(const TileArgs& a) {
+  constexpr int NT = PrefillTiles<kLevels>();
+  const int64_t kp = a.supers * kSuperCols, blocks = kp / kBlockCols, dec_bytes = DecodedTileBytes(kp);
+  const uint8_t* end = a.tiles + a.num_tiles * a.tile_stride;
+  for (int64_t t0 = 0; t0 < a.num_tiles; t0 += NT) {
+    const int nt = static_cast<int>(a.num_tiles - t0 < NT ? a.num_tiles - t0 : NT);
+    for (int i = 0; i < nt; ++i) DecodeTile<S>(a.tiles + (t0 + i) * a.tile_stride, a.supers, a.scratch + i * dec_bytes);
+    // The next run's packed bytes, spread over the first row group's blocks.
+    const uint8_t* pf = a.tiles + (t0 + nt) * a.tile_stride;
+    const uint8_t* pf_end = pf + NT * a.tile_stride < end ? pf + NT * a.tile_stride : end;
+    const int64_t lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
+    const int64_t pf_per_block = a.prefetch_bytes > 0 ? (lines + blocks - 1) / blocks : 0;
+    for (int64_t g0 = 0; g0 < a.m; g0 += kPrefillRows) {
+      const int gs = static_cast<int>(a.m - g0 < kPrefillRows ? a.m - g0 : kPrefillRows);
+      const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), gs, kp);
+      PrefillDispatch<S, kPrefillRows, NT, kLevels>(gs, nt, a.scratch, dec_bytes, blocks, ga,
+                                                    a.out + g0 * a.ldo + 16 * t0, a.ldo, pf,
+                                                    g0 == 0 ? pf_per_block : 0, pf_end);
+    }
+  }
+}
+
+template <int kLevels>
+void Int8PrefillPrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp, uint8_t* acts) {
+  Int8PrepareActs<kPrefillRows, kLevels>(rows, m, k, kp, acts);
+}
+
 }  // namespace
 }  // namespace numoe::experts

@@ -21,6 +21,10 @@ constexpr KernelOps kOpsHigh = {"avx512", Int8ActBytes<2>, Int8PrepareActsFor<Si
                                 Int8Tiles<SimdAvx512, 2>};
 constexpr KernelOps kOpsLow = {"avx512-int8", Int8ActBytes<1>, Int8PrepareActsFor<SimdAvx512, 1>, Int8ScratchBytes,
                                Int8Tiles<SimdAvx512, 1>};
+constexpr KernelOps kPrefillHigh = {"avx512-prefill", Int8ActBytes<2>, Int8PrefillPrepareActs<2>,
+                                    Int8PrefillScratchBytes<2>, Int8PrefillTiles<SimdAvx512, 2>};
+constexpr KernelOps kPrefillLow = {"avx512-prefill-int8", Int8ActBytes<1>, Int8PrefillPrepareActs<1>,
+                                   Int8PrefillScratchBytes<1>, Int8PrefillTiles<SimdAvx512, 1>};
 
 double Now() {
   timespec ts;
@@ -52,6 +56,10 @@ double Avx512VnniPeakFlops(double seconds) {
 
 const KernelOps& Avx512KernelOps(ActivationPrecision precision) {
   return precision == ActivationPrecision::kHigh ? kOpsHigh : kOpsLow;
+}
+
+const KernelOps& Avx512PrefillKernelOps(ActivationPrecision precision) {
+  return precision == ActivationPrecision::kHigh ? kPrefillHigh : kPrefillLow;
 }
 
 }  // namespace numoe::experts

@@ -11,11 +11,19 @@ constexpr KernelOps kOpsHigh = {"avx512-vbmi", Int8ActBytes<2>, Int8PrepareActsF
                                 Int8ScratchBytes, Int8Tiles<SimdAvx512Vbmi, 2>};
 constexpr KernelOps kOpsLow = {"avx512-vbmi-int8", Int8ActBytes<1>, Int8PrepareActsFor<SimdAvx512Vbmi, 1>,
                                Int8ScratchBytes, Int8Tiles<SimdAvx512Vbmi, 1>};
+constexpr KernelOps kPrefillHigh = {"avx512-vbmi-prefill", Int8ActBytes<2>, Int8PrefillPrepareActs<2>,
+                                    Int8PrefillScratchBytes<2>, Int8PrefillTiles<SimdAvx512Vbmi, 2>};
+constexpr KernelOps kPrefillLow = {"avx512-vbmi-prefill-int8", Int8ActBytes<1>, Int8PrefillPrepareActs<1>,
+                                   Int8PrefillScratchBytes<1>, Int8PrefillTiles<SimdAvx512Vbmi, 1>};
 
 }  // namespace
 
 const KernelOps& Avx512VbmiKernelOps(ActivationPrecision precision) {
   return precision == ActivationPrecision::kHigh ? kOpsHigh : kOpsLow;
+}
+
+const KernelOps& Avx512VbmiPrefillKernelOps(ActivationPrecision precision) {
+  return precision == ActivationPrecision::kHigh ? kPrefillHigh : kPrefillLow;
 }
 
 }  // namespace numoe::experts

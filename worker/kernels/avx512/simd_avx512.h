@@ -50,6 +50,9 @@ struct SimdAvx512 {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum), scale, acc);
   }
   static void StoreF(float* p, VF v) { _mm512_storeu_ps(p, v); }
+  // The prefill path's decoded tiles (int8_tiles.h DecodeTile), 64-byte aligned.
+  static void StoreChunk(uint8_t* p, VI v) { _mm512_store_si512(p, v); }
+  static VF LoadF(const float* p) { return _mm512_load_ps(p); }
 };
 
 }  // namespace

@@ -329,7 +329,6 @@ Status GrpcServer::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const GrpcServerOptions& o = impl_->options;
-  const std::string address = absl::StrCat(o.host, ":", o.port);
   std::error_code fs_error;
   std::string dir = (std::filesystem::temp_directory_path(fs_error) / "numoe-router-grpc.XXXXXX").string();
   if (fs_error || mkdtemp(dir.data()) == nullptr) {
@@ -358,10 +357,10 @@ Status GrpcServer::Start() {
   }
   impl_->gate = std::make_unique<ConnectionGate>(ConnectionGateOptions{
       .host = o.host, .port = o.port, .max_connections = o.max_connections, .backend_unix_path = socket_path});
-  if (Status s = impl_->gate->Start(); !s.ok()) {
+  if (Status s = impl_->gate->Start(); !s.ok()) {  // "gRPC: cannot listen on host:port: why"
     impl_->gate.reset();
     Shutdown(0);
-    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", address, " (", s.message(), ")"));
+    return s;
   }
   impl_->port = impl_->gate->port();
   SetServing(false);

@@ -317,10 +317,11 @@ StatusOr<ReadResult> MeasureRead(const WorkerPlacement& w, size_t bytes, int pas
 }  // namespace
 
 int RunDecodeBench(int argc, char** argv) {
-  std::string model, concurrency_text = "1,4", log_dir, backend = "cpu";
+  std::string model, concurrency_text = "1,4", backend = "cpu";
   int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5, lanes = -1;
-  double startup_timeout = 1800, request_timeout = 3600, sim_gbps = 0;
-  bool json_only = false, json_schema = false;
+  double sim_gbps = 0;
+  bool json_schema = false;
+  ServeBenchFlags common;
   SpecChoice spec = SpecChoice::kAuto;
   ArgParser p(argv[0],
               "End-to-end decode tokens/s through `numoe serve` (REST, streaming, prefill excluded) for one stream\n"
@@ -336,11 +337,8 @@ int RunDecodeBench(int argc, char** argv) {
   p.AddString("backend", "cpu|cuda", "numoe serve --backend", &backend);
   p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
   p.AddEnum("spec", "numoe serve --spec (auto: the checkpoint's drafter; none: one token per sequence per step)", &spec);
-  p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &log_dir);
   p.AddInt("read-mib", "M", "read-bandwidth buffer in MiB (default: max(8 x LLC, 1 GiB))", &read_mib, 0, 1 << 20);
   p.AddInt("read-passes", "N", "timed read passes before and after serving", &passes, 1, 1000);
-  p.AddDouble("startup-timeout", "S", "give up when serve is not ready after this long", &startup_timeout, 1, 86400);
-  p.AddDouble("request-timeout", "S", "give up on a stream after this long", &request_timeout, 1, 86400);
   worker::AddSimExpertGbpsFlag(
       p,
       "numoe serve --sim-expert-gbps: every worker simulates its routed experts at G GB/s (sleeps, returns zeros); "
@@ -350,7 +348,7 @@ int RunDecodeBench(int argc, char** argv) {
             "run every concurrency a second time with a response_format json_schema (constrained sampling) and report "
             "both rates, their ratio and the token-mask time per step",
             &json_schema);
-  p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json_only);
+  AddServeBenchFlags(p, &common, "give up on a stream after this long");
   p.AddEpilog(
       "\nExample (a full-width 2-layer V4-Flash, ~7.5 GB):\n"
       "  numoe mkmodel --preset v4-flash --layers 2 --out /tmp/v4f-2l\n"
@@ -364,7 +362,7 @@ int RunDecodeBench(int argc, char** argv) {
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   const auto fail = [&](const Status& st) { return BenchFail(argv[0], st); };
-  auto say = [&](const std::string& line) { BenchSay(json_only, line); };
+  auto say = [&](const std::string& line) { BenchSay(common.json_only, line); };
 
   auto levels = ParseIntList(concurrency_text, "--concurrency");
   if (!levels.ok()) return fail(levels.status());
@@ -409,11 +407,7 @@ int RunDecodeBench(int argc, char** argv) {
   }
 
   // 3. The served stack.
-  if (log_dir.empty()) {
-    log_dir = (fs::temp_directory_path() / absl::StrCat("numoe-bench-decode-", ::getpid())).string();
-  }
-  std::error_code ec;
-  fs::create_directories(log_dir, ec);
+  const std::string& log_dir = common.MakeLogDir("decode");
   ServeSpec serve_spec{.model = model, .backend = backend, .spec = std::string(ChoiceName(spec)), .log_dir = log_dir,
                        .workers = workers, .threads = threads, .lanes = lanes, .sim_expert_gbps = sim_gbps};
   auto endpoints = ServeCommand(serve_spec);
@@ -424,7 +418,7 @@ int RunDecodeBench(int argc, char** argv) {
   ServeProcess serve;
   const auto t_start = Clock::now();
   if (Status st = serve.Start(serve_argv, log_dir + "/serve.log"); !st.ok()) return fail(st);
-  auto ready = serve.WaitReady(startup_timeout);
+  auto ready = serve.WaitReady(common.startup_timeout);
   if (!ready.ok()) return fail(ready.status());
   say(absl::StrCat("ready in ", Fmt(Since(t_start, Clock::now()), 1), " s: ", *ready));
   auto worker_addrs = WorkerAddresses(*port);
@@ -434,7 +428,7 @@ int RunDecodeBench(int argc, char** argv) {
 
   // 4. Warm-up, then the rounds.
   const auto t_warm = Clock::now();
-  auto warm = RunRound(*port, 1, prompt_len, 4, cfg.vocab_size, /*round_seed=*/999, request_timeout);
+  auto warm = RunRound(*port, 1, prompt_len, 4, cfg.vocab_size, /*round_seed=*/999, common.request_timeout);
   if (!warm.ok()) return fail(Status(warm.status().code(), absl::StrCat("warm-up: ", warm.status().message())));
   say(absl::StrCat("warm-up: 1 stream, ", prompt_len, " prompt + ", warm->max_tokens, " tokens in ",
                    Fmt(Since(t_warm, Clock::now()), 1), " s"));
@@ -443,7 +437,7 @@ int RunDecodeBench(int argc, char** argv) {
   std::vector<std::vector<int32_t>> constrained_ids;
   for (size_t i = 0; i < levels->size(); ++i) {
     auto r = RunRound(*port, static_cast<int>((*levels)[i]), prompt_len, max_tokens, cfg.vocab_size, i + 1,
-                      request_timeout);
+                      common.request_timeout);
     if (!r.ok()) return fail(Status(r.status().code(), absl::StrCat("concurrency ", (*levels)[i], ": ", r.status().message())));
     poller.PollNow();  // a sample after the window's end
     std::vector<std::string> busy_text;
@@ -460,7 +454,7 @@ int RunDecodeBench(int argc, char** argv) {
                      absl::StrJoin(busy_text, " ")));
     if (json_schema) {
       auto c = RunRound(*port, static_cast<int>((*levels)[i]), prompt_len, max_tokens, cfg.vocab_size, i + 1,
-                        request_timeout, BenchResponseFormat());
+                        common.request_timeout, BenchResponseFormat());
       if (!c.ok()) {
         return fail(Status(c.status().code(), absl::StrCat("concurrency ", (*levels)[i], " with json_schema: ",
                                                            c.status().message())));

@@ -62,10 +62,9 @@ StatusOr<Peak> MeasurePeak(const WorkerPlacement& w) {
 }  // namespace
 
 int RunPrefillBench(int argc, char** argv) {
-  std::string model, lens_text = "1024,4096,16384,32768", log_dir, backend = "cpu";
+  std::string model, lens_text = "1024,4096,16384,32768", backend = "cpu";
   int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1;
-  double startup_timeout = 1800, request_timeout = 3600;
-  bool json_only = false;
+  ServeBenchFlags common;
   ArgParser p(argv[0],
               "Time to first token and prefill tokens/s of long prompts through `numoe serve` (one prompt at a time),\n"
               "next to the routed experts' compute bound on the worker that prefills it (its threads' measured\n"
@@ -80,10 +79,7 @@ int RunPrefillBench(int argc, char** argv) {
   p.AddString("backend", "cpu|cuda", "numoe serve --backend", &backend);
   p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
   p.AddInt("prefill-chunk", "N", "numoe serve --prefill-chunk (-1 = its default)", &prefill_chunk, -1, 65536);
-  p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &log_dir);
-  p.AddDouble("startup-timeout", "S", "give up when serve is not ready after this long", &startup_timeout, 1, 86400);
-  p.AddDouble("request-timeout", "S", "give up on a prompt after this long", &request_timeout, 1, 86400);
-  p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json_only);
+  AddServeBenchFlags(p, &common, "give up on a prompt after this long");
   p.AddEpilog(
       "\nExample (six full-width V4-Flash layers with all 256 experts, ~22 GB; each layer costs what a real one does):\n"
       "  numoe mkmodel --preset v4-flash --layers 6 --out /tmp/v4f-6l\n"
@@ -92,7 +88,7 @@ int RunPrefillBench(int argc, char** argv) {
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   const auto fail = [&](const Status& st) { return BenchFail(argv[0], st); };
-  auto say = [&](const std::string& line) { BenchSay(json_only, line); };
+  auto say = [&](const std::string& line) { BenchSay(common.json_only, line); };
   auto lens = ParseIntList(lens_text, "--prompt-lens");
   if (!lens.ok()) return fail(lens.status());
   if (lens->empty()) return fail(absl::InvalidArgumentError("--prompt-lens is empty"));
@@ -141,9 +137,7 @@ int RunPrefillBench(int argc, char** argv) {
   }
 
   // 3. The served stack.
-  if (log_dir.empty()) log_dir = (fs::temp_directory_path() / absl::StrCat("numoe-bench-prefill-", ::getpid())).string();
-  std::error_code ec;
-  fs::create_directories(log_dir, ec);
+  const std::string& log_dir = common.MakeLogDir("prefill");
   ServeSpec spec{.model = model, .backend = backend, .spec = "none", .log_dir = log_dir, .workers = workers,
                  .threads = threads, .lanes = lanes};
   if (prefill_chunk >= 0) spec.extra = {"--prefill-chunk", std::to_string(prefill_chunk)};
@@ -153,12 +147,12 @@ int RunPrefillBench(int argc, char** argv) {
   ServeProcess serve;
   const auto t_start = Clock::now();
   if (Status st = serve.Start(endpoints->argv, log_dir + "/serve.log"); !st.ok()) return fail(st);
-  auto ready = serve.WaitReady(startup_timeout);
+  auto ready = serve.WaitReady(common.startup_timeout);
   if (!ready.ok()) return fail(ready.status());
   say(absl::StrCat("ready in ", Fmt(Since(t_start, Clock::now()), 1), " s: ", *ready));
   const int port = endpoints->port;
   {
-    StreamResult warm = StreamCompletion(port, RandomPrompt(16, 7777, cfg.vocab_size), 2, request_timeout);
+    StreamResult warm = StreamCompletion(port, RandomPrompt(16, 7777, cfg.vocab_size), 2, common.request_timeout);
     if (!warm.status.ok()) return fail(Status(warm.status.code(), absl::StrCat("warm-up: ", warm.status.message())));
   }
 
@@ -168,7 +162,7 @@ int RunPrefillBench(int argc, char** argv) {
     std::vector<double> ttft;
     for (int64_t run = 0; run < runs; ++run) {
       const StreamResult r = StreamCompletion(port, RandomPrompt(n, 1000 * (li + 1) + run, cfg.vocab_size), 1,
-                                              request_timeout);
+                                              common.request_timeout);
       if (!r.status.ok()) {
         return fail(Status(r.status.code(), absl::StrCat("prompt of ", n, " tokens: ", r.status.message())));
       }

@@ -39,11 +39,11 @@ double Ttft(const StreamResult& r) { return r.events.empty() ? 0.0 : Since(r.sen
 }  // namespace
 
 int RunPrefixBench(int argc, char** argv) {
-  std::string model, log_dir, backend = "cpu";
+  std::string model, backend = "cpu";
   int64_t workers = 1, threads = 0, system_tokens = 2048, turns = 8, user_tokens = 256, max_tokens = 32;
   int64_t checkpoint_tokens = -1;
-  double startup_timeout = 1800, request_timeout = 3600, cache_gb = -1, host_gb = -1;
-  bool json_only = false;
+  double cache_gb = -1, host_gb = -1;
+  ServeBenchFlags common;
   ArgParser p(argv[0],
               "The prefix cache over a multi-turn conversation through `numoe serve`: per turn, time to first token\n"
               "of the whole history with nothing cached (cold) and as the cache holds it (warm), tokens restored\n"
@@ -61,10 +61,7 @@ int RunPrefixBench(int argc, char** argv) {
               1e6);
   p.AddInt("prefix-checkpoint-tokens", "N", "numoe serve --prefix-checkpoint-tokens (-1 = its default)",
            &checkpoint_tokens, -1, int64_t{1} << 30);
-  p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &log_dir);
-  p.AddDouble("startup-timeout", "S", "give up when serve is not ready after this long", &startup_timeout, 1, 86400);
-  p.AddDouble("request-timeout", "S", "give up on a request after this long", &request_timeout, 1, 86400);
-  p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json_only);
+  AddServeBenchFlags(p, &common, "give up on a request after this long");
   p.AddEpilog(
       "\nExample (the small trained fixture on the CPU backend, context 4096: the last turn resends a ~3.8K-token\n"
       "prefix):\n"
@@ -72,7 +69,7 @@ int RunPrefixBench(int argc, char** argv) {
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
   const auto fail = [&](const Status& st) { return BenchFail(argv[0], st); };
-  auto say = [&](const std::string& line) { BenchSay(json_only, line); };
+  auto say = [&](const std::string& line) { BenchSay(common.json_only, line); };
   int64_t vocab = 0;
   {
     auto ck = Checkpoint::Open(model);
@@ -81,9 +78,7 @@ int RunPrefixBench(int argc, char** argv) {
   }
   if (vocab <= 32) return fail(absl::InvalidArgumentError("--model: the vocabulary is too small for random prompts"));
 
-  if (log_dir.empty()) log_dir = (fs::temp_directory_path() / absl::StrCat("numoe-bench-prefix-", ::getpid())).string();
-  std::error_code ec;
-  fs::create_directories(log_dir, ec);
+  const std::string& log_dir = common.MakeLogDir("prefix");
   // The router's prefix affinity stays at serve's default: a conversation's turns share their prefix.
   ServeSpec serve_spec{.model = model, .backend = backend, .spec = "none", .log_dir = log_dir, .workers = workers,
                        .threads = threads, .affinity_prefix_tokens = -1};
@@ -99,13 +94,13 @@ int RunPrefixBench(int argc, char** argv) {
   say("starting: " + absl::StrJoin(serve_argv, " "));
   ServeProcess serve;
   if (Status st = serve.Start(serve_argv, log_dir + "/serve.log"); !st.ok()) return fail(st);
-  auto ready = serve.WaitReady(startup_timeout);
+  auto ready = serve.WaitReady(common.startup_timeout);
   if (!ready.ok()) return fail(ready.status());
   say("ready: " + *ready);
 
   // Warm-up: one short request, so the first cold turn pays no first-call costs.
   {
-    StreamResult w = StreamCompletion(*port, RandomPrompt(16, 7777, vocab), 2, request_timeout);
+    StreamResult w = StreamCompletion(*port, RandomPrompt(16, 7777, vocab), 2, common.request_timeout);
     if (!w.status.ok()) return fail(w.status);
   }
   std::vector<int32_t> history = RandomPrompt(system_tokens, 1, vocab);
@@ -121,9 +116,9 @@ int RunPrefixBench(int argc, char** argv) {
     prompt.insert(prompt.end(), user.begin(), user.end());
     std::vector<int32_t> cold_prompt = prompt;
     cold_prompt[0] = static_cast<int32_t>(16 + (cold_prompt[0] - 16 + 1 + t) % (vocab - 16));  // shares nothing
-    StreamResult cold = StreamCompletion(*port, cold_prompt, max_tokens, request_timeout);
+    StreamResult cold = StreamCompletion(*port, cold_prompt, max_tokens, common.request_timeout);
     if (!cold.status.ok()) return fail(cold.status);
-    StreamResult warm = StreamCompletion(*port, prompt, max_tokens, request_timeout);
+    StreamResult warm = StreamCompletion(*port, prompt, max_tokens, common.request_timeout);
     if (!warm.status.ok()) return fail(warm.status);
     if (warm.cached_tokens < 0) return fail(absl::DataLossError("the usage chunk carried no cached_tokens"));
     const int64_t cached = warm.cached_tokens;

@@ -359,6 +359,22 @@ void BenchSay(bool json_only, const std::string& line) {
   std::fflush(stdout);
 }
 
+void AddServeBenchFlags(ArgParser& p, ServeBenchFlags* f, const std::string& request_timeout_help) {
+  p.AddString("log-dir", "DIR", "where serve and its children log (default: a new directory under /tmp)", &f->log_dir);
+  p.AddDouble("startup-timeout", "S", "give up when serve is not ready after this long", &f->startup_timeout, 1, 86400);
+  p.AddDouble("request-timeout", "S", request_timeout_help, &f->request_timeout, 1, 86400);
+  p.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &f->json_only);
+}
+
+const std::string& ServeBenchFlags::MakeLogDir(const std::string& bench) {
+  if (log_dir.empty()) {
+    log_dir = (std::filesystem::temp_directory_path() / absl::StrCat("numoe-bench-", bench, "-", ::getpid())).string();
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(log_dir, ec);
+  return log_dir;
+}
+
 std::string Fmt(double v, int digits) {
   char b[64];
   std::snprintf(b, sizeof(b), "%.*f", digits, v);

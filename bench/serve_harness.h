@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/args.h"
 #include "common/status.h"
 #include "common/topology.h"
 
@@ -27,6 +28,17 @@ std::string Fmt(double v, int digits);  // "%.*f"
 int BenchFail(const char* prog, const Status& st);
 // A human line on stdout (flushed), unless only the JSON line was asked for (--json).
 void BenchSay(bool json_only, const std::string& line);
+
+// The flags every end-to-end benchmark has, with their defaults as the benchmark sets them before
+// AddServeBenchFlags: --log-dir, --startup-timeout, --request-timeout (its help: `request_timeout_help`), --json.
+struct ServeBenchFlags {
+  std::string log_dir;  // "" = a new directory under /tmp (MakeLogDir)
+  double startup_timeout = 1800, request_timeout = 3600;
+  bool json_only = false;
+  // log_dir, or when unset /tmp/numoe-bench-<bench>-<pid>, created.
+  const std::string& MakeLogDir(const std::string& bench);
+};
+void AddServeBenchFlags(ArgParser& p, ServeBenchFlags* flags, const std::string& request_timeout_help);
 
 // A minimal HTTP/1.1 client for one request on loopback (Connection: close), with SSE event reading.
 class SseClient {

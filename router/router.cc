@@ -103,6 +103,10 @@ StatusOr<std::unique_ptr<Router>> Router::Create(RouterConfig config) {
     go.port = config.grpc_port;
     go.api_keys = api_keys;
     go.max_message_bytes = config.max_body_bytes;
+    go.max_connections = config.max_connections;
+    go.handshake_timeout_s = config.receive_timeout_s;
+    go.idle_timeout_s = config.idle_timeout_s;
+    go.max_metadata_bytes = config.max_header_bytes;
     go.tls = tls;
     parts->grpc = std::make_unique<GrpcServer>(*parts->frontend, *parts->chat, parts->metrics, std::move(go));
   }

@@ -51,9 +51,9 @@ void AddRouterFlags(ArgParser& p, RouterAppConfig* c) {
   p.AddString("tls-cert", "PATH",
               "serve REST (HTTPS) and gRPC over TLS with this PEM certificate chain (needs --tls-key)", &r.tls_cert);
   p.AddString("tls-key", "PATH", "the PEM private key of --tls-cert (unencrypted)", &r.tls_key);
-  p.AddInt("max-connections", "N", "open REST connections at once; one more gets 503 with Retry-After",
+  p.AddInt("max-connections", "N", "open connections at once, REST and gRPC each; one more gets 503 with Retry-After (gRPC: it is reset)",
            &r.max_connections, 1, 1 << 20);
-  p.AddInt("max-header-bytes", "N", "largest REST request line + headers; larger ones get 431", &r.max_header_bytes,
+  p.AddInt("max-header-bytes", "N", "largest REST request line + headers (gRPC: request metadata); larger ones get 431 (gRPC: the call fails)", &r.max_header_bytes,
            1024, 64 << 20);
   p.AddInt("max-body-bytes", "N", "largest request body (and gRPC message); larger ones get 413",
            &r.max_body_bytes, 1024, int64_t{1} << 32);
@@ -62,9 +62,9 @@ void AddRouterFlags(ArgParser& p, RouterAppConfig* c) {
            &r.frontend.max_prompt_tokens, 0, 1 << 30);
   p.AddDouble("receive-timeout", "S",
               "seconds a client may take to send one whole request (headers and body; a new connection's TLS "
-              "handshake included); then the connection is closed",
+              "handshake included; gRPC: from the accept to its HTTP/2 settings); then the connection is closed",
               &r.receive_timeout_s, 0.01, 86400);
-  p.AddDouble("idle-timeout", "S", "seconds a keep-alive REST connection may wait idle for its next request",
+  p.AddDouble("idle-timeout", "S", "seconds a keep-alive REST connection may wait idle for its next request (gRPC: a connection without a call)",
               &r.idle_timeout_s, 0.01, 86400);
   p.AddInt("http-threads", "N", "threads serving HTTP connections", &r.http_threads, 1, 256);
   p.AddDouble("drain-timeout", "S", "on SIGTERM/SIGINT, seconds to let requests in flight finish",

@@ -1,9 +1,12 @@
 #include "router/grpc/inference_service.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 
 #include <grpcpp/grpcpp.h>
@@ -14,6 +17,7 @@
 #include "common/log.h"
 #include "numoe/v1/inference.grpc.pb.h"
 #include "router/core/errors.h"
+#include "router/grpc/connection_gate.h"
 #include "router/grpc/generate_request.h"
 #include "router/openai/chat.h"
 
@@ -300,7 +304,16 @@ struct GrpcServer::Impl {
   GrpcServerOptions options;
   std::unique_ptr<InferenceService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<ConnectionGate> gate;
+  std::string socket_dir;  // the gRPC server's unix socket is in here (mode 0700); removed at shutdown
   int port = 0;
+
+  void RemoveSocketDir() {
+    if (socket_dir.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(socket_dir, ec);
+    socket_dir.clear();
+  }
 };
 
 GrpcServer::GrpcServer(Frontend& frontend, const openai::ChatEncoder& chat, Metrics& metrics,
@@ -315,21 +328,41 @@ GrpcServer::~GrpcServer() { Shutdown(0); }
 Status GrpcServer::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  const std::string address = absl::StrCat(impl_->options.host, ":", impl_->options.port);
+  const GrpcServerOptions& o = impl_->options;
+  std::error_code fs_error;
+  std::string dir = (std::filesystem::temp_directory_path(fs_error) / "numoe-router-grpc.XXXXXX").string();
+  if (fs_error || mkdtemp(dir.data()) == nullptr) {
+    return absl::UnavailableError(absl::StrCat("gRPC: cannot make a directory for its unix socket (", dir, ")"));
+  }
+  impl_->socket_dir = dir;
+  const std::string socket_path = dir + "/grpc.sock";
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (impl_->options.tls.enabled()) {
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({impl_->options.tls.private_key, impl_->options.tls.cert_chain});
     credentials = grpc::SslServerCredentials(ssl);
   }
-  builder.AddListeningPort(address, credentials, &impl_->port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(impl_->options.max_message_bytes, INT32_MAX)));
+  builder.AddListeningPort("unix:" + socket_path, credentials);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(o.max_message_bytes, INT32_MAX)));
+  auto ms = [](double s) { return static_cast<int>(std::min(s * 1000, double{INT32_MAX})); };
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, ms(o.handshake_timeout_s));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(o.idle_timeout_s));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, o.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, static_cast<int>(std::min<size_t>(o.max_metadata_bytes, INT32_MAX)));
   builder.RegisterService(impl_->service.get());
   impl_->server = builder.BuildAndStart();
-  if (!impl_->server || impl_->port == 0) {
-    impl_->server.reset();
-    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", address, " (in use, or not a local address)"));
+  if (!impl_->server) {
+    impl_->RemoveSocketDir();
+    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", socket_path));
   }
+  impl_->gate = std::make_unique<ConnectionGate>(ConnectionGateOptions{
+      .host = o.host, .port = o.port, .max_connections = o.max_connections, .backend_unix_path = socket_path});
+  if (Status s = impl_->gate->Start(); !s.ok()) {  // "gRPC: cannot listen on host:port: why"
+    impl_->gate.reset();
+    Shutdown(0);
+    return s;
+  }
+  impl_->port = impl_->gate->port();
   SetServing(false);
   return absl::OkStatus();
 }
@@ -345,11 +378,14 @@ void GrpcServer::SetServing(bool serving) {
 }
 
 void GrpcServer::Shutdown(double deadline_s) {
-  if (!impl_->server) return;
-  impl_->server->Shutdown(std::chrono::system_clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000)));
-  impl_->server->Wait();
-  impl_->server.reset();
+  if (impl_->server) {
+    impl_->server->Shutdown(std::chrono::system_clock::now() +
+                            std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000)));
+    impl_->server->Wait();
+    impl_->server.reset();
+  }
+  impl_->gate.reset();  // after the calls ended: their bytes go through it
+  impl_->RemoveSocketDir();
 }
 
 }  // namespace numoe::router

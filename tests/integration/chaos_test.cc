@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -426,50 +427,70 @@ class Chaos : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(goldens_, Goldens::Load(TinyDir()));
     ASSERT_EQ(goldens_.size(), 4u);
   }
+
+  // serve started (logs in a temporary directory named after `name`); with `load`, kStreams clients busy
+  // and warmed up.
+  void StartStack(const std::string& name, bool load) {
+    tmp_.emplace(name);
+    stack_.emplace(*tmp_);
+    ASSERT_NO_FATAL_FAILURE(stack_->Start());
+    if (!load) return;
+    load_.emplace(stack_->http(), goldens_, 32);
+    load_->Start();
+    ASSERT_NO_FATAL_FAILURE(WarmUp(*load_, *stack_));
+  }
+
+  // The processes named `name` (there must be `count`); the first gets `sig`.
+  std::vector<pid_t> Signal(const std::string& name, size_t count, int sig) {
+    std::vector<pid_t> pids = stack_->Find(name);
+    EXPECT_EQ(pids.size(), count) << name;
+    if (pids.size() != count) return {};
+    EXPECT_EQ(kill(pids[0], sig), 0) << name;
+    return pids;
+  }
+
+  // After a fault: both workers up again, the goldens, and SIGTERM to serve leaves nothing behind.
+  void ExpectRecovered() {
+    ASSERT_TRUE(WaitUntil([&] { return BothWorkersUp(stack_->http()); }, 60s)) << stack_->Logs();
+    ExpectGoldens(stack_->http(), goldens_);
+    stack_->StopAndExpectNothingLeft();
+  }
+
   Goldens goldens_;
+  // In this order: the load stops before the stack, the stack before its directory goes.
+  std::optional<TempDir> tmp_;
+  std::optional<Stack> stack_;
+  std::optional<Load> load_;
 };
 
 TEST_F(Chaos, KilledGpu) {
-  const TempDir tmp("numoe-chaos-gpu");
-  Stack stack(tmp);
-  ASSERT_NO_FATAL_FAILURE(stack.Start());
-  Load load(stack.http(), goldens_, 32);
-  load.Start();
-  ASSERT_NO_FATAL_FAILURE(WarmUp(load, stack));
-  const std::vector<pid_t> gpu = stack.Find("numoe-gpu");
-  ASSERT_EQ(gpu.size(), 1u);
-  ASSERT_EQ(kill(gpu[0], SIGKILL), 0);
+  ASSERT_NO_FATAL_FAILURE(StartStack("numoe-chaos-gpu", true));
+  const std::vector<pid_t> gpu = Signal("numoe-gpu", 1, SIGKILL);
+  ASSERT_FALSE(gpu.empty());
   const auto t0 = Clock::now();
-  load.Stop();
-  ExpectGoldenAnswers(load.outcomes());
-  const int errors = ExpectClearEnds(load.outcomes(), t0, "kill -9 numoe-gpu", stack.Logs());
+  load_->Stop();
+  ExpectGoldenAnswers(load_->outcomes());
+  const int errors = ExpectClearEnds(load_->outcomes(), t0, "kill -9 numoe-gpu", stack_->Logs());
   EXPECT_GT(errors, 0) << "no request noticed numoe-gpu's death";
-  ExpectPatientClientsSucceed(stack.http(), goldens_, 90s, stack.Logs());
-  ASSERT_TRUE(WaitUntil([&] { return BothWorkersUp(stack.http()); }, 60s)) << stack.Logs();
-  stack.Remember();
-  EXPECT_NE(stack.Find("numoe-gpu"), gpu);
-  ExpectGoldens(stack.http(), goldens_);
-  stack.StopAndExpectNothingLeft();
+  ExpectPatientClientsSucceed(stack_->http(), goldens_, 90s, stack_->Logs());
+  ASSERT_TRUE(WaitUntil([&] { return BothWorkersUp(stack_->http()); }, 60s)) << stack_->Logs();
+  stack_->Remember();
+  EXPECT_NE(stack_->Find("numoe-gpu"), gpu);
+  ExpectRecovered();
 }
 
 TEST_F(Chaos, StoppedWorker) {
-  const TempDir tmp("numoe-chaos-stop");
-  Stack stack(tmp);
-  ASSERT_NO_FATAL_FAILURE(stack.Start());
-  Load load(stack.http(), goldens_, 32);
-  load.Start();
-  ASSERT_NO_FATAL_FAILURE(WarmUp(load, stack));
-  const std::vector<pid_t> workers = stack.Find("numoe-worker");
-  ASSERT_EQ(workers.size(), 2u);
-  ASSERT_EQ(kill(workers[0], SIGSTOP), 0);
+  ASSERT_NO_FATAL_FAILURE(StartStack("numoe-chaos-stop", true));
+  const std::vector<pid_t> workers = Signal("numoe-worker", 2, SIGSTOP);
+  ASSERT_FALSE(workers.empty());
   const auto t_stop = Clock::now();
   std::this_thread::sleep_for(5s);
   ASSERT_EQ(kill(workers[0], SIGCONT), 0);
   const auto t_cont = Clock::now();
   // The load goes on through the recovery, then stops.
   std::this_thread::sleep_for(3s);
-  load.Stop();
-  const std::vector<Outcome> outcomes = load.outcomes();
+  load_->Stop();
+  const std::vector<Outcome> outcomes = load_->outcomes();
   ExpectGoldenAnswers(outcomes);
   // The other worker kept serving: requests finished during the stop, from its second second on.
   int served = 0;
@@ -483,7 +504,8 @@ TEST_F(Chaos, StoppedWorker) {
   }
   std::printf("SIGSTOP: %d requests finished during the stop, %d ended with an error, the last %.2f s after the "
               "SIGCONT\n", served, errors, latest);
-  EXPECT_GT(served, kStreams / 4) << "requests finished while worker " << workers[0] << " was stopped\n" << stack.Logs();
+  EXPECT_GT(served, kStreams / 4) << "requests finished while worker " << workers[0] << " was stopped\n"
+                                  << stack_->Logs();
   // No request hung: those in flight at the stop, and all sent after it, ended well within 10 s of the SIGCONT.
   int shown = 0;
   for (const Outcome& o : outcomes) {
@@ -494,47 +516,37 @@ TEST_F(Chaos, StoppedWorker) {
                     << Secs(o.finish - t_cont) << " s after the SIGCONT";
     }
   }
-  if (shown > 0) ADD_FAILURE() << "the logs:\n" << stack.Logs();
-  ASSERT_TRUE(WaitUntil([&] { return BothWorkersUp(stack.http()); }, 60s)) << stack.Logs();
-  ExpectGoldens(stack.http(), goldens_);
-  stack.StopAndExpectNothingLeft();
+  if (shown > 0) ADD_FAILURE() << "the logs:\n" << stack_->Logs();
+  ExpectRecovered();
 }
 
 TEST_F(Chaos, KilledRouter) {
-  const TempDir tmp("numoe-chaos-router");
-  Stack stack(tmp);
-  ASSERT_NO_FATAL_FAILURE(stack.Start());
-  Load load(stack.http(), goldens_, 32);
-  load.Start();
-  ASSERT_NO_FATAL_FAILURE(WarmUp(load, stack));
-  const std::vector<pid_t> router = stack.Find("numoe-router");
-  ASSERT_EQ(router.size(), 1u);
-  ASSERT_EQ(kill(router[0], SIGKILL), 0);
+  ASSERT_NO_FATAL_FAILURE(StartStack("numoe-chaos-router", true));
+  const std::vector<pid_t> router = Signal("numoe-router", 1, SIGKILL);
+  ASSERT_FALSE(router.empty());
   const auto t0 = Clock::now();
-  load.Stop();
-  ExpectGoldenAnswers(load.outcomes());
+  load_->Stop();
+  ExpectGoldenAnswers(load_->outcomes());
   // The router's own connections die with it; none may hang.
-  for (const Outcome& o : load.outcomes()) {
+  for (const Outcome& o : load_->outcomes()) {
     if (o.finish >= t0) {
       EXPECT_LE(o.finish - t0, kErrorBound) << EndName(o.end) << " " << o.detail;
     }
   }
   // serve brings it back on its port: new connections succeed.
-  ASSERT_TRUE(WaitUntil([&] { return BothWorkersUp(stack.http()); }, 60s)) << stack.Logs();
-  stack.Remember();
-  EXPECT_NE(stack.Find("numoe-router"), router);
+  ASSERT_TRUE(WaitUntil([&] { return BothWorkersUp(stack_->http()); }, 60s)) << stack_->Logs();
+  stack_->Remember();
+  EXPECT_NE(stack_->Find("numoe-router"), router);
   // The workers freed the sequences of the dead router's calls.
-  EXPECT_TRUE(WaitUntil([&] { return ActiveSequences(stack.http()) == 0; }, 15s))
-      << "active sequences " << ActiveSequences(stack.http()) << "\n" << stack.Logs();
-  ExpectPatientClientsSucceed(stack.http(), goldens_, 60s, stack.Logs());
-  ExpectGoldens(stack.http(), goldens_);
-  stack.StopAndExpectNothingLeft();
+  EXPECT_TRUE(WaitUntil([&] { return ActiveSequences(stack_->http()) == 0; }, 15s))
+      << "active sequences " << ActiveSequences(stack_->http()) << "\n" << stack_->Logs();
+  ExpectPatientClientsSucceed(stack_->http(), goldens_, 60s, stack_->Logs());
+  ExpectRecovered();
 }
 
 TEST_F(Chaos, ClientsDisconnect) {
-  const TempDir tmp("numoe-chaos-disconnect");
-  Stack stack(tmp);
-  ASSERT_NO_FATAL_FAILURE(stack.Start());
+  ASSERT_NO_FATAL_FAILURE(StartStack("numoe-chaos-disconnect", false));
+  Stack& stack = *stack_;
   // Long requests, each abandoned by its client: a quarter right after sending, the others after two token
   // events, once the gauge has seen them running.
   std::vector<std::string> failures(kStreams);
@@ -586,8 +598,7 @@ TEST_F(Chaos, ClientsDisconnect) {
       },
       15s))
       << stats.DebugString();
-  ExpectGoldens(stack.http(), goldens_);
-  stack.StopAndExpectNothingLeft();
+  ExpectRecovered();
 }
 
 }  // namespace

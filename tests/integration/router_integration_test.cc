@@ -1,7 +1,8 @@
 // numoe-router against fake workers (router_fake_worker.cc), over real sockets: REST (completions, chat,
 // streaming, every error), gRPC, 429/503, failover when a worker dies, retry before the first token, a
 // worker that rejoins, API keys (and key files), metrics and SIGTERM; TLS for REST (curl) and gRPC (grpc++
-// SslCredentials) with a certificate made in the test; start-up errors and the no-key warning.
+// SslCredentials) with a certificate made in the test; the gRPC listener's connection limits; start-up errors
+// and the no-key warning.
 //
 // Expected outputs follow from the fake's rule (echo the prompt without BOS, or reply with the text after
 // "REPLY:", where "[/think]" stands for </think>, a special token clients may not type) and the tokenizer fixture: "Hello, world!" is [47, 477, 86, 19, 707, 8] and BOS is 0 in
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -825,6 +827,91 @@ TEST(RouterIntegration, TlsForRestAndGrpcWithAKeyFile) {
   while (ireader->Read(&ignored)) {
   }
   EXPECT_FALSE(ireader->Finish().ok());
+}
+
+// The gRPC listener's limits, from the same flags as REST's: --max-connections (one more is reset at once),
+// --receive-timeout (a TCP client that trickles the HTTP/2 preface a byte at a time, or sends nothing, is cut
+// off), --idle-timeout (a connection without a call gets GOAWAY: the channel goes IDLE), --max-header-bytes
+// (larger request metadata fails the call), and the streams per connection the server's SETTINGS announce.
+TEST(RouterIntegration, GrpcConnectionLimits) {
+  using Clock = std::chrono::steady_clock;
+  // The idle timeout (2 s) is longer than the receive timeout (1 s): the raw connections below are cut off by
+  // the handshake deadline, not as idle.
+  Cluster c({{}}, {"--max-connections", "2", "--receive-timeout", "1", "--idle-timeout", "2",
+                   "--max-header-bytes", "4096"});
+  ASSERT_TRUE(c.WaitUp(1)) << c.RouterLog();
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  {
+    const auto t0 = Clock::now();
+    RawConnection trickle(c.grpc()), silent(c.grpc());
+    ASSERT_TRUE(trickle.connected() && silent.connected());
+    std::this_thread::sleep_for(300ms);  // both accepted and counted
+    RawConnection third(c.grpc());
+    const auto t_third = Clock::now();
+    EXPECT_TRUE(third.WaitClosed(2s)) << "a connection past --max-connections 2 was not closed";
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t_third).count(), 1.0);
+    // One byte of the preface every 0.2 s: closed at the handshake deadline (1 s from the accept).
+    bool closed = false;
+    for (size_t i = 0; Clock::now() - t0 < 8s && !closed; ++i) {
+      trickle.Send(std::string(1, preface[i % preface.size()]));
+      closed = trickle.WaitClosed(200ms);
+    }
+    const double after = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_TRUE(closed) << "a client trickling bytes was not cut off";
+    EXPECT_GT(after, 0.8);
+    EXPECT_LT(after, 1.9);
+    EXPECT_TRUE(silent.WaitClosed(3s)) << "a silent connection was not cut off";
+  }
+
+  // The server's SETTINGS frame (the first frame it sends): SETTINGS_MAX_CONCURRENT_STREAMS (0x3) = 100.
+  {
+    RawConnection raw(c.grpc());
+    ASSERT_TRUE(raw.Send(preface + std::string("\0\0\0\x04\0\0\0\0\0", 9)));  // + an empty SETTINGS
+    const std::string head = raw.ReadBytes(9, 5s);
+    ASSERT_EQ(head.size(), 9u);
+    ASSERT_EQ(head[3], '\x04') << "not a SETTINGS frame";
+    const size_t length = (uint8_t(head[0]) << 16) | (uint8_t(head[1]) << 8) | uint8_t(head[2]);
+    const std::string payload = raw.ReadBytes(length, 5s);
+    ASSERT_EQ(payload.size(), length);
+    std::map<int, uint32_t> settings;
+    for (size_t i = 0; i + 6 <= payload.size(); i += 6) {
+      settings[(uint8_t(payload[i]) << 8) | uint8_t(payload[i + 1])] =
+          (uint32_t(uint8_t(payload[i + 2])) << 24) | (uint32_t(uint8_t(payload[i + 3])) << 16) |
+          (uint32_t(uint8_t(payload[i + 4])) << 8) | uint8_t(payload[i + 5]);
+    }
+    ASSERT_TRUE(settings.count(0x3)) << "no SETTINGS_MAX_CONCURRENT_STREAMS";
+    EXPECT_EQ(settings[0x3], 100u);
+  }
+
+  // The raw connections are gone from the count: a real client gets in.
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(c.grpc()), grpc::InsecureChannelCredentials());
+  auto stub = v1::Inference::NewStub(channel);
+  auto tokenize = [&](const std::string& metadata) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    if (!metadata.empty()) ctx.AddMetadata("x-big", metadata);
+    v1::TokenizeRequest tr;
+    tr.set_model("tiny-v4");
+    tr.set_text("Hello, world!");
+    v1::TokenizeResponse resp;
+    return stub->Tokenize(&ctx, tr, &resp);
+  };
+  grpc::Status st = tokenize("");
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  // Metadata past --max-header-bytes 4096 fails the call; the connection goes on serving.
+  st = tokenize(std::string(8000, 'a'));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  st = tokenize(std::string(1000, 'a'));
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  // Idle for --idle-timeout 2: the server sends GOAWAY and the channel goes IDLE.
+  EXPECT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
+  bool idle = false;
+  for (auto deadline = Clock::now() + 6s; Clock::now() < deadline && !idle; std::this_thread::sleep_for(50ms)) {
+    idle = channel->GetState(false) == GRPC_CHANNEL_IDLE;
+  }
+  EXPECT_TRUE(idle) << "an idle gRPC connection was not closed";
+  st = tokenize("");
+  EXPECT_TRUE(st.ok()) << st.error_message();
 }
 
 // numoe-router exits 1 at start with a message naming the flag, the file (and the line) of bad security

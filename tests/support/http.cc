@@ -201,6 +201,17 @@ bool RawConnection::WaitClosed(std::chrono::milliseconds timeout) {
   }
 }
 
+std::string RawConnection::ReadBytes(size_t n, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (fd_ >= 0 && raw_.size() < n) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || ReadSome(fd_, &raw_, left) != 1) break;
+  }
+  std::string out = raw_.substr(0, std::min(n, raw_.size()));
+  raw_.erase(0, out.size());
+  return out;
+}
+
 bool SseStream::Open(int port, const std::string& path, const std::string& body,
                      const std::vector<std::string>& headers) {
   fd_ = Connect(port);

@@ -77,6 +77,9 @@ class RawConnection {
   HttpResponse ReadResponse(std::chrono::milliseconds timeout = std::chrono::seconds(10));
   // Whether the server closed (or reset) the connection within `timeout`; bytes it sent first are dropped.
   bool WaitClosed(std::chrono::milliseconds timeout);
+  // Raw bytes (another protocol than HTTP/1.1, e.g. HTTP/2 frames): reads until `n` bytes are there, the
+  // server closes, or `timeout`; returns them (fewer than n when it closed or the time ran out).
+  std::string ReadBytes(size_t n, std::chrono::milliseconds timeout);
 
  private:
   int fd_ = -1;

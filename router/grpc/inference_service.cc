@@ -1,8 +1,12 @@
 #include "router/grpc/inference_service.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -298,6 +302,35 @@ class InferenceService final : public v1::Inference::CallbackService {
   ApiKeys api_keys_;
 };
 
+constexpr char kSocketDirPrefix[] = "numoe-router-grpc.";
+
+// The socket directories of routers that died without their shutdown (kill -9): named
+// numoe-router-grpc.<pid>.XXXXXX, removed here when that pid is gone and the directory is ours.
+void RemoveStaleSocketDirs(const std::filesystem::path& tmp) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kSocketDirPrefix, 0) != 0) continue;
+    const std::string rest = name.substr(sizeof(kSocketDirPrefix) - 1);
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0) continue;
+    pid_t pid = 0;
+    bool digits = true;
+    for (char c : rest.substr(0, dot)) {
+      if (c < '0' || c > '9') digits = false;
+      else pid = pid * 10 + (c - '0');
+    }
+    struct stat st {};
+    if (!digits || pid <= 0 || pid == getpid() || lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid()) {
+      continue;
+    }
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask about)
+    std::error_code rm;
+    std::filesystem::remove_all(entry.path(), rm);
+  }
+}
+
 }  // namespace
 
 struct GrpcServer::Impl {
@@ -305,7 +338,9 @@ struct GrpcServer::Impl {
   std::unique_ptr<InferenceService> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<ConnectionGate> gate;
-  std::string socket_dir;  // the gRPC server's unix socket is in here (mode 0700); removed at shutdown
+  // The gRPC server's unix socket is in here (mode 0700): removed at shutdown, or by the next router to start
+  // on this machine when this one was killed (RemoveStaleSocketDirs).
+  std::string socket_dir;
   int port = 0;
 
   void RemoveSocketDir() {
@@ -330,7 +365,9 @@ Status GrpcServer::Start() {
   grpc::ServerBuilder builder;
   const GrpcServerOptions& o = impl_->options;
   std::error_code fs_error;
-  std::string dir = (std::filesystem::temp_directory_path(fs_error) / "numoe-router-grpc.XXXXXX").string();
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(fs_error);
+  if (!fs_error) RemoveStaleSocketDirs(tmp);
+  std::string dir = (tmp / absl::StrCat(kSocketDirPrefix, getpid(), ".XXXXXX")).string();
   if (fs_error || mkdtemp(dir.data()) == nullptr) {
     return absl::UnavailableError(absl::StrCat("gRPC: cannot make a directory for its unix socket (", dir, ")"));
   }

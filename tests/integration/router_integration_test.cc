@@ -542,6 +542,31 @@ TEST(RouterIntegration, PrefixAffinityKeepsAPrefixOnOneHost) {
   EXPECT_EQ(used, 3);
 }
 
+TEST(RouterIntegration, AKilledRoutersSocketDirectoryGoesWithTheNextStart) {
+  // The gRPC server listens on a unix socket in /tmp/numoe-router-grpc.<pid>.XXXXXX behind the connection gate;
+  // a router killed with SIGKILL cannot remove it, the next router to start does.
+  auto dirs_of = [](pid_t pid) {
+    std::vector<std::string> found;
+    const std::string prefix = "numoe-router-grpc." + std::to_string(pid) + ".";
+    for (const auto& e : std::filesystem::directory_iterator(std::filesystem::temp_directory_path())) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) found.push_back(e.path().string());
+    }
+    return found;
+  };
+  pid_t dead = -1;
+  {
+    Cluster c({{}}, {});
+    ASSERT_TRUE(c.WaitUp(1)) << c.RouterLog();
+    dead = c.router().pid();
+    EXPECT_EQ(dirs_of(dead).size(), 1u);
+  }  // the Cluster kills its router with SIGKILL
+  EXPECT_EQ(dirs_of(dead).size(), 1u);
+  Cluster next({{}}, {});
+  ASSERT_TRUE(next.WaitUp(1)) << next.RouterLog();
+  EXPECT_TRUE(dirs_of(dead).empty());
+  EXPECT_EQ(dirs_of(next.router().pid()).size(), 1u);
+}
+
 TEST(RouterIntegration, OneHostSpreadsASharedPrefixByLoad) {
   // Workers of one host share numoe-gpu's prefix cache: a burst of requests with one prefix (chats with the
   // same system prompt) goes by load, not all to one worker.

@@ -570,8 +570,9 @@ TEST(RouterIntegration, AKilledRoutersSocketDirectoryGoesWithTheNextStart) {
 TEST(RouterIntegration, OneHostSpreadsASharedPrefixByLoad) {
   // Workers of one host share numoe-gpu's prefix cache: a burst of requests with one prefix (chats with the
   // same system prompt) goes by load, not all to one worker.
-  Cluster c({{.flags = {"--token-delay-ms", "50"}}, {.flags = {"--token-delay-ms", "50"}},
-             {.flags = {"--token-delay-ms", "50"}}},
+  // 4 tokens x 400 ms: every request is still running when the last one arrives, even on a loaded machine.
+  Cluster c({{.flags = {"--token-delay-ms", "400"}}, {.flags = {"--token-delay-ms", "400"}},
+             {.flags = {"--token-delay-ms", "400"}}},
             {"--affinity-prefix-tokens", "4"});
   ASSERT_TRUE(c.WaitUp(3)) << c.RouterLog();
   std::vector<std::thread> clients;

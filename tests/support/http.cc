@@ -243,15 +243,19 @@ bool SseStream::Fill(std::chrono::milliseconds timeout) {
   return r == 1;
 }
 
+void SseStream::Decode() {
+  if (chunked_) {
+    if (Dechunk(&raw_, &decoded_)) eof_ = true;
+  } else {
+    decoded_ += raw_;
+    raw_.clear();
+  }
+}
+
 std::string SseStream::NextEvent(std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    if (chunked_) {
-      if (Dechunk(&raw_, &decoded_)) eof_ = true;
-    } else {
-      decoded_ += raw_;
-      raw_.clear();
-    }
+    Decode();
     size_t end = decoded_.find("\n\n");
     if (end != std::string::npos) {
       std::string ev = decoded_.substr(0, end);
@@ -267,12 +271,7 @@ std::string SseStream::NextEvent(std::chrono::milliseconds timeout) {
 std::string SseStream::ReadBody(std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    if (chunked_) {
-      if (Dechunk(&raw_, &decoded_)) eof_ = true;
-    } else {
-      decoded_ += raw_;
-      raw_.clear();
-    }
+    Decode();
     if (eof_ || std::chrono::steady_clock::now() >= deadline) break;
     Fill(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
   }

@@ -52,6 +52,8 @@ class SseStream {
 
  private:
   bool Fill(std::chrono::milliseconds timeout);
+  // Moves what raw_ holds of the body into decoded_ (de-chunked when chunked; the last chunk sets eof_).
+  void Decode();
   int fd_ = -1;
   int status_ = 0;
   std::map<std::string, std::string> headers_;

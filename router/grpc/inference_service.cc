@@ -16,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -314,14 +315,9 @@ void RemoveStaleSocketDirs(const std::filesystem::path& tmp) {
     const std::string rest = name.substr(sizeof(kSocketDirPrefix) - 1);
     const size_t dot = rest.find('.');
     if (dot == std::string::npos || dot == 0) continue;
-    pid_t pid = 0;
-    bool digits = true;
-    for (char c : rest.substr(0, dot)) {
-      if (c < '0' || c > '9') digits = false;
-      else pid = pid * 10 + (c - '0');
-    }
+    int pid = 0;
     struct stat st {};
-    if (!digits || pid <= 0 || pid == getpid() || lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+    if (!absl::SimpleAtoi(rest.substr(0, dot), &pid) || pid <= 0 || pid == getpid() || lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
         st.st_uid != geteuid()) {
       continue;
     }

@@ -1009,10 +1009,26 @@ Status CudaModel::Rollback(SequenceId seq, int64_t num_tokens) {
   return absl::OkStatus();
 }
 
-Status CudaModel::FlushRollbacks() {
+Status CudaModel::Settle(SequenceId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  Seq& s = it->second;
+  if (!s.spec) return absl::OkStatus();
+  // The rollback's device work runs now (it would at the next Forward) and is waited for: the slot then holds
+  // the state at `position` and its pre-step copy is no longer needed, so the sequence may be forked/exported.
+  RETURN_IF_ERROR(FlushRollbacks(&s));
+  for (auto& r : ranks_) {
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream));
+  }
+  s.spec = false;
+  return absl::OkStatus();
+}
+
+Status CudaModel::FlushRollbacks(const Seq* only) {
   std::vector<Seq*> pending;
   for (auto& [id, s] : seqs_) {
-    if (s.replay) pending.push_back(&s);
+    if (s.replay && (only == nullptr || &s == only)) pending.push_back(&s);
   }
   if (pending.empty()) return absl::OkStatus();
   for (auto& r : ranks_) {

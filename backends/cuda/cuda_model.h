@@ -26,7 +26,8 @@
 // pool of compressed entries, scratch for `max_step_tokens` rows). A step that needs more than that fails with
 // ResourceExhausted naming the limit and leaves every sequence unchanged; it never runs out of device memory.
 //
-// Speculative decoding: SequenceStep::speculative + Rollback (any depth up to max_spec_tokens - 1, any batch)
+// Speculative decoding: SequenceStep::speculative + Rollback (any depth up to max_spec_tokens - 1, any batch;
+// Settle makes it final at once, so the prefix cache can checkpoint the sequence)
 // and, for checkpoints with DSpark stages (tp == 1), the DSpark drafter (drafter() == kDspark, Draft()), whose
 // routed experts run on the worker or, with drafter_experts = "gpu", on the device.
 // Speculative steps are never replayed as CUDA graphs; a rollback's device work runs batched at the start of

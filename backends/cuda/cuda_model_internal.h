@@ -162,6 +162,7 @@ class CudaModel final : public CudaBackend {
   // the kept tokens would have left; compressed entries past the new position are simply no longer counted.
   // The device work is deferred to the next Forward/Draft, which does every pending rollback in one batch.
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
+  Status Settle(SequenceId seq) override;
   // A new slot and pages holding copies of the parent's (device-to-device, on every rank).
   StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
   // To pinned host memory (cudaHostAlloc) and back, on every rank: a host page of m·page_tokens_ positions
@@ -261,7 +262,8 @@ class CudaModel final : public CudaBackend {
   void EmitHidden(Rank& r, int64_t layer, const PassDims& d);
 
   // Runs the pending rollbacks' device work (before anything else reads or writes a sequence's state).
-  Status FlushRollbacks();
+  // Runs the pending rollbacks (restore + replay) of every sequence, or only of `only` when given.
+  Status FlushRollbacks(const Seq* only = nullptr);
   template <typename T>
   Status EnqueueReplay(Rank& r, const std::vector<Seq*>& pending);
   // DSpark: layers l >= num_hidden_layers are the drafter's stages.

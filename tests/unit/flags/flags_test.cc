@@ -122,6 +122,7 @@ TEST(GpuFlags, RoundTripsEveryField) {
   c.prefix_cache_gb = 1.5;
   c.prefix_cache_host_gb = 0.25;
   c.prefix_checkpoint_tokens = 512;
+  c.gpu_prefill_threshold = 1536;
   ExpectRoundTrip(c, gpu::GpuArgv(c), gpu::AddGpuFlags);
 }
 

@@ -15,7 +15,7 @@
 //   4. --backend cuda: the same with GPU prefill off and on (numoe-gpu --gpu-prefill-threshold 0, 1, or -1 =
 //      calibrated: --gpu-prefill off,on,auto), next to the PCIe bound of GPU prefill: every device pass
 //      uploads every layer's experts (packed bytes of the checkpoint's shapes), so a prompt of n tokens in
-//      passes of p rows (min(n, --prefill-chunk, --max-step-tokens, the CUDA backend's rows per pass)) costs
+//      passes of p rows (min(n, --prefill-chunk, --max-step-tokens, --pass-rows)) costs
 //      ceil(n / p) x expert bytes / the host-to-device bandwidth measured here (pinned memory, rank 0's GPU).
 // The last line is one JSON object: {"prompt_len", "ttft_s", "prefill_tok_s", "bound_tok_s", "ratio",
 // "peak_tflops", "peak_isa", "flops_per_token", "skipped"} (lists per prompt length; medians over --runs; those
@@ -45,6 +45,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/experts/isa.h"
 #include "worker/experts/kernel_ops.h"
+#include "gpu_service/gpu_app.h"
 #include "worker/service/worker_app.h"
 
 namespace numoe::bench {
@@ -75,7 +76,7 @@ StatusOr<Peak> MeasurePeak(const WorkerPlacement& w) {
 
 int RunPrefillBench(int argc, char** argv) {
   std::string model, lens_text = "1024,4096,16384,32768", backend = "cpu";
-  int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1, max_step_tokens = 0;
+  int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1, max_step_tokens = 0, pass_rows_flag = 0;
   std::string modes_text;
   ServeBenchFlags common;
   ArgParser p(argv[0],
@@ -93,6 +94,8 @@ int RunPrefillBench(int argc, char** argv) {
   p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
   p.AddInt("prefill-chunk", "N", "numoe serve --prefill-chunk (-1 = its default)", &prefill_chunk, -1, 65536);
   p.AddInt("max-step-tokens", "N", "numoe serve --max-step-tokens (0 = its default)", &max_step_tokens, 0, 16384);
+  p.AddInt("pass-rows", "N", "numoe serve --pass-rows: numoe-gpu's rows per device pass (--backend cuda; 0 = its default)",
+           &pass_rows_flag, 0, 65536);
   p.AddString("gpu-prefill", "LIST",
               "GPU prefill modes to run, in order: off (--gpu-prefill-threshold 0), on (1: every pass), auto (-1: "
               "calibrated); default off,on with --backend cuda, off with cpu",
@@ -102,7 +105,7 @@ int RunPrefillBench(int argc, char** argv) {
       "\nExample (six full-width V4-Flash layers with all 256 experts, ~22 GB; each layer costs what a real one does):\n"
       "  numoe mkmodel --preset v4-flash --layers 6 --out /tmp/v4f-6l\n"
       "  numoe-bench prefill --model /tmp/v4f-6l --backend cuda --prompt-lens 1024,4096,16384 \\\n"
-      "      --prefill-chunk 0 --max-step-tokens 16384\n"
+      "      --prefill-chunk 0 --max-step-tokens 16384 --pass-rows 16384\n"
       "Scale the 6-layer prefill tok/s by 6/43 for V4-Flash's 43 layers.\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
@@ -181,7 +184,7 @@ int RunPrefillBench(int argc, char** argv) {
     const int64_t step = max_step_tokens > 0 ? max_step_tokens : worker::WorkerAppConfig{}.max_step_tokens;
     for (int64_t n : fit) {
       const int64_t rows = std::max<int64_t>(
-          1, std::min({n, chunk > 0 ? chunk : n, step, CudaOptions{}.max_step_tokens}));
+          1, std::min({n, chunk > 0 ? chunk : n, step, pass_rows_flag > 0 ? pass_rows_flag : gpu::GpuAppConfig{}.pass_rows}));
       const double passes = static_cast<double>((n + rows - 1) / rows);
       pass_rows.push_back(rows);
       h2d_bound.push_back(static_cast<double>(n) / (passes * static_cast<double>(expert_bytes_per_pass) / (h2d_gbps * 1e9)));
@@ -202,6 +205,10 @@ int RunPrefillBench(int argc, char** argv) {
     if (max_step_tokens > 0) {
       spec.extra.push_back("--max-step-tokens");
       spec.extra.push_back(std::to_string(max_step_tokens));
+    }
+    if (pass_rows_flag > 0) {
+      spec.extra.push_back("--pass-rows");
+      spec.extra.push_back(std::to_string(pass_rows_flag));
     }
     if (backend == "cuda") {
       spec.extra.push_back("--gpu-prefill-threshold");

@@ -36,6 +36,7 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   o.devices = c.gpus;
   o.max_sequences = c.max_sequences;
   o.lanes = c.lanes;
+  o.max_step_tokens = c.pass_rows;
   o.drafter = drafter;
   o.drafter_experts = ChoiceName(c.drafter_experts);
   // Without a CUDA build this is the stub's UNAVAILABLE, which says so.

@@ -45,6 +45,10 @@ struct GpuAppConfig {
   // GPU from the worker's expert arena, streamed over PCIe layer by layer. -1 = calibrated per worker from the
   // measured host-to-device bandwidth and the worker's expert speed; 0 = never.
   int64_t gpu_prefill_threshold = -1;
+  // --backend cuda: rows per device pass (CudaOptions::max_step_tokens; larger steps run as several passes).
+  // GPU prefill uploads every layer once per pass, so bigger passes cost less PCIe per prompt token, for
+  // activation scratch that grows with the rows (logged by the backend's description).
+  int64_t pass_rows = 2048;
 
   bool operator==(const GpuAppConfig&) const = default;
 };

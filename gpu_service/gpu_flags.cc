@@ -61,6 +61,11 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
            "its registration: N = one layer's upload time (measured host-to-device bandwidth) / the worker's measured "
            "expert time per row and layer; 0 = never. Logged with its inputs; unused on the cpu backend",
            &c->gpu_prefill_threshold, -1, int64_t{1} << 30);
+  p.AddInt("pass-rows", "N",
+           "--backend cuda: rows per device pass (larger steps run as consecutive passes). GPU prefill uploads every "
+           "layer's experts once per pass, so bigger passes pay less PCIe per prompt token, for activation scratch "
+           "that grows with N (the backend logs its memory)",
+           &c->pass_rows, 1, 65536);
 }
 
 Status ResolveGpus(GpuAppConfig* c, int cuda_devices) {

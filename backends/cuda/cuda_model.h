@@ -130,6 +130,10 @@ class CudaBackend : public ModelBackend {
 // usual way copy bandwidth is quoted), best of `iters` copies of `bytes` bytes.
 StatusOr<double> MeasureDeviceCopyGBps(int device, int64_t bytes, int iters);
 
+// Host-to-device copy bandwidth of `device` in GB/s from pinned host memory (what GPU prefill's uploads from a
+// registered expert arena run at), best of `iters` copies of `bytes` bytes.
+StatusOr<double> MeasureHostToDeviceGBps(int device, int64_t bytes, int iters);
+
 // Number of CUDA devices visible (0 without CUDA or without a driver).
 int CudaDeviceCount();
 // True when numoe was built with the CUDA backend.

@@ -10,6 +10,9 @@ int CudaDeviceCount() { return 0; }
 StatusOr<double> MeasureDeviceCopyGBps(int, int64_t, int) {
   return absl::UnavailableError("numoe was built without CUDA");
 }
+StatusOr<double> MeasureHostToDeviceGBps(int, int64_t, int) {
+  return absl::UnavailableError("numoe was built without CUDA");
+}
 bool CudaCompiledIn() { return false; }
 
 StatusOr<std::unique_ptr<CudaBackend>> CreateCudaBackend(const Checkpoint&, const CudaOptions&) {

@@ -291,4 +291,22 @@ struct Mxfp4Scratch {
 void RoutedExpertsMxfp4(const Mxfp4Experts& w, const float* x, const int32_t* ids, const float* wts, int64_t n,
                         int64_t K, float swiglu_limit, const Mxfp4Scratch& s, float* out, cudaStream_t stream);
 
+// ---- GPU prefill: one layer's routed experts in the worker's packed layout (common/packed_layout.h) ----
+
+struct PackedMoeArgs {
+  const uint8_t* layer = nullptr;   // device: num_experts x stride bytes (packed_layout.h)
+  int64_t num_experts = 0, hidden = 0, inter = 0, stride = 0;
+  const float* x = nullptr;         // device [n, hidden] fp32 activations (the MoE input)
+  const int32_t* ids = nullptr;     // device [n, k] expert ids (-1 = slot unused)
+  const float* weights = nullptr;   // device [n, k] routing weights
+  int64_t n = 0, k = 0;
+  float swiglu_limit = 0;           // as the CPU experts use it (0 = none)
+  float* out = nullptr;             // device [n, hidden] fp32: weighted sum over the k slots
+  void* scratch = nullptr;          // device scratch of PackedMoeScratchBytes(...) bytes
+};
+// out[r] = Σ_k weights[r,k] · w2_e · (silu(min(w1_e·x_r, L)) ⊙ clamp(w3_e·x_r, -L, L)), e = ids[r,k], like
+// worker/experts/moe_compute.h (no shared expert). Enqueues on `stream`; cudaErrorInvalidValue for bad shapes.
+cudaError_t PackedMoe(const PackedMoeArgs& a, cudaStream_t stream);
+int64_t PackedMoeScratchBytes(int64_t n, int64_t k, int64_t hidden, int64_t inter);
+
 }  // namespace numoe::cuda

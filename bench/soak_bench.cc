@@ -381,10 +381,11 @@ int RunSoakBench(int argc, char** argv) {
   // numoe-gpu's prefix cache fills up to its bounds, which is growth but no leak, and both tiers' bytes are
   // counted out of numoe-gpu's RSS growth. Its first tier reaches its checkpoint count during the warm-up.
   // The host tier keeps a bound of 32 MiB, which it reaches there too, instead of its default (8 GiB): with
-  // every soak prompt new, the default tier would grow by GBs over the soak (hundreds of MiB a minute on
-  // tiny-v4), so the check would compare two RSS figures GBs apart against a bound of tens of MiB and the run
-  // would take that much RAM from the machine; at its bound, the host tier's share of the growth is ~0 and
-  // the RSS check sees what numoe-gpu gains besides the cache.
+  // every soak prompt new, the default tier would grow by GBs over the soak (on tiny-v4 a host checkpoint is
+  // ~0.08 MiB, two a request at ~40 requests/s on 2 cores: ~400 MiB a minute), so the check would compare two
+  // RSS figures GBs apart against a bound of tens of MiB and the run would take that much RAM from the
+  // machine; at its bound the host tier's share of the growth is ~0, and the RSS check sees what numoe-gpu
+  // gains besides the cache.
   spec.extra.insert(spec.extra.end(), {"--prefix-cache-host-gb", "0.03125"});
   auto cmd = ServeCommand(spec);
   if (!cmd.ok()) return fail(cmd.status());

@@ -69,9 +69,10 @@
 namespace numoe::shm {
 
 inline constexpr uint64_t kMagic = 0x314d48535f454f4eULL;  // "NOE_SHM1" little-endian
-inline constexpr uint32_t kVersion = 5;  // 2: speculative decoding (drafts, emitted tokens); 3: penalties,
+inline constexpr uint32_t kVersion = 6;  // 2: speculative decoding (drafts, emitted tokens); 3: penalties,
                                          // logit bias, log-probs, forks; 4: prefix cache (cached, cache bytes);
-                                         // 5: grammars
+                                         // 5: grammars; 6: prefix cache host tier (host bytes, evictions
+                                         // per tier)
 inline constexpr size_t kErrorTextBytes = 1024;
 // Capacities of the sampling extras (common/sampling_limits.h).
 inline constexpr uint32_t kMaxWireBias = static_cast<uint32_t>(kMaxLogitBias);
@@ -190,11 +191,15 @@ struct MsgHeader {
   int64_t num_logits = 0;    // kStepResult: rows in logits (entries with kEntryLogits, in order)
   int64_t num_emitted = 0;   // kStepResult: tokens in emitted (the sum of counts)
   int64_t compute_ns = 0;    // kMoeResponse: time the worker spent computing (hop overhead = RTT - this)
-  // kStepResult: numoe-gpu's prefix cache (gpu_service/session.h): bytes its checkpoints hold (-1: off), and
-  // the prompt tokens its lookups queried and restored since it started.
+  // kStepResult: numoe-gpu's prefix cache (gpu_service/session.h): bytes its first tier's checkpoints hold
+  // (-1: off), and the prompt tokens its lookups queried and restored since it started; its host tier's bytes
+  // (-1: no host tier), and the checkpoints evicted from each tier since it started.
   int64_t prefix_cache_bytes = -1;
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  int64_t prefix_host_bytes = -1;
+  int64_t prefix_evicted = 0;
+  int64_t prefix_host_evicted = 0;
   int64_t text_len = 0;      // kError
 };
 

@@ -170,14 +170,18 @@ void WorkerSession::Serve() {
 
 void WorkerSession::ReportCache(shm::MsgHeader* out) const {
   if (host_->prefix_cache == nullptr) {
-    out->prefix_cache_bytes = -1;
+    out->prefix_cache_bytes = out->prefix_host_bytes = -1;
     out->prefix_queried_tokens = out->prefix_hit_tokens = 0;
+    out->prefix_evicted = out->prefix_host_evicted = 0;
     return;
   }
   const PrefixCacheStats st = host_->prefix_cache->stats();
   out->prefix_cache_bytes = st.bytes;
   out->prefix_queried_tokens = static_cast<int64_t>(st.queried_tokens);
   out->prefix_hit_tokens = static_cast<int64_t>(st.hit_tokens);
+  out->prefix_host_bytes = st.page_tokens > 0 ? st.host_bytes : -1;  // page_tokens 0: no host tier
+  out->prefix_evicted = static_cast<int64_t>(st.evicted);
+  out->prefix_host_evicted = static_cast<int64_t>(st.host_evicted);
 }
 
 Status WorkerSession::HandleStep() {

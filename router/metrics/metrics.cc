@@ -73,6 +73,9 @@ WorkerGauge WorkerGaugeFromStats(const std::string& worker, bool up, const v1::W
   g.prefix_queried_tokens = stats.prefix_queried_tokens();
   g.prefix_hit_tokens = stats.prefix_hit_tokens();
   g.prefix_cache_bytes = stats.prefix_cache_bytes();
+  g.prefix_host_bytes = stats.prefix_host_bytes();
+  g.prefix_evicted = stats.prefix_evicted();
+  g.prefix_host_evicted = stats.prefix_host_evicted();
   return g;
 }
 
@@ -131,23 +134,42 @@ std::string Metrics::Render(const std::vector<WorkerGauge>& workers) const {
   gauge("numoe_worker_up", "1 when the worker's last health check passed.",
         [](const WorkerGauge& w) { return w.up ? 1 : 0; });
   {
-    auto prefix = [&](const char* name, const char* type, const char* labels, const char* help, auto value_of) {
+    // Workers with a prefix cache only; the tier="host" line only where numoe-gpu has a host tier.
+    auto prefix = [&](const char* name, const char* type, const char* help, auto value_of) {
       absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
       for (const WorkerGauge& w : workers) {
         if (w.prefix_cache_bytes < 0) continue;
-        absl::StrAppend(&out, name, "{worker=\"", EscapeLabelValue(w.worker), "\"", labels, "} ", value_of(w), "\n");
+        absl::StrAppend(&out, name, "{worker=\"", EscapeLabelValue(w.worker), "\"} ", value_of(w), "\n");
       }
     };
-    prefix("numoe_prefix_cache_queried_tokens_total", "counter", "",
+    auto per_tier = [&](const char* name, const char* type, const char* help, auto backend_of, auto host_of) {
+      absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+      for (const WorkerGauge& w : workers) {
+        if (w.prefix_cache_bytes < 0) continue;
+        const std::string worker = EscapeLabelValue(w.worker);
+        absl::StrAppend(&out, name, "{worker=\"", worker, "\",tier=\"backend\"} ", backend_of(w), "\n");
+        if (w.prefix_host_bytes >= 0) {
+          absl::StrAppend(&out, name, "{worker=\"", worker, "\",tier=\"host\"} ", host_of(w), "\n");
+        }
+      }
+    };
+    prefix("numoe_prefix_cache_queried_tokens_total", "counter",
            "Prompt tokens of the worker's requests looked up in numoe-gpu's prefix cache (last health check).",
            [](const WorkerGauge& w) { return w.prefix_queried_tokens; });
-    prefix("numoe_prefix_cache_hit_tokens_total", "counter", "",
+    prefix("numoe_prefix_cache_hit_tokens_total", "counter",
            "Of them, the prompt tokens restored from the cache instead of computed (last health check).",
            [](const WorkerGauge& w) { return w.prefix_hit_tokens; });
-    prefix("numoe_prefix_cache_bytes", "gauge", ",tier=\"backend\"",
-           "Bytes the prefix cache of the worker's numoe-gpu holds, by tier (backend: the model backend's own "
-           "memory, RAM on the CPU backend, GPU memory on CUDA; shared by the workers of one numoe-gpu).",
-           [](const WorkerGauge& w) { return w.prefix_cache_bytes; });
+    per_tier("numoe_prefix_cache_bytes", "gauge",
+             "Bytes the prefix cache of the worker's numoe-gpu holds, by tier (backend: the model backend's own "
+             "memory, RAM on the CPU backend, GPU memory on CUDA; host: the host-RAM tier, pinned on CUDA; shared "
+             "by the workers of one numoe-gpu).",
+             [](const WorkerGauge& w) { return w.prefix_cache_bytes; },
+             [](const WorkerGauge& w) { return w.prefix_host_bytes; });
+    per_tier("numoe_prefix_cache_evictions_total", "counter",
+             "Checkpoints evicted from the prefix cache of the worker's numoe-gpu since it started, by tier "
+             "(backend: moved to the host tier or dropped; host: dropped).",
+             [](const WorkerGauge& w) { return w.prefix_evicted; },
+             [](const WorkerGauge& w) { return w.prefix_host_evicted; });
   }
   {
     const char* name = "numoe_worker_expert_seconds_total";

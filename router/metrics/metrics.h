@@ -16,7 +16,11 @@
 //                                                   numoe-gpu's prefix cache (workers with one only)
 //   numoe_prefix_cache_hit_tokens_total{worker}     counter: of them, the ones restored instead of computed
 //   numoe_prefix_cache_bytes{worker,tier}           gauge: bytes the cache holds (tier "backend": the backend's own
-//                                                   memory; shared by the workers of one numoe-gpu)
+//                                                   memory; "host": the host-RAM tier, where numoe-gpu has one;
+//                                                   shared by the workers of one numoe-gpu)
+//   numoe_prefix_cache_evictions_total{worker,tier} counter: checkpoints evicted from each tier since numoe-gpu
+//                                                   started (backend: moved to the host tier or dropped; host:
+//                                                   dropped)
 //   numoe_spec_drafted_tokens_total{worker,drafter}  counter: draft tokens the worker's verifier checked
 //   numoe_spec_accepted_tokens_total{worker,drafter} counter: draft tokens it kept
 //   numoe_spec_verify_steps_total{worker,drafter}    counter: verify steps (one per sequence per step with drafts)
@@ -72,10 +76,14 @@ struct WorkerGauge {
   uint64_t spec_drafted = 0;
   uint64_t spec_accepted = 0;
   // numoe-gpu's prefix cache: this worker's prompt tokens looked up and restored, cumulative; the bytes the
-  // cache holds (-1: no cache, no numoe_prefix_cache_* lines).
+  // first tier holds (-1: no cache, no numoe_prefix_cache_* lines) and the host tier (-1: none, no tier="host"
+  // lines); checkpoints evicted from each tier, cumulative.
   uint64_t prefix_queried_tokens = 0;
   uint64_t prefix_hit_tokens = 0;
   int64_t prefix_cache_bytes = -1;
+  int64_t prefix_host_bytes = -1;
+  uint64_t prefix_evicted = 0;
+  uint64_t prefix_host_evicted = 0;
 };
 
 // The gauges of one worker from its last Stats answer.

@@ -13,7 +13,7 @@
 #include "backends/cuda/cuda_model.h"
 #include "common/checkpoint.h"
 #include "model/prefix_cache.h"
-#include "model/prefix_step.h"
+#include "tests/support/cached_generate.h"
 #include "tests/support/compare.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/status_matchers.h"
@@ -22,48 +22,8 @@
 namespace numoe {
 namespace {
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;
-  int64_t cached = 0;
-};
-
-Outcome Generate(ModelBackend& model, ExpertBackend& experts, PrefixCache* cache, const std::vector<int32_t>& prompt,
-                 int64_t chunk, int64_t steps) {
-  Outcome r;
-  auto opened = OpenCachedSequence(model, cache);
-  EXPECT_TRUE(opened.ok()) << opened.status();
-  CachedSequence seq = std::move(*opened);
-  Sampler sampler(SamplingParams{});
-  StepScratch scratch;
-  StepOutput out;
-  std::vector<int32_t> cached;
-  CachedSequence* seqs[1] = {&seq};
-  Sampler* samplers[1] = {&sampler};
-  for (size_t fed = 0; fed < prompt.size();) {
-    const size_t n = chunk > 0 ? std::min<size_t>(static_cast<size_t>(chunk), prompt.size() - fed) : prompt.size();
-    const bool completes = fed + n == prompt.size();
-    StepItem it{.tokens = std::span<const int32_t>(prompt).subspan(fed, n), .sample = completes, .logits = completes};
-    Status st = RunCachedStep(model, experts, cache, 0, {&it, 1}, seqs, samplers, &scratch, &out, &cached);
-    EXPECT_TRUE(st.ok()) << st;
-    if (!st.ok()) return r;
-    r.cached += cached[0];
-    fed += n;
-    for (const auto& l : out.logits) r.logits.insert(r.logits.end(), l.begin(), l.end());
-    if (completes) r.tokens.push_back(out.tokens[0]);
-  }
-  for (int64_t s = 0; s < steps; ++s) {
-    std::vector<int32_t> feed = {r.tokens.back()};
-    StepItem it{.tokens = feed, .sample = true, .logits = true};
-    Status st = RunCachedStep(model, experts, cache, 0, {&it, 1}, seqs, samplers, &scratch, &out, &cached);
-    EXPECT_TRUE(st.ok()) << st;
-    if (!st.ok()) return r;
-    r.tokens.push_back(out.tokens[0]);
-    r.logits.insert(r.logits.end(), out.logits[0].begin(), out.logits[0].end());
-  }
-  ReleaseCachedSequence(model, cache, &seq);
-  return r;
-}
+using Outcome = test::CachedOutcome;
+using test::GenerateCached;
 
 TEST(CudaPrefixCache, WarmMatchesColdWithinTolerance) {
   if (!CudaCompiledIn() || CudaDeviceCount() < 1) GTEST_SKIP() << "needs a GPU";
@@ -87,9 +47,9 @@ TEST(CudaPrefixCache, WarmMatchesColdWithinTolerance) {
   for (int64_t chunk : {0, 7}) {
     // A cache of its own per chunking: the previous one holds the diverging prompt's own checkpoint (at 77).
     PrefixCache cache(&m, {.checkpoint_tokens = 32});
-    const Outcome cold = Generate(m, ex, nullptr, prompt, 0, 6);
-    const Outcome first = Generate(m, ex, &cache, prompt, chunk, 6);
-    const Outcome again = Generate(m, ex, &cache, prompt, chunk, 6);
+    const Outcome cold = GenerateCached(m, ex, nullptr, prompt, 0, 6);
+    const Outcome first = GenerateCached(m, ex, &cache, prompt, chunk, 6);
+    const Outcome again = GenerateCached(m, ex, &cache, prompt, chunk, 6);
     EXPECT_EQ(again.cached, static_cast<int64_t>(prompt.size()) - 1);
     EXPECT_EQ(first.tokens, cold.tokens);
     EXPECT_EQ(again.tokens, cold.tokens);
@@ -97,8 +57,8 @@ TEST(CudaPrefixCache, WarmMatchesColdWithinTolerance) {
     // Diverging at 77: the interval checkpoint at 64 serves.
     std::vector<int32_t> other(prompt.begin(), prompt.begin() + 77);
     other.push_back((prompt[77] + 1) % static_cast<int32_t>(m.vocab_size()));
-    const Outcome cold2 = Generate(m, ex, nullptr, other, 0, 4);
-    const Outcome warm2 = Generate(m, ex, &cache, other, chunk, 4);
+    const Outcome cold2 = GenerateCached(m, ex, nullptr, other, 0, 4);
+    const Outcome warm2 = GenerateCached(m, ex, &cache, other, chunk, 4);
     EXPECT_EQ(warm2.cached, 64);
     EXPECT_EQ(warm2.tokens, cold2.tokens);
     EXPECT_LE(test::MaxAbsDiff(warm2.logits, cold2.logits), tol);
@@ -147,9 +107,9 @@ TEST(CudaPrefixCache, HostTierMatchesCold) {
   }
   for (int64_t chunk : {0, 7}) {
     PrefixCache cache(&m, {.budget_bytes = 1, .checkpoint_tokens = 64, .host_budget_bytes = int64_t{1} << 30});
-    const Outcome cold = Generate(m, ex, nullptr, prompt, 0, 6);
-    const Outcome first = Generate(m, ex, &cache, prompt, chunk, 6);
-    const Outcome again = Generate(m, ex, &cache, prompt, chunk, 6);
+    const Outcome cold = GenerateCached(m, ex, nullptr, prompt, 0, 6);
+    const Outcome first = GenerateCached(m, ex, &cache, prompt, chunk, 6);
+    const Outcome again = GenerateCached(m, ex, &cache, prompt, chunk, 6);
     EXPECT_EQ(again.cached, static_cast<int64_t>(prompt.size()) - 1);
     EXPECT_GT(cache.stats().host_hits, 0u);
     EXPECT_EQ(cache.stats().entries, 0);

@@ -2,7 +2,8 @@
 // greedy tokens equal to the goldens, restarts a worker killed with SIGKILL on the same address (and the
 // whole set after numoe-gpu is killed), and on SIGTERM leaves no process of its process group behind.
 // With a real numoe-router built, the same runs through the router (REST /health and token-id
-// completions equal to the goldens); without one that part is skipped.
+// completions equal to the goldens, and numoe-gpu's prefix cache tiers in its /metrics); without one that
+// part is skipped.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -219,6 +220,54 @@ TEST(Serve, EndToEndThroughTheRouter) {
     }
     EXPECT_NE(compact.find("\"token_ids\":[" + want + "]"), std::string::npos) << g.name << ": " << bodies[k];
   }
+  const int status = serve.Terminate();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int i = 0; i < 50 && !ProcessGroupMembers(pgid).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(ProcessGroupMembers(pgid).empty());
+}
+
+// numoe-gpu's prefix cache by tier in the router's /metrics: a first tier of 0 bytes moves every checkpoint
+// to a 4 MiB host tier as it is stored, so after the same prompt twice (the second time restored from the
+// host tier) the router shows tier="host" bytes within that bound, none in the first tier, and the first
+// tier's evictions.
+TEST(Serve, PrefixCacheHostTierInTheRoutersMetrics) {
+  if (!RealRouterBuilt()) GTEST_SKIP() << "numoe-router is not built yet";
+  ASSERT_OK_AND_ASSIGN(const Goldens goldens, Goldens::Load(TinyDir()));
+  const int http = FreePort(), grpc_port = FreePort();
+  const TempDir tmp("numoe-serve-prefix-metrics");
+  constexpr double kHostGb = 4.0 / 1024;  // 4 MiB
+  Child serve = Child::Start(
+      {BinPath("numoe"), "serve", "--model", TinyDir(), "--workers", "1", "--no-numa-bind", "--backend", "cpu",
+       "--threads-per-worker", "1", "--prefix-cache-gb", "0", "--prefix-cache-host-gb", std::to_string(kHostGb),
+       "--port", std::to_string(http), "--grpc-port", std::to_string(grpc_port)},
+      {.log = tmp / "serve.log", .stdout_file = tmp / "serve.out", .new_group = true});
+  const pid_t pgid = serve.pid();
+  ASSERT_FALSE(serve.WaitForLine().empty()) << serve.Log();
+  std::string prompt;
+  for (int32_t t : goldens[0].input_ids) prompt += (prompt.empty() ? "" : ",") + std::to_string(t);
+  const std::string req = R"({"model":"tiny-v4","prompt":[)" + prompt +
+                          R"(],"max_tokens":4,"temperature":0,"ignore_eos":true})";
+  for (int i = 0; i < 2; ++i) {
+    std::string body;
+    ASSERT_EQ(Http(http, "POST", "/v1/completions", req, &body), 200) << body;
+  }
+  // The worker gauges come from the router's health checks: wait for one after the second request.
+  std::string page;
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < deadline) {
+    ASSERT_EQ(Http(http, "GET", "/metrics", "", &page), 200) << page;
+    if (MetricSum(page, "numoe_prefix_cache_hit_tokens_total") > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_GT(MetricSum(page, "numoe_prefix_cache_hit_tokens_total"), 0) << page;
+  const double host = MetricSum(page, "numoe_prefix_cache_bytes", {"tier=\"host\""});
+  EXPECT_GT(host, 0) << page;
+  EXPECT_LE(host, kHostGb * double(int64_t{1} << 30)) << page;
+  EXPECT_EQ(MetricSum(page, "numoe_prefix_cache_bytes", {"tier=\"backend\""}), 0) << page;
+  EXPECT_GT(MetricSum(page, "numoe_prefix_cache_evictions_total", {"tier=\"backend\""}), 0) << page;
+  EXPECT_GE(MetricSum(page, "numoe_prefix_cache_evictions_total", {"tier=\"host\""}), 0) << page;
+  EXPECT_NE(page.find("# TYPE numoe_prefix_cache_evictions_total counter\n"), std::string::npos) << page;
   const int status = serve.Terminate();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   for (int i = 0; i < 50 && !ProcessGroupMembers(pgid).empty(); ++i)

@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,24 +47,6 @@ struct Cell {
 std::string Describe(const Cell& c) {
   return absl::StrCat("--spec ", c.spec, " --max-seqs ", c.max_seqs, " --spec-depth ", c.depth,
                       " --max-step-tokens ", c.budget, c.adaptive ? " --spec-adaptive" : "");
-}
-
-// The sum of `metric`{...drafter="<drafter>"...} values in a Prometheus text page (-1: no such line).
-double MetricSum(const std::string& page, const std::string& metric, const std::string& drafter) {
-  const std::regex line("^" + metric + R"(\{([^}]*)\} ([0-9.eE+-]+)$)");
-  double sum = -1;
-  size_t at = 0;
-  while (at < page.size()) {
-    size_t end = page.find('\n', at);
-    if (end == std::string::npos) end = page.size();
-    const std::string l = page.substr(at, end - at);
-    at = end + 1;
-    std::smatch m;
-    if (!std::regex_match(l, m, line)) continue;
-    if (m[1].str().find("drafter=\"" + drafter + "\"") == std::string::npos) continue;
-    sum = std::max(sum, 0.0) + std::stod(m[2].str());
-  }
-  return sum;
 }
 
 // `model`: the served name (the checkpoint directory's name).
@@ -149,7 +130,7 @@ void RunCell(const Cell& c, const std::vector<test::GoldenPrompt>& goldens, cons
   for (int i = 0; i < 60 && drafted <= 0; ++i) {
     HttpResponse r = HttpCall(http, "GET", "/metrics", "", {}, 10s);
     page = r.body;
-    drafted = MetricSum(page, "numoe_spec_drafted_tokens_total", drafter);
+    drafted = MetricSum(page, "numoe_spec_drafted_tokens_total", {"drafter=\"" + drafter + "\""});
     if (drafted <= 0) std::this_thread::sleep_for(100ms);
   }
   EXPECT_GT(drafted, 0) << "/metrics:\n" << page;

@@ -293,4 +293,21 @@ std::vector<std::string> SseEvents(const std::string& body) {
   return out;
 }
 
+double MetricSum(const std::string& page, const std::string& metric, const std::vector<std::string>& labels) {
+  double sum = -1;
+  std::istringstream in(page);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(metric + "{", 0) != 0) continue;
+    const size_t close = line.find("} ", metric.size());
+    if (close == std::string::npos) continue;
+    const std::string have = line.substr(metric.size() + 1, close - metric.size() - 1);
+    if (!std::all_of(labels.begin(), labels.end(),
+                     [&](const std::string& l) { return have.find(l) != std::string::npos; })) {
+      continue;
+    }
+    sum = std::max(sum, 0.0) + std::strtod(line.c_str() + close + 2, nullptr);
+  }
+  return sum;
+}
+
 }  // namespace numoe::test

@@ -91,4 +91,8 @@ class RawConnection {
 // Splits an SSE body into its "data:" payloads.
 std::vector<std::string> SseEvents(const std::string& body);
 
+// The sum of the values of the `metric`{labels} lines of a Prometheus text page (/metrics) whose labels
+// contain every one of `labels` (each like "tier=\"host\""), or -1 when no line matches.
+double MetricSum(const std::string& page, const std::string& metric, const std::vector<std::string>& labels = {});
+
 }  // namespace numoe::test

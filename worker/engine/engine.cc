@@ -416,7 +416,7 @@ bool Engine::StepOnce() {
         if (out_.cached.size() == items_.size()) r.cached += out_.cached[i];
         if (!items_[i].sample) continue;
         if (r.generated == 0) {  // the prompt is done: what the prefix cache saved of it is final
-          if (executor_->prefix_cache_bytes() >= 0) {
+          if (executor_->prefix_cache().bytes >= 0) {
             prefix.queried += static_cast<int64_t>(r.req.prompt.size());
             prefix.hit += r.cached;
           }
@@ -541,7 +541,11 @@ EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s = stats_;
   s.expert_seconds = executor_->expert_seconds();
-  s.prefix_cache_bytes = executor_->prefix_cache_bytes();
+  const PrefixCacheFigures prefix = executor_->prefix_cache();
+  s.prefix_cache_bytes = prefix.bytes;
+  s.prefix_host_bytes = prefix.host_bytes;
+  s.prefix_evicted = prefix.evicted;
+  s.prefix_host_evicted = prefix.host_evicted;
   s.decode_tokens_per_s = 0.0;
   if (rate_window_.size() >= 2) {
     const double now = NowSeconds();

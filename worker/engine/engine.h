@@ -123,10 +123,14 @@ struct EngineStats {
   // Seconds inside the routed experts (computed or simulated) since start (Executor::expert_seconds).
   double expert_seconds = 0;
   // The prefix cache behind the executor: prompt tokens of this engine's requests looked up in it and
-  // restored from it, and the bytes it holds (-1: none).
+  // restored from it, the bytes its first tier holds (-1: none) and its host tier (-1: none), and the
+  // checkpoints evicted from each (Executor::prefix_cache).
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t prefix_cache_bytes = -1;
+  int64_t prefix_host_bytes = -1;
+  int64_t prefix_evicted = 0;
+  int64_t prefix_host_evicted = 0;
 };
 
 // What one step carried (tests and debug logs).

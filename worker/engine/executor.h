@@ -29,6 +29,14 @@ using ExecSeq = int64_t;  // an executor's handle for one sequence
 // StepItem and StepOutput (model/step.h) are what a step carries; here StepItem::seq is the executor's
 // handle (ExecSeq). Speculative items, the budget they take and the rules they follow are documented there.
 
+// The figures of the prefix cache behind an executor.
+struct PrefixCacheFigures {
+  int64_t bytes = -1;        // held by the first tier's checkpoints (the backend's memory); -1: no cache
+  int64_t host_bytes = -1;   // held by the host tier's (--prefix-cache-host-gb); -1: no host tier
+  int64_t evicted = 0;       // checkpoints evicted from the first tier (moved to the host tier or dropped)
+  int64_t host_evicted = 0;  // checkpoints dropped from the host tier
+};
+
 struct ExecutorLimits {
   int64_t vocab_size = 0;
   int64_t max_step_tokens = 0;  // tokens per Step (sum over items); 0 = unbounded
@@ -71,9 +79,9 @@ class Executor {
   // Seconds this process has spent inside its ExpertBackend (the routed experts, computed or simulated)
   // since construction; 0 where the executor does not measure it. Safe to call from any thread.
   virtual double expert_seconds() const { return 0; }
-  // Bytes held by the prefix cache behind this executor (numoe-gpu's, as its last step reported), or -1
-  // when there is none. Safe to call from any thread.
-  virtual int64_t prefix_cache_bytes() const { return -1; }
+  // The prefix cache behind this executor (numoe-gpu's, as its last step reported; bytes -1 when there is
+  // none). Safe to call from any thread.
+  virtual PrefixCacheFigures prefix_cache() const { return {}; }
 };
 
 }  // namespace numoe::engine

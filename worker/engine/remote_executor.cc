@@ -19,6 +19,11 @@ ExecutorLimits RemoteExecutor::limits() const {
                         .model = ChannelCapabilities(g)};
 }
 
+PrefixCacheFigures RemoteExecutor::prefix_cache() const {
+  std::lock_guard<std::mutex> lk(prefix_mu_);
+  return prefix_cache_;
+}
+
 Status RemoteExecutor::Broken(const Status& st) {
   if (broken_.ok()) broken_ = Status(st.code(), absl::StrCat("numoe-gpu channel: ", st.message()));
   return broken_;
@@ -298,7 +303,12 @@ Status RemoteExecutor::ReadResult(std::span<const StepItem> items, int64_t num_e
       out->logits.emplace_back(l, l + g.vocab);
     }
   }
-  prefix_cache_bytes_.store(ch_->incoming().prefix_cache_bytes, std::memory_order_relaxed);
+  {
+    const shm::MsgHeader& m = ch_->incoming();
+    std::lock_guard<std::mutex> lk(prefix_mu_);
+    prefix_cache_ = {.bytes = m.prefix_cache_bytes, .host_bytes = m.prefix_host_bytes,
+                     .evicted = m.prefix_evicted, .host_evicted = m.prefix_host_evicted};
+  }
   if (at != num_emitted) {
     return Broken(absl::DataLossError(absl::StrCat("StepResult: counts add up to ", at, ", num_emitted says ",
                                                    num_emitted)));

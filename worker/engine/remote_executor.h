@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "common/shm_channel.h"
@@ -39,14 +40,13 @@ class RemoteExecutor final : public Executor {
 
   // Seconds spent in the expert backend and MoE requests served, since construction (any thread).
   double expert_seconds() const override { return static_cast<double>(expert_ns_.load(std::memory_order_relaxed)) * 1e-9; }
-  int64_t prefix_cache_bytes() const override { return prefix_cache_bytes_.load(std::memory_order_relaxed); }
+  PrefixCacheFigures prefix_cache() const override;
   int64_t moe_requests() const { return moe_requests_.load(std::memory_order_relaxed); }
 
  private:
   Status Exchange(std::span<const StepItem> items, StepOutput* out);
   // Reads and checks the StepResult's per-entry arrays into `out` (a gpu answer that does not fit the
   // items breaks the executor: the two sides no longer agree).
-  std::atomic<int64_t> prefix_cache_bytes_{-1};
   Status ReadResult(std::span<const StepItem> items, int64_t num_emitted, bool logprobs, StepOutput* out);
   Status Broken(const Status& st);
 
@@ -64,6 +64,8 @@ class RemoteExecutor final : public Executor {
   Status broken_;
   std::atomic<int64_t> expert_ns_{0};
   std::atomic<int64_t> moe_requests_{0};
+  mutable std::mutex prefix_mu_;
+  PrefixCacheFigures prefix_cache_;  // from the last StepResult, under prefix_mu_
 };
 
 }  // namespace numoe::engine

@@ -236,6 +236,9 @@ grpc::ServerUnaryReactor* WorkerGrpcService::Stats(grpc::CallbackServerContext* 
   response->set_prefix_queried_tokens(static_cast<uint64_t>(s.prefix_queried_tokens));
   response->set_prefix_hit_tokens(static_cast<uint64_t>(s.prefix_hit_tokens));
   response->set_prefix_cache_bytes(s.prefix_cache_bytes);
+  response->set_prefix_host_bytes(s.prefix_host_bytes);
+  response->set_prefix_evicted(static_cast<uint64_t>(s.prefix_evicted));
+  response->set_prefix_host_evicted(static_cast<uint64_t>(s.prefix_host_evicted));
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

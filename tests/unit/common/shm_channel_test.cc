@@ -120,6 +120,17 @@ TEST(ShmChannel, AttachValidatesTheHeader) {
   auto bad = Channel::Attach(junk);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(bad.status().message().find("magic"), std::string::npos) << bad.status();
+  // A channel of another protocol version (a numoe-gpu of an older build): the magic, then the version.
+  fd = shm_open(junk.c_str(), O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  const uint32_t old_version = kVersion - 1;
+  ASSERT_EQ(pwrite(fd, &kMagic, sizeof(kMagic), 0), static_cast<ssize_t>(sizeof(kMagic)));
+  ASSERT_EQ(pwrite(fd, &old_version, sizeof(old_version), sizeof(kMagic)), static_cast<ssize_t>(sizeof(old_version)));
+  close(fd);
+  auto old = Channel::Attach(junk);
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string want = absl::StrCat("protocol version ", old_version, ", this build speaks ", kVersion);
+  EXPECT_NE(old.status().message().find(want), std::string::npos) << old.status();
   // Too small for a header.
   fd = shm_open(junk.c_str(), O_RDWR, 0600);
   ASSERT_EQ(ftruncate(fd, 8), 0);

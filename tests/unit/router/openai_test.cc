@@ -518,9 +518,23 @@ TEST(Metrics, PrometheusText) {
   a.set_spec_drafted(40);
   a.set_spec_accepted(10);
   a.set_expert_seconds(12.5);
+  // Its numoe-gpu's prefix cache with a host tier; b's numoe-gpu has no cache, c's one without a host tier.
+  a.set_prefix_queried_tokens(100);
+  a.set_prefix_hit_tokens(60);
+  a.set_prefix_cache_bytes(4096);
+  a.set_prefix_host_bytes(8192);
+  a.set_prefix_evicted(3);
+  a.set_prefix_host_evicted(1);
   v1::WorkerStats b;
   b.set_spec_method("none");
-  std::string t = m.Render({WorkerGaugeFromStats("127.0.0.1:9101", true, a), WorkerGaugeFromStats("h\"x", false, b)});
+  b.set_prefix_cache_bytes(-1);
+  b.set_prefix_host_bytes(-1);
+  v1::WorkerStats c;
+  c.set_prefix_cache_bytes(512);
+  c.set_prefix_host_bytes(-1);
+  c.set_prefix_evicted(2);
+  std::string t = m.Render({WorkerGaugeFromStats("127.0.0.1:9101", true, a), WorkerGaugeFromStats("h\"x", false, b),
+                            WorkerGaugeFromStats("c", true, c)});
   for (const char* line : {
            "# TYPE numoe_requests_total counter",
            "numoe_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n",
@@ -551,6 +565,18 @@ TEST(Metrics, PrometheusText) {
            "numoe_spec_verify_steps_total{worker=\"127.0.0.1:9101\",drafter=\"dspark\"} 8\n",
            "# TYPE numoe_spec_mean_accepted_length gauge",
            "numoe_spec_mean_accepted_length{worker=\"127.0.0.1:9101\",drafter=\"dspark\"} 1.2500\n",
+           "# TYPE numoe_prefix_cache_queried_tokens_total counter",
+           "numoe_prefix_cache_queried_tokens_total{worker=\"127.0.0.1:9101\"} 100\n",
+           "# TYPE numoe_prefix_cache_hit_tokens_total counter",
+           "numoe_prefix_cache_hit_tokens_total{worker=\"127.0.0.1:9101\"} 60\n",
+           "# TYPE numoe_prefix_cache_bytes gauge",
+           "numoe_prefix_cache_bytes{worker=\"127.0.0.1:9101\",tier=\"backend\"} 4096\n",
+           "numoe_prefix_cache_bytes{worker=\"127.0.0.1:9101\",tier=\"host\"} 8192\n",
+           "numoe_prefix_cache_bytes{worker=\"c\",tier=\"backend\"} 512\n",
+           "# TYPE numoe_prefix_cache_evictions_total counter",
+           "numoe_prefix_cache_evictions_total{worker=\"127.0.0.1:9101\",tier=\"backend\"} 3\n",
+           "numoe_prefix_cache_evictions_total{worker=\"127.0.0.1:9101\",tier=\"host\"} 1\n",
+           "numoe_prefix_cache_evictions_total{worker=\"c\",tier=\"backend\"} 2\n",
        }) {
     EXPECT_NE(t.find(line), std::string::npos) << line << "\n" << t;
   }
@@ -558,6 +584,11 @@ TEST(Metrics, PrometheusText) {
   // A worker without speculation has no numoe_spec_* series.
   EXPECT_EQ(t.find("numoe_spec_drafted_tokens_total{worker=\"h"), std::string::npos) << t;
   EXPECT_EQ(t.find("drafter=\"none\""), std::string::npos) << t;
+  // A worker whose numoe-gpu has no prefix cache has no numoe_prefix_cache_* series, one without a host tier
+  // no tier="host" lines.
+  EXPECT_EQ(t.find("numoe_prefix_cache_bytes{worker=\"h"), std::string::npos) << t;
+  EXPECT_EQ(t.find("numoe_prefix_cache_queried_tokens_total{worker=\"h"), std::string::npos) << t;
+  EXPECT_EQ(t.find("{worker=\"c\",tier=\"host\"}"), std::string::npos) << t;
   // Every non-comment line is "name{labels} value" or "name value".
   std::istringstream in(t);
   for (std::string line; std::getline(in, line);) {

@@ -3,9 +3,11 @@
 // the fixtures' tolerance (tests/data/README.md "matches"), whole and chunked, for the next turn of a
 // conversation and for a prompt diverging between interval checkpoints; the host tier (ExportSequence to
 // pinned memory, ImportSequence back: the bytes survive the round trip exactly, and a prompt restored from
-// there matches cold). Skips without a CUDA device.
+// there matches cold); speculative answers (given drafts, the DSpark drafter) checkpointed at their end so the
+// next turn restores them. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -116,6 +118,52 @@ TEST(CudaPrefixCache, HostTierMatchesCold) {
     EXPECT_EQ(first.tokens, cold.tokens);
     EXPECT_EQ(again.tokens, cold.tokens);
     EXPECT_LE(test::MaxAbsDiff(again.logits, cold.logits), tol);
+  }
+}
+
+// Speculative answers (given drafts, some rejected, and tiny-v4's DSpark drafter on the device): served again
+// from the cache they give the cold tokens, and the next turn restores the whole first turn, prompt and
+// answer: the answer's last speculative step was made final (Settle) and checkpointed with only accepted
+// positions.
+TEST(CudaPrefixCache, SpeculativeAnswersAreCheckpointed) {
+  if (!CudaCompiledIn() || CudaDeviceCount() < 1) GTEST_SKIP() << "needs a GPU";
+  auto ck = Checkpoint::Open(test::TinyDir());
+  ASSERT_OK(ck);
+  auto experts = cpu::ReferenceExperts::Load(**ck, /*include_drafter=*/true);
+  ASSERT_OK(experts);
+  auto mm = CreateCudaBackend(**ck, CudaOptions{});
+  ASSERT_OK(mm);
+  ModelBackend& m = **mm;
+  ASSERT_EQ(m.drafter(), SpecMethod::kDspark);
+  ExpertBackend& ex = **experts;
+  const float tol = 5e-2f;  // tests/data/README.md "matches" (bf16 path)
+  auto goldens = test::Goldens::Load(test::TinyDir());
+  ASSERT_OK(goldens);
+  const auto& g = (*goldens)[0];
+  for (test::Drafts d : {test::Drafts::kGiven, test::Drafts::kModel}) {
+    const std::string what = d == test::Drafts::kGiven ? "given drafts" : "DSpark drafter";
+    PrefixCache cache(&m, {.checkpoint_tokens = 4});
+    const Outcome cold = GenerateCached(m, ex, nullptr, g.input_ids, 0, 8, d, g.greedy);
+    EXPECT_EQ(std::vector<int32_t>(cold.tokens.begin(), cold.tokens.begin() + std::min(cold.tokens.size(), g.greedy.size())),
+              std::vector<int32_t>(g.greedy.begin(), g.greedy.begin() + std::min(cold.tokens.size(), g.greedy.size())))
+        << what << ": greedy speculation is plain greedy";
+    const Outcome first = GenerateCached(m, ex, &cache, g.input_ids, 3, 8, d, g.greedy);
+    EXPECT_EQ(first.tokens, cold.tokens) << what;
+    const Outcome again = GenerateCached(m, ex, &cache, g.input_ids, 3, 8, d, g.greedy);
+    EXPECT_EQ(again.cached, static_cast<int64_t>(g.input_ids.size()) - 1) << what;
+    EXPECT_EQ(again.tokens, cold.tokens) << what;
+    EXPECT_LE(test::MaxAbsDiff(again.logits, cold.logits), tol) << what;
+    std::vector<int32_t> turn2 = g.input_ids;
+    turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end() - 1);
+    turn2.insert(turn2.end(), g.input_ids.begin(), g.input_ids.begin() + 3);
+    bool feedable = true;  // an id the head emits past the embedding's vocabulary cannot be fed back
+    for (int32_t t : turn2) feedable &= t < m.vocab_size();
+    if (!feedable) continue;
+    const Outcome cold2 = GenerateCached(m, ex, nullptr, turn2, 0, 4);
+    const Outcome warm2 = GenerateCached(m, ex, &cache, turn2, 0, 4);
+    EXPECT_EQ(warm2.cached, static_cast<int64_t>(g.input_ids.size() + first.tokens.size()) - 1) << what;
+    EXPECT_EQ(warm2.tokens, cold2.tokens) << what;
+    EXPECT_LE(test::MaxAbsDiff(warm2.logits, cold2.logits), tol) << what;
   }
 }
 

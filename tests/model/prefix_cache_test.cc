@@ -112,6 +112,19 @@ TEST_P(PrefixCacheTest, SpeculativeStepsMatch) {
       const Outcome again = test::GenerateCached(*m->model, *m->experts, &cache, g.input_ids, 3, 8, d, g.greedy);
       EXPECT_GT(again.cached, 0) << w;
       ExpectSame(cold, again, w + " (again)");
+      // The next turn restores the whole first turn: the answer's last speculative step was settled and
+      // checkpointed with only its accepted positions.
+      std::vector<int32_t> turn2 = g.input_ids;
+      turn2.insert(turn2.end(), cold.tokens.begin(), cold.tokens.end() - 1);
+      turn2.insert(turn2.end(), g.input_ids.begin(), g.input_ids.begin() + 3);
+      bool feedable = true;  // an id the head emits past the embedding's vocabulary cannot be fed back
+      for (int32_t t : turn2) feedable &= t < m->model->vocab_size();
+      if (feedable) {
+        const Outcome cold2 = test::GenerateCached(*m->model, *m->experts, nullptr, turn2, 0, 4);
+        const Outcome warm2 = test::GenerateCached(*m->model, *m->experts, &cache, turn2, 0, 4);
+        EXPECT_EQ(warm2.cached, static_cast<int64_t>(g.input_ids.size() + cold.tokens.size()) - 1) << w;
+        ExpectSame(cold2, warm2, w + " (next turn)");
+      }
       if (host) {
         EXPECT_GT(cache.stats().host_hits, 0u) << w;
       }

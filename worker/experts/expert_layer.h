@@ -14,7 +14,7 @@
 #include "common/numa.h"
 #include "common/status.h"
 #include "worker/experts/isa.h"
-#include "worker/experts/packed_layout.h"
+#include "model/packed_layout.h"
 
 namespace numoe {
 

@@ -9,7 +9,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/experts/kernel_ops.h"
-#include "worker/experts/packed_layout.h"
+#include "model/packed_layout.h"
 
 namespace numoe {
 

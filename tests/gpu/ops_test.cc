@@ -468,6 +468,7 @@ TEST(CudaOpsTest, PackedMoeAgainstTheCpu) {
   CheckPackedMoe({4096, 2048, 12, 640, 6, 10.0f, /*split=*/false, 12});  // one bf16 term: the precision choice
   CheckPackedMoe({384, 256, 16, 300, 8, 0.0f});                         // k = 8, no clamp, 3 N blocks of w2
   CheckPackedMoe({256, 160, 5, 70, 6, 0.0f, true, -1, 16});             // scales past 2 (two multiplies); inter tail
+  CheckPackedMoe({200, 96, 7, 33, 3, 2.0f});                            // hidden no multiple of 16 or 128
 }
 
 // Host-side checks only: runs without a device too.

@@ -298,7 +298,8 @@ void RoutedExpertsMxfp4(const Mxfp4Experts& w, const float* x, const int32_t* id
 // Routed MoE of n rows from one layer's experts in the worker's packed layout
 // (model/packed_layout.h), already on the device: expert e at layer + e * stride.
 //   out[r] = sum over slots j in order, ids[r, j] in [0, num_experts), of
-//            weights[r, j] · w2_e · (silu(min(w1_e·x_r, L)) ⊙ clamp(w3_e·x_r, -L, L))   (L = swiglu_limit; 0: none)
+//            weights[r, j] · w2_e · (silu(min(w1_e·x_r, L)) ⊙ clamp(w3_e·x_r, -L, L))
+// (L = swiglu_limit; 0: none)
 // as worker/experts/moe_compute.cc computes it; the routing weights already carry the routed scaling factor
 // (MoeGate). Ids outside [0, num_experts) (-1 = slot unused) contribute nothing. Tensor cores (bf16 mma.sync,
 // sm_80+): weights decoded FP4 x E8M0 -> bf16 exactly; activations x and h as a bf16 (hi, lo) pair, two

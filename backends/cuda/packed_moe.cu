@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(kThreads) PackedGemmKernel(GemmParams p) {
     for (int i = 0; i < kBm * 32 / kThreads; ++i) {
       const int c = tid + kThreads * i, row = c >> 5, ch = c & 31;
       const int ar = arow[row];
-      const uint8_t* src = ar >= 0 ? p.a + static_cast<int64_t>(ar) * p.a_row_bytes + s * kActSuperBytes + ch * 16 : p.a;
+      const uint8_t* src =
+          ar >= 0 ? p.a + static_cast<int64_t>(ar) * p.a_row_bytes + s * kActSuperBytes + ch * 16 : p.a;
       CpAsync16(ad + row * kActSuperBytes + ((ch ^ (row & 7)) << 4), src, ar >= 0);
     }
     uint8_t* bd = Bs + buf * kBStage;
@@ -566,10 +567,11 @@ cudaError_t PackedMoe(const PackedMoeArgs& a, cudaStream_t stream) {
   float* y = reinterpret_cast<float*>(base + l.y);
   const int E = static_cast<int>(a.num_experts), k = static_cast<int>(a.k);
   const int64_t P = a.n * a.k;
-  const int hidden_supers = static_cast<int>(shape.gate_up().supers()), inter_supers = static_cast<int>(shape.down().supers());
+  const int hidden_supers = static_cast<int>(shape.gate_up().supers());
+  const int inter_supers = static_cast<int>(shape.down().supers());
 
-  BucketKernel<<<1, kBucketThreads, static_cast<size_t>(3 * E) * sizeof(int32_t), stream>>>(a.ids, static_cast<int>(P), E,
-                                                                                           meta, tiles, list);
+  BucketKernel<<<1, kBucketThreads, static_cast<size_t>(3 * E) * sizeof(int32_t), stream>>>(
+      a.ids, static_cast<int>(P), E, meta, tiles, list);
   {
     const int64_t threads = a.n * hidden_supers * 32;
     const bool vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.hidden % 4 == 0;
@@ -582,8 +584,9 @@ cudaError_t PackedMoe(const PackedMoeArgs& a, cudaStream_t stream) {
     const cudaError_t err = cudaMemsetAsync(h, 0, static_cast<size_t>(P * inter_supers * kActSuperBytes), stream);
     if (err != cudaSuccess) return err;
   }
-  cudaError_t err = cudaFuncSetAttribute(PackedGemmKernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmem);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(PackedGemmKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmem);
+  constexpr cudaFuncAttribute kSmemAttr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t err = cudaFuncSetAttribute(PackedGemmKernel<0>, kSmemAttr, kGemmSmem);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(PackedGemmKernel<1>, kSmemAttr, kGemmSmem);
   if (err != cudaSuccess) return err;
   const unsigned m_tiles = static_cast<unsigned>(MaxTiles(P, a.num_experts));
 
@@ -627,7 +630,8 @@ cudaError_t PackedMoe(const PackedMoeArgs& a, cudaStream_t stream) {
 
 double MmaBf16PeakFlops(double ms) {
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     return 0;
   }
   float* sink = nullptr;

@@ -18,7 +18,8 @@ StatusOr<std::vector<PackedMoeBenchPoint>> BenchPackedMoe(int device, const std:
   NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   const experts::PackedExpertShape shape{hidden, inter};
   const int64_t stride = shape.stride();
-  ASSIGN_OR_RETURN(cuda::DeviceMem layer, cuda::DeviceMem::Alloc(static_cast<size_t>(experts * stride), "packed experts"));
+  ASSIGN_OR_RETURN(cuda::DeviceMem layer,
+                   cuda::DeviceMem::Alloc(static_cast<size_t>(experts * stride), "packed experts"));
   // Scales around 2^-6: dot products of O(1) activations stay O(1) (the timing does not depend on it).
   cuda::FillPackedExperts(layer.as<uint8_t>(), experts, hidden, inter, stride, 119, 1, nullptr);
   NUMOE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -93,7 +94,8 @@ StatusOr<std::vector<PackedMoeBenchPoint>> BenchPackedMoe(int device, const std:
     PackedMoeBenchPoint p;
     p.rows = n;
     p.ms = best;
-    p.flops = 6.0 * static_cast<double>(n * k) * static_cast<double>(hidden) * static_cast<double>(inter) / (best * 1e-3);
+    p.flops = 6.0 * static_cast<double>(n * k) * static_cast<double>(hidden) * static_cast<double>(inter) /
+              (best * 1e-3);
     p.mma_flops = p.flops * (split_activations ? 2 : 1);
     p.scratch_bytes = scratch_bytes;
     points.push_back(p);

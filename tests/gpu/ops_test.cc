@@ -336,16 +336,17 @@ void MoeRouting(const MoeCase& c, std::mt19937& rng, std::vector<int32_t>* ids, 
 }
 
 // PackedMoe on random experts packed by ExpertLayer::Pack vs test::ReferenceMoe (float64 on the checkpoint
-// format) with its error bound per output: the activations x and h as a bf16 hi + lo pair perturb each by at
-// most 2^-17 relative (test::ActError::kInt8x2 covers that), one bf16 by 2^-9 (kInt8), plus fp32 accumulation
-// (kEps below, relative to Σ|w||a|: the tensor cores add with truncation, about one ulp per k16 step, so
-// ~3e-5 over 4096 columns, 6e-5 with the two products of hi + lo; weights are exact in bf16). On top, the normwise relative error must stay below 1e-3 (hi + lo) or
-// 4e-2 (bf16): that is the figure to choose the activation precision by, printed for every case. Two runs
-// must agree bit for bit, and nothing outside `out` may change.
+// format) with its error bound per output: the activations x and h as a bf16 hi + lo pair are off by at most
+// 2^-16 relative (test::ActError::kInt8x2 covers that), one bf16 by 2^-8 (kInt8), plus fp32 accumulation (kEps
+// below, relative to Σ|w||a|: the tensor cores add with truncation, about one ulp per k16 step, so ~3e-5 over
+// 4096 columns, 6e-5 with the two products of hi + lo; the weights are exact in bf16). On top, the normwise
+// relative error must stay below 1e-3 (hi + lo) or 4e-2 (bf16): that is the figure to choose the activation
+// precision by, printed for every case. Two runs must agree bit for bit, and nothing outside `out` may change.
 void CheckPackedMoe(const MoeCase& c) {
   SCOPED_TRACE(Name(c));
   constexpr double kEps = 2e-4;
-  std::mt19937 rng(static_cast<uint32_t>(c.hidden * 7 + c.inter * 13 + c.experts * 31 + c.n * 3 + c.k + c.scale_shift));
+  std::mt19937 rng(
+      static_cast<uint32_t>(c.hidden * 7 + c.inter * 13 + c.experts * 31 + c.n * 3 + c.k + c.scale_shift));
   std::vector<test::OwnedExpert> experts = test::RandomExperts(c.experts, c.hidden, c.inter, rng);
   if (c.scale_shift != 0) {
     for (auto& e : experts)

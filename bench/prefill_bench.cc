@@ -12,11 +12,19 @@
 //      (default 1K, 4K, 16K, 32K; lengths that do not fit the model's context are skipped and said so) --runs
 //      prompts of random ordinary ids (different prompts: nothing is shared between them), each
 //      `max_tokens` 1, greedy: TTFT is from the request's send to its first token, prefill tok/s = length / TTFT.
+//   4. --backend cuda: the same with GPU prefill off and on (numoe-gpu --gpu-prefill-threshold 0, 1, or -1 =
+//      calibrated: --gpu-prefill off,on,auto), next to the PCIe bound of GPU prefill: every device pass
+//      uploads every layer's experts (packed bytes of the checkpoint's shapes), so a prompt of n tokens in
+//      passes of p rows (min(n, --prefill-chunk, --max-step-tokens, --pass-rows)) costs
+//      ceil(n / p) x expert bytes / the host-to-device bandwidth measured here (pinned memory, rank 0's GPU).
 // The last line is one JSON object: {"prompt_len", "ttft_s", "prefill_tok_s", "bound_tok_s", "ratio",
-// "peak_tflops", "peak_isa", "flops_per_token", "skipped"} (lists per prompt length; medians over --runs).
+// "peak_tflops", "peak_isa", "flops_per_token", "skipped"} (lists per prompt length; medians over --runs; those
+// of the first --gpu-prefill mode), "gpu_prefill" (the modes) and "modes" ({mode: {"ttft_s", "prefill_tok_s"}}),
+// and with cuda "h2d_gbps", "expert_bytes_per_pass", "pass_rows" and "h2d_bound_tok_s" (per prompt length).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,15 +33,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "backends/cuda/cuda_model.h"
 #include "bench/commands.h"
 #include "bench/read_bandwidth.h"
 #include "bench/serve_harness.h"
 #include "common/args.h"
 #include "common/checkpoint.h"
+#include "common/packed_layout.h"
 #include "common/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "worker/experts/isa.h"
 #include "worker/experts/kernel_ops.h"
+#include "gpu_service/gpu_app.h"
+#include "worker/service/worker_app.h"
 
 namespace numoe::bench {
 namespace {
@@ -63,7 +76,8 @@ StatusOr<Peak> MeasurePeak(const WorkerPlacement& w) {
 
 int RunPrefillBench(int argc, char** argv) {
   std::string model, lens_text = "1024,4096,16384,32768", backend = "cpu";
-  int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1;
+  int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1, max_step_tokens = 0, pass_rows_flag = 0;
+  std::string modes_text;
   ServeBenchFlags common;
   ArgParser p(argv[0],
               "Time to first token and prefill tokens/s of long prompts through `numoe serve` (one prompt at a time),\n"
@@ -79,11 +93,19 @@ int RunPrefillBench(int argc, char** argv) {
   p.AddString("backend", "cpu|cuda", "numoe serve --backend", &backend);
   p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
   p.AddInt("prefill-chunk", "N", "numoe serve --prefill-chunk (-1 = its default)", &prefill_chunk, -1, 65536);
+  p.AddInt("max-step-tokens", "N", "numoe serve --max-step-tokens (0 = its default)", &max_step_tokens, 0, 16384);
+  p.AddInt("pass-rows", "N", "numoe serve --pass-rows: numoe-gpu's rows per device pass (--backend cuda; 0 = its default)",
+           &pass_rows_flag, 0, 65536);
+  p.AddString("gpu-prefill", "LIST",
+              "GPU prefill modes to run, in order: off (--gpu-prefill-threshold 0), on (1: every pass), auto (-1: "
+              "calibrated); default off,on with --backend cuda, off with cpu",
+              &modes_text);
   AddServeBenchFlags(p, &common, "give up on a prompt after this long");
   p.AddEpilog(
       "\nExample (six full-width V4-Flash layers with all 256 experts, ~22 GB; each layer costs what a real one does):\n"
       "  numoe mkmodel --preset v4-flash --layers 6 --out /tmp/v4f-6l\n"
-      "  numoe-bench prefill --model /tmp/v4f-6l --backend cuda --prompt-lens 1024,4096,16384\n"
+      "  numoe-bench prefill --model /tmp/v4f-6l --backend cuda --prompt-lens 1024,4096,16384 \\\n"
+      "      --prefill-chunk 0 --max-step-tokens 16384 --pass-rows 16384\n"
       "Scale the 6-layer prefill tok/s by 6/43 for V4-Flash's 43 layers.\n");
   int rc = 0;
   if (!p.ParseOrExit(argc, argv, &rc)) return rc;
@@ -94,6 +116,17 @@ int RunPrefillBench(int argc, char** argv) {
   if (lens->empty()) return fail(absl::InvalidArgumentError("--prompt-lens is empty"));
   for (int64_t n : *lens)
     if (n < 1 || n > (1 << 22)) return fail(absl::InvalidArgumentError("--prompt-lens values must be in [1, 4194304]"));
+
+  if (modes_text.empty()) modes_text = backend == "cuda" ? "off,on" : "off";
+  std::vector<std::string> modes = absl::StrSplit(modes_text, ',');
+  for (const std::string& m : modes) {
+    if (m != "off" && m != "on" && m != "auto") {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--gpu-prefill: '", m, "' is none of off, on, auto")));
+    }
+    if (m != "off" && backend != "cuda") {
+      return fail(absl::InvalidArgumentError("--gpu-prefill on/auto needs --backend cuda"));
+    }
+  }
 
   // 1. FLOPs per prompt token in the routed experts.
   ModelConfig cfg;
@@ -136,55 +169,114 @@ int RunPrefillBench(int argc, char** argv) {
     say("no AMX or AVX-512 on this CPU: no compute bound");
   }
 
-  // 3. The served stack.
-  const std::string& log_dir = common.MakeLogDir("prefill");
-  ServeSpec spec{.model = model, .backend = backend, .spec = "none", .log_dir = log_dir, .workers = workers,
-                 .threads = threads, .lanes = lanes};
-  if (prefill_chunk >= 0) spec.extra = {"--prefill-chunk", std::to_string(prefill_chunk)};
-  auto endpoints = ServeCommand(spec);
-  if (!endpoints.ok()) return fail(endpoints.status());
-  say("starting: " + absl::StrJoin(endpoints->argv, " "));
-  ServeProcess serve;
-  const auto t_start = Clock::now();
-  if (Status st = serve.Start(endpoints->argv, log_dir + "/serve.log"); !st.ok()) return fail(st);
-  auto ready = serve.WaitReady(common.startup_timeout);
-  if (!ready.ok()) return fail(ready.status());
-  say(absl::StrCat("ready in ", Fmt(Since(t_start, Clock::now()), 1), " s: ", *ready));
-  const int port = endpoints->port;
-  {
-    StreamResult warm = StreamCompletion(port, RandomPrompt(16, 7777, cfg.vocab_size), 2, common.request_timeout);
-    if (!warm.status.ok()) return fail(Status(warm.status.code(), absl::StrCat("warm-up: ", warm.status.message())));
-  }
-
-  std::vector<double> ttft_med, tok_s_med, ratios;
-  for (size_t li = 0; li < fit.size(); ++li) {
-    const int64_t n = fit[li];
-    std::vector<double> ttft;
-    for (int64_t run = 0; run < runs; ++run) {
-      const StreamResult r = StreamCompletion(port, RandomPrompt(n, 1000 * (li + 1) + run, cfg.vocab_size), 1,
-                                              common.request_timeout);
-      if (!r.status.ok()) {
-        return fail(Status(r.status.code(), absl::StrCat("prompt of ", n, " tokens: ", r.status.message())));
-      }
-      if (r.events.empty()) return fail(absl::DataLossError(absl::StrCat("prompt of ", n, " tokens: no token came back")));
-      if (r.prompt_tokens >= 0 && r.prompt_tokens != n) {
-        return fail(absl::DataLossError(absl::StrCat("prompt of ", n, " tokens: the server counted ", r.prompt_tokens)));
-      }
-      ttft.push_back(Since(r.sent, r.events.front().first));
+  // 3. GPU prefill's PCIe bound: expert bytes per pass / the host-to-device bandwidth.
+  const int64_t expert_bytes_per_pass =
+      cfg.num_hidden_layers * cfg.n_routed_experts *
+      experts::PackedExpertShape{cfg.hidden_size, cfg.moe_intermediate_size}.stride();
+  double h2d_gbps = 0;
+  std::vector<int64_t> pass_rows;
+  std::vector<double> h2d_bound;
+  if (backend == "cuda") {
+    auto bw = MeasureHostToDeviceGBps(0, int64_t{1} << 30, 3);
+    if (!bw.ok()) return fail(bw.status());
+    h2d_gbps = *bw;
+    const int64_t chunk = prefill_chunk >= 0 ? prefill_chunk : worker::WorkerAppConfig{}.prefill_chunk;
+    const int64_t step = max_step_tokens > 0 ? max_step_tokens : worker::WorkerAppConfig{}.max_step_tokens;
+    for (int64_t n : fit) {
+      const int64_t rows = std::max<int64_t>(
+          1, std::min({n, chunk > 0 ? chunk : n, step, pass_rows_flag > 0 ? pass_rows_flag : gpu::GpuAppConfig{}.pass_rows}));
+      const double passes = static_cast<double>((n + rows - 1) / rows);
+      pass_rows.push_back(rows);
+      h2d_bound.push_back(static_cast<double>(n) / (passes * static_cast<double>(expert_bytes_per_pass) / (h2d_gbps * 1e9)));
     }
-    const double t = Median(ttft), rate = n / t;
-    ttft_med.push_back(t);
-    tok_s_med.push_back(rate);
-    ratios.push_back(bound > 0 ? rate / bound : 0);
-    say(absl::StrCat("  prompt ", n, " tokens: first token after ", Fmt(t, 3), " s (median of ", runs, "), ",
-                     Fmt(rate, 1), " prefill tok/s", bound > 0 ? absl::StrCat(", ", Fmt(rate / bound, 3), " of the compute bound") : ""));
+    say(absl::StrCat("host-to-device ", Fmt(h2d_gbps, 1), " GB/s (pinned, GPU 0); ",
+                     Fmt(static_cast<double>(expert_bytes_per_pass) / 1e9, 2), " GB of experts per pass (",
+                     Fmt(static_cast<double>(expert_bytes_per_pass) / (h2d_gbps * 1e9), 3), " s)"));
   }
-  serve.Stop(30.0);
 
-  const nlohmann::json out = {{"prompt_len", fit},          {"ttft_s", ttft_med},         {"prefill_tok_s", tok_s_med},
+  // 4. The served stack, once per GPU prefill mode.
+  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_mode;  // mode -> (ttft, tok/s)
+  std::vector<double> ttft_med, tok_s_med, ratios;
+  for (const std::string& mode : modes) {
+    const std::string& log_dir = common.MakeLogDir("prefill");
+    ServeSpec spec{.model = model, .backend = backend, .spec = "none", .log_dir = log_dir, .workers = workers,
+                   .threads = threads, .lanes = lanes};
+    if (prefill_chunk >= 0) spec.extra = {"--prefill-chunk", std::to_string(prefill_chunk)};
+    if (max_step_tokens > 0) {
+      spec.extra.push_back("--max-step-tokens");
+      spec.extra.push_back(std::to_string(max_step_tokens));
+    }
+    if (pass_rows_flag > 0) {
+      spec.extra.push_back("--pass-rows");
+      spec.extra.push_back(std::to_string(pass_rows_flag));
+    }
+    if (backend == "cuda") {
+      spec.extra.push_back("--gpu-prefill-threshold");
+      spec.extra.push_back(mode == "off" ? "0" : mode == "on" ? "1" : "-1");
+    }
+    auto endpoints = ServeCommand(spec);
+    if (!endpoints.ok()) return fail(endpoints.status());
+    say("GPU prefill " + mode + ": starting: " + absl::StrJoin(endpoints->argv, " "));
+    ServeProcess serve;
+    const auto t_start = Clock::now();
+    if (Status st = serve.Start(endpoints->argv, log_dir + "/serve-" + mode + ".log"); !st.ok()) return fail(st);
+    auto ready = serve.WaitReady(common.startup_timeout);
+    if (!ready.ok()) return fail(ready.status());
+    say(absl::StrCat("ready in ", Fmt(Since(t_start, Clock::now()), 1), " s: ", *ready));
+    const int port = endpoints->port;
+    {
+      StreamResult warm = StreamCompletion(port, RandomPrompt(16, 7777, cfg.vocab_size), 2, common.request_timeout);
+      if (!warm.status.ok()) return fail(Status(warm.status.code(), absl::StrCat("warm-up: ", warm.status.message())));
+    }
+
+    auto& [mode_ttft, mode_rate] = by_mode[mode];
+    for (size_t li = 0; li < fit.size(); ++li) {
+      const int64_t n = fit[li];
+      std::vector<double> ttft;
+      for (int64_t run = 0; run < runs; ++run) {
+        const StreamResult r = StreamCompletion(port, RandomPrompt(n, 1000 * (li + 1) + run, cfg.vocab_size), 1,
+                                                common.request_timeout);
+        if (!r.status.ok()) {
+          return fail(Status(r.status.code(), absl::StrCat("prompt of ", n, " tokens: ", r.status.message())));
+        }
+        if (r.events.empty()) return fail(absl::DataLossError(absl::StrCat("prompt of ", n, " tokens: no token came back")));
+        if (r.prompt_tokens >= 0 && r.prompt_tokens != n) {
+          return fail(absl::DataLossError(absl::StrCat("prompt of ", n, " tokens: the server counted ", r.prompt_tokens)));
+        }
+        ttft.push_back(Since(r.sent, r.events.front().first));
+      }
+      const double t = Median(ttft), rate = n / t;
+      mode_ttft.push_back(t);
+      mode_rate.push_back(rate);
+      if (mode == modes.front()) {
+        ttft_med.push_back(t);
+        tok_s_med.push_back(rate);
+        ratios.push_back(bound > 0 ? rate / bound : 0);
+      }
+      std::string bounds;
+      if (bound > 0) bounds += absl::StrCat(", ", Fmt(rate / bound, 3), " of the CPU compute bound");
+      if (!h2d_bound.empty()) {
+        bounds += absl::StrCat(", ", Fmt(rate / h2d_bound[li], 3), " of the PCIe bound (", Fmt(h2d_bound[li], 1),
+                               " tok/s in passes of ", pass_rows[li], " rows)");
+      }
+      say(absl::StrCat("  GPU prefill ", mode, ", prompt ", n, " tokens: first token after ", Fmt(t, 3), " s (median of ",
+                       runs, "), ", Fmt(rate, 1), " prefill tok/s", bounds));
+    }
+    serve.Stop(30.0);
+  }
+
+  nlohmann::json out = {{"prompt_len", fit},          {"ttft_s", ttft_med},         {"prefill_tok_s", tok_s_med},
                               {"bound_tok_s", bound},       {"ratio", ratios},            {"peak_tflops", peak->flops / 1e12},
                               {"peak_isa", peak->isa},      {"flops_per_token", flops_per_token},
                               {"skipped", skipped},         {"backend", backend}};
+  out["gpu_prefill"] = modes;
+  for (const auto& [mode, v] : by_mode) out["modes"][mode] = {{"ttft_s", v.first}, {"prefill_tok_s", v.second}};
+  if (backend == "cuda") {
+    out["h2d_gbps"] = h2d_gbps;
+    out["expert_bytes_per_pass"] = expert_bytes_per_pass;
+    out["pass_rows"] = pass_rows;
+    out["h2d_bound_tok_s"] = h2d_bound;
+  }
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -45,6 +45,15 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
            "numoe-gpu --prefix-checkpoint-tokens: a prefix-cache checkpoint every N tokens of a long prompt (-1 = its "
            "default)",
            &o->prefix_checkpoint_tokens, -1, int64_t{1} << 30);
+  p.AddInt("gpu-prefill-threshold", "N",
+           "numoe-gpu --gpu-prefill-threshold: device passes of at least N rows compute their routed experts on the GPU "
+           "from the workers' shared expert arenas (--backend cuda; -1 = calibrated at each worker's registration, its "
+           "default; 0 = never)",
+           &o->gpu_prefill_threshold, -1, int64_t{1} << 30);
+  p.AddInt("pass-rows", "N",
+           "numoe-gpu --pass-rows: rows per device pass (--backend cuda; 0 = its default): GPU prefill pays one "
+           "upload of every layer per pass",
+           &o->pass_rows, 0, 65536);
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &o->max_seqs, 0, 4096);
   // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
   p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &o->max_step_tokens, 0,
@@ -101,6 +110,8 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   if (o.prefix_cache_gb >= 0) g.prefix_cache_gb = o.prefix_cache_gb;
   if (o.prefix_cache_host_gb >= 0) g.prefix_cache_host_gb = o.prefix_cache_host_gb;
   if (o.prefix_checkpoint_tokens >= 0) g.prefix_checkpoint_tokens = o.prefix_checkpoint_tokens;
+  g.gpu_prefill_threshold = o.gpu_prefill_threshold;
+  if (o.pass_rows > 0) g.pass_rows = o.pass_rows;
   // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
   g.max_sequences = std::max(g.max_sequences, o.max_seqs);
 

@@ -36,6 +36,7 @@ StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(const GpuAppConfig& c, con
   o.devices = c.gpus;
   o.max_sequences = c.max_sequences;
   o.lanes = c.lanes;
+  o.max_step_tokens = c.pass_rows;
   o.drafter = drafter;
   o.drafter_experts = ChoiceName(c.drafter_experts);
   // Without a CUDA build this is the stub's UNAVAILABLE, which says so.
@@ -121,6 +122,18 @@ int RunGpuApp(const GpuAppConfig& flags) {
   // (a running sequence that finds none free evicts checkpoints anyway: PrefixCache::MakeRoom).
   if (config.backend == Backend::kCuda) opts.prefix.max_entries = std::max<int64_t>(1, config.max_sequences / 4);
   if (Status st = ValidatePrefixCacheOptions(opts.prefix); !st.ok()) return fail(st);
+  opts.gpu_prefill = config.backend == Backend::kCuda;
+  opts.gpu_prefill_threshold = config.gpu_prefill_threshold;
+  if (!opts.gpu_prefill) {
+    NLOG(INFO) << "numoe-gpu: --gpu-prefill-threshold " << config.gpu_prefill_threshold << " unused: the " << backend
+               << " backend computes no routed experts (GPU prefill needs --backend cuda)";
+  } else if (config.gpu_prefill_threshold == 0) {
+    NLOG(INFO) << "numoe-gpu: GPU prefill off (--gpu-prefill-threshold 0)";
+  } else {
+    NLOG(INFO) << "numoe-gpu: GPU prefill for workers that share their expert arena, threshold "
+               << (config.gpu_prefill_threshold > 0 ? absl::StrCat(config.gpu_prefill_threshold, " rows")
+                                                    : std::string("calibrated per worker"));
+  }
   if (!opts.prefix_cache) {
     NLOG(INFO) << "numoe-gpu: prefix cache off (--no-prefix-cache)";
   } else if (!caps.fork) {

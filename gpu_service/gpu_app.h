@@ -41,6 +41,14 @@ struct GpuAppConfig {
   double prefix_cache_gb = 4.0;
   double prefix_cache_host_gb = 8.0;
   int64_t prefix_checkpoint_tokens = 2048;
+  // GPU prefill (--backend cuda): device passes of at least this many rows compute their routed experts on the
+  // GPU from the worker's expert arena, streamed over PCIe layer by layer. -1 = calibrated per worker from the
+  // measured host-to-device bandwidth and the worker's expert speed; 0 = never.
+  int64_t gpu_prefill_threshold = -1;
+  // --backend cuda: rows per device pass (CudaOptions::max_step_tokens; larger steps run as several passes).
+  // GPU prefill uploads every layer once per pass, so bigger passes cost less PCIe per prompt token, for
+  // activation scratch that grows with the rows (logged by the backend's description).
+  int64_t pass_rows = 2048;
 
   bool operator==(const GpuAppConfig&) const = default;
 };

@@ -54,6 +54,18 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
            "prefix cache: a checkpoint every N tokens of a long prompt, besides the ones at each prompt's and "
            "answer's end (0 = only those)",
            &c->prefix_checkpoint_tokens, 0, int64_t{1} << 30);
+  p.AddInt("gpu-prefill-threshold", "N",
+           "--backend cuda: GPU prefill: a device pass of at least N rows (a long prompt's chunk) computes its routed "
+           "experts on the GPU from the worker's shared expert arena, uploading one layer while the previous one "
+           "computes (two layer buffers of GPU memory), instead of on the worker's CPUs. -1 = calibrate per worker at "
+           "its registration: N = one layer's upload time (measured host-to-device bandwidth) / the worker's measured "
+           "expert time per row and layer; 0 = never. Logged with its inputs; unused on the cpu backend",
+           &c->gpu_prefill_threshold, -1, int64_t{1} << 30);
+  p.AddInt("pass-rows", "N",
+           "--backend cuda: rows per device pass (larger steps run as consecutive passes). GPU prefill uploads every "
+           "layer's experts once per pass, so bigger passes pay less PCIe per prompt token, for activation scratch "
+           "that grows with N (the backend logs its memory)",
+           &c->pass_rows, 1, 65536);
 }
 
 Status ResolveGpus(GpuAppConfig* c, int cuda_devices) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "common/log.h"
@@ -43,6 +44,30 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
     return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be in [1, ", options_.max_step_tokens,
                                                    "] (got ", req.max_step_tokens(), ")"));
   }
+  if (!std::isfinite(req.expert_row_seconds()) || req.expert_row_seconds() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert_row_seconds must be finite and >= 0 (got ", req.expert_row_seconds(), ")"));
+  }
+  // GPU prefill: the worker's expert arena, checked against the model and mapped (before anything is created).
+  std::unique_ptr<MappedExpertArena> arena;
+  if (req.has_expert_arena() && options_.gpu_prefill && options_.gpu_prefill_threshold != 0) {
+    const v1::ExpertArena& a = req.expert_arena();
+    ExpertArenaSpec spec{.pid = req.pid(),
+                         .fd = a.fd(),
+                         .bytes = static_cast<int64_t>(std::min<uint64_t>(a.bytes(), uint64_t{1} << 62)),
+                         .num_experts = a.num_experts(),
+                         .hidden = a.hidden(),
+                         .inter = a.inter(),
+                         .stride = static_cast<int64_t>(std::min<uint64_t>(a.stride(), uint64_t{1} << 62))};
+    for (uint64_t off : a.layer_offsets()) spec.layer_offsets.push_back(static_cast<int64_t>(std::min<uint64_t>(off, uint64_t{1} << 62)));
+    auto mapped = MappedExpertArena::Map(spec, config_);
+    if (absl::IsInvalidArgument(mapped.status())) return mapped.status();
+    if (!mapped.ok()) {
+      NLOG(WARNING) << "GPU prefill off for worker " << req.worker_id() << ": " << mapped.status();
+    } else {
+      arena = std::move(*mapped);
+    }
+  }
   shm::Geometry g;
   g.hidden = static_cast<uint32_t>(config_.hidden_size);
   g.top_k = static_cast<uint32_t>(config_.num_experts_per_tok);
@@ -72,6 +97,8 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
   const uint64_t bytes = channel->bytes();
   auto session = std::make_unique<WorkerSession>(
       &host_, SessionInfo{.lease = lease, .worker_id = req.worker_id(), .pid = req.pid()}, std::move(channel));
+  const bool gpu_prefill = arena != nullptr;
+  if (gpu_prefill) session->SetExpertArena(std::move(arena), options_.gpu_prefill_threshold, req.expert_row_seconds());
   session->Start([this](uint64_t gone) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -102,6 +129,7 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
   resp.set_lease_ms(static_cast<uint32_t>(options_.lease_ms));
   resp.set_backend(options_.backend);
   resp.set_drafter_experts_on_gpu(options_.drafter_experts_on_gpu);
+  resp.set_gpu_prefill(gpu_prefill);
   return resp;
 }
 

@@ -43,6 +43,11 @@ struct GpuServerOptions {
   bool fork = false;
   // The drafter's routed experts run in numoe-gpu (told to workers at registration: they skip loading them).
   bool drafter_experts_on_gpu = false;
+  // GPU prefill (gpu_service/expert_arena.h): the backend computes routed experts itself (CUDA), and
+  // --gpu-prefill-threshold (-1 = calibrate per worker, 0 = never, N = rows per device pass). When both allow
+  // it, a worker's expert arena is mapped at registration and attached by its session.
+  bool gpu_prefill = false;
+  int64_t gpu_prefill_threshold = 0;
   // The prefix cache every worker's sequences share (model/prefix_cache.h); off: --no-prefix-cache.
   bool prefix_cache = true;
   PrefixCacheOptions prefix;
@@ -55,7 +60,9 @@ class GpuServer {
   ~GpuServer();  // Shutdown()
 
   // Creates the worker's channel and starts serving it. Errors: FAILED_PRECONDITION (model fingerprint
-  // differs), INVALID_ARGUMENT (limits), RESOURCE_EXHAUSTED (too many workers).
+  // differs), INVALID_ARGUMENT (limits; an expert arena that does not fit the model, when GPU prefill would
+  // use it), RESOURCE_EXHAUSTED (too many workers). An arena that cannot be opened or mapped only turns GPU
+  // prefill off for the worker (logged).
   StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // NOT_FOUND when the lease is unknown (expired, released, or this numoe-gpu restarted).
   Status Heartbeat(uint64_t lease);

@@ -52,6 +52,59 @@ Status WorkerSession::end_status() const {
   return end_status_;
 }
 
+void WorkerSession::SetExpertArena(std::unique_ptr<MappedExpertArena> arena, int64_t threshold, double row_seconds) {
+  arena_ = std::move(arena);
+  prefill_threshold_ = threshold;
+  row_seconds_ = row_seconds;
+}
+
+void WorkerSession::AttachExpertArena() {
+  if (arena_ == nullptr) return;
+  const std::string who = absl::StrCat("worker ", info_.worker_id, " (lease ", info_.lease, ")");
+  std::lock_guard<FifoMutex> lk(host_->forward_mu);
+  auto att = host_->model->AttachHostExperts(arena_->host_experts());
+  if (!att.ok() && absl::IsFailedPrecondition(att.status()) && !arena_->writable()) {
+    // The device cannot register read-only host memory: map the arena writable (never written) and try again.
+    NLOG(INFO) << "GPU prefill for " << who << ": " << att.status().message() << "; mapping the arena read-write";
+    auto rw = arena_->Reopen(/*writable=*/true);
+    if (rw.ok()) {
+      arena_ = std::move(*rw);
+      att = host_->model->AttachHostExperts(arena_->host_experts());
+    } else {
+      att = rw.status();
+    }
+  }
+  if (!att.ok()) {
+    NLOG(WARNING) << "GPU prefill off for " << who << ": " << att.status();
+    arena_.reset();
+    return;
+  }
+  arena_attached_ = true;
+  HostExperts* he = arena_->host_experts();
+  const int64_t calibrated = CalibratedPrefillRows(he->layer_bytes(), att->h2d_gbps, row_seconds_);
+  he->min_rows = prefill_threshold_ > 0 ? prefill_threshold_ : calibrated;
+  experts_.set_host_experts(he);
+  NLOG(INFO) << "GPU prefill for " << who << ": registered " << arena_->spec().bytes << " bytes of experts for DMA in "
+             << att->register_seconds << " s" << (arena_->writable() ? " (mapped read-write)" : " (read-only)")
+             << "; host-to-device " << att->h2d_gbps << " GB/s, " << he->layer_bytes() << " bytes per layer ("
+             << static_cast<double>(he->layer_bytes()) / (att->h2d_gbps * 1e9) * 1e3 << " ms to upload), worker experts "
+             << row_seconds_ * 1e6 << " us per row per layer -> calibrated threshold " << calibrated << " rows; "
+             << (prefill_threshold_ > 0 ? absl::StrCat("using --gpu-prefill-threshold ", prefill_threshold_)
+                                        : absl::StrCat("using ", he->min_rows, he->min_rows == 0 ? " (off: a speed is unknown)" : ""))
+             << "; " << att->device_bytes << " bytes of GPU memory (two layer buffers and scratch, shared by every worker)";
+}
+
+void WorkerSession::DetachExpertArena() {
+  if (arena_ == nullptr) return;
+  experts_.set_host_experts(nullptr);
+  if (arena_attached_) {
+    std::lock_guard<FifoMutex> lk(host_->forward_mu);
+    host_->model->DetachHostExperts(arena_->host_experts());
+    arena_attached_ = false;
+  }
+  arena_.reset();
+}
+
 void WorkerSession::Start(std::function<void(uint64_t)> on_exit) {
   on_exit_ = std::move(on_exit);
   thread_ = std::thread([this] { Serve(); });
@@ -66,6 +119,7 @@ void WorkerSession::Stop() {
   channel_->Close();      // the worker's pending Receive fails: its step ends with UNAVAILABLE
   if (thread_.joinable()) thread_.join();
   ReleaseAll();
+  DetachExpertArena();
 }
 
 void WorkerSession::ReleaseAll() {
@@ -77,6 +131,7 @@ void WorkerSession::ReleaseAll() {
 }
 
 void WorkerSession::Serve() {
+  AttachExpertArena();
   Status why;
   for (;;) {
     auto type = channel_->Receive(-1);

@@ -28,6 +28,7 @@
 #include "model/prefix_step.h"
 #include "model/sampling.h"
 #include "model/step.h"
+#include "gpu_service/expert_arena.h"
 #include "gpu_service/fifo_mutex.h"
 #include "gpu_service/latency.h"
 #include "gpu_service/shm_experts.h"
@@ -83,6 +84,11 @@ class WorkerSession {
   WorkerSession(const WorkerSession&) = delete;
   WorkerSession& operator=(const WorkerSession&) = delete;
 
+  // GPU prefill, before Start: the worker's expert arena as mapped here, the --gpu-prefill-threshold
+  // (-1 = calibrate from the measured upload bandwidth and `row_seconds`, the worker's expert time per row and
+  // layer; N > 0 = N rows), attached to the model when the serving thread starts (under forward_mu: pinning
+  // the arena for DMA takes a while). Any failure there turns GPU prefill off for this worker, logged.
+  void SetExpertArena(std::unique_ptr<MappedExpertArena> arena, int64_t threshold, double row_seconds);
   // Starts the serving thread; `on_exit` runs on it when it ends by itself (worker gone).
   void Start(std::function<void(uint64_t lease)> on_exit);
   // Ends the conversation (the worker sees the channel closed), joins the thread, frees every sequence.
@@ -107,6 +113,8 @@ class WorkerSession {
     Sampler sampler;
   };
   void Serve();
+  void AttachExpertArena();
+  void DetachExpertArena();
   Status HandleStep();
   void ReleaseAll();
   // The prefix cache's figures into a StepResult header.
@@ -117,6 +125,10 @@ class WorkerSession {
   std::unique_ptr<shm::Channel> channel_;
   int lane_ = 0;  // ModelHost::AcquireLane, before experts_
   ShmExpertBackend experts_;
+  std::unique_ptr<MappedExpertArena> arena_;  // GPU prefill (SetExpertArena); attached while arena_attached_
+  bool arena_attached_ = false;
+  int64_t prefill_threshold_ = 0;
+  double row_seconds_ = 0;
   std::map<int64_t, Seq> seqs_;  // serving thread only (and Stop after the join)
   std::atomic<int64_t> num_seqs_{0};
   std::atomic<uint64_t> steps_{0}, tokens_{0};

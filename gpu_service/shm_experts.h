@@ -18,6 +18,9 @@ class ShmExpertBackend final : public ExpertBackend {
       : ch_(channel), hops_(hops), lane_(lane) {}
   Status RunRouted(const MoeRequest& request) override;
   int lane() const override { return lane_; }
+  // GPU prefill: the worker's experts as numoe-gpu mapped them (not owned; null = none), for the model backend.
+  const HostExperts* host_experts() const override { return host_experts_; }
+  void set_host_experts(const HostExperts* experts) { host_experts_ = experts; }
   // While waiting for the worker's answer, unlock `held` (the caller holds it) and lock it again before
   // returning: other lanes use the model meanwhile. nullptr = keep holding.
   void set_yield(FifoMutex* held) { yield_ = held; }
@@ -31,6 +34,7 @@ class ShmExpertBackend final : public ExpertBackend {
   Status broken_;
   FifoMutex* yield_ = nullptr;
   int lane_ = 0;
+  const HostExperts* host_experts_ = nullptr;
 };
 
 }  // namespace numoe::gpu

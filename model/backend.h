@@ -31,6 +31,33 @@ struct MoeRequest {
   float* out = nullptr;
 };
 
+// GPU prefill: a worker's packed routed experts of every main layer in host memory (common/packed_layout.h:
+// a layer is its experts back to back at `stride` bytes), so that a model backend can compute the routed
+// experts of large steps itself, uploading layer after layer (ModelBackend::AttachHostExperts). `regions` are
+// the mappings that hold the layers (what a backend registers for DMA). The owner keeps them mapped and
+// unchanged until DetachHostExperts returned.
+struct HostExperts {
+  struct Region {
+    const uint8_t* data = nullptr;
+    int64_t bytes = 0;
+  };
+  std::vector<Region> regions;
+  std::vector<const uint8_t*> layers;  // [num_hidden_layers]: expert 0 of each main layer
+  int64_t num_experts = 0, hidden = 0, inter = 0, stride = 0;
+  // Device passes of at least this many rows compute their routed experts in the model backend from these
+  // layers instead of calling the ExpertBackend (0 = never). Read at every step: the owner may change it
+  // between steps.
+  int64_t min_rows = 0;
+  int64_t layer_bytes() const { return num_experts * stride; }
+};
+
+// What ModelBackend::AttachHostExperts measured and took.
+struct HostExpertsAttachment {
+  double register_seconds = 0;  // pinning the regions for DMA
+  double h2d_gbps = 0;          // host-to-device copy bandwidth from the regions (one layer, best of 3)
+  int64_t device_bytes = 0;     // device memory held for it (one set for every attachment: layer buffers, scratch)
+};
+
 class ExpertBackend {
  public:
   virtual ~ExpertBackend() = default;
@@ -38,6 +65,9 @@ class ExpertBackend {
   virtual Status RunRouted(const MoeRequest& request) = 0;
   // The lane the caller's steps run on, for a backend with Capabilities::lanes > 0 (0 otherwise).
   virtual int lane() const { return 0; }
+  // These experts in host memory, for a model backend that computes large steps' experts itself (GPU
+  // prefill: ModelBackend::AttachHostExperts); null when they are not (another process, not packed).
+  virtual const HostExperts* host_experts() const { return nullptr; }
 };
 
 using SequenceId = int64_t;
@@ -200,6 +230,17 @@ class ModelBackend {
     (void)state;
     return absl::UnimplementedError("this backend cannot import sequences");
   }
+  // GPU prefill: prepares to compute routed experts from `experts` (not owned; valid and unchanged until
+  // DetachHostExperts): registers its regions for DMA and measures the copy bandwidth. From then on a Forward
+  // whose ExpertBackend's host_experts() is `experts` runs every device pass of at least experts->min_rows
+  // rows without calling the ExpertBackend. Unimplemented where the backend cannot (the CPU backend); any
+  // error leaves nothing attached.
+  virtual StatusOr<HostExpertsAttachment> AttachHostExperts(const HostExperts* experts) {
+    (void)experts;
+    return absl::UnimplementedError("this backend computes no routed experts itself (GPU prefill needs CUDA)");
+  }
+  // Undoes AttachHostExperts (a no-op for experts never attached); the caller may unmap them afterwards.
+  virtual void DetachHostExperts(const HostExperts* experts) { (void)experts; }
   virtual Capabilities capabilities() const = 0;
   SpecMethod drafter() const { return capabilities().drafter; }
   virtual Status Draft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out) {

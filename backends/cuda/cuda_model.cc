@@ -8,6 +8,9 @@
 //   seg L:      shared(L-1) + routed(L-1); ffn-post(L-1); head
 // With tensor parallelism the attention output and the MoE output are all-reduced across ranks. With one GPU,
 // decode passes (one token per sequence) replay each segment as a CUDA graph captured once per batch size.
+// GPU prefill (cuda_prefill.cc): a pass of at least HostExperts::min_rows rows computes the routed experts of
+// each layer on the device instead, from the worker's packed layers streamed in over PCIe, and never waits for
+// the host between segments.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -232,6 +235,10 @@ void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
   const bool hash = l < c.num_hidden_layers && c.mlp_layer_types[static_cast<size_t>(l)] == MoeType::kHash;
   MoeGate(s.glog, n, E, K, scoring, hash ? nullptr : L.bias, hash ? L.tid2eid : nullptr, StepOf(r, d).token,
           static_cast<float>(c.routed_scaling_factor), s.ids, s.wts, r.stream);
+  if (d.host_experts && l < c.num_hidden_layers) {
+    EnqueueHostExpertLayer(r, l, d);
+    return;
+  }
   if (GpuStageExperts(l)) {
     RoutedExpertsMxfp4(r.dx[static_cast<size_t>(l - c.num_hidden_layers)], s.xn, s.ids, s.wts, n, K,
                        static_cast<float>(c.swiglu_limit), r.dx_sc, s.routed, r.stream);
@@ -263,7 +270,8 @@ void CudaModel::PhaseAddRouted(Rank& r, int l, const PassDims& d) {
   Scratch& s = r.sc;
   const int64_t n = d.n;
   if (r.index == 0) {
-    if (!GpuStageExperts(l)) {  // else PhaseFfnPre computed s.routed on the device
+    // Else PhaseFfnPre computed s.routed on the device (the drafter's stages, or GPU prefill).
+    if (!GpuStageExperts(l) && !(d.host_experts && l < cfg_.num_hidden_layers)) {
       cudaMemcpyAsync(s.routed, routed_h_.as<float>(), static_cast<size_t>(n * D_) * sizeof(float),
                       cudaMemcpyHostToDevice, r.stream);
     }
@@ -640,11 +648,12 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
   d.n = row;
   d.num_seqs = static_cast<int64_t>(pass.size());
   d.greedy = greedy;
+  d.host_experts = UseHostExperts(experts, d.n);
 
   // Decode passes replay captured graphs; their grids are sized for capacity, not for this pass.
   bool use_graph =
       opt_.graphs && !graphs_broken_ && !hidden_hook_ && ranks_.size() == 1 && decode && !d.spec &&
-      d.n <= logit_rows_cap_;
+      !d.host_experts && d.n <= logit_rows_cap_;
   if (use_graph) {
     d.max_windows_csa = d.max_windows_hca = 1;
     d.max_vis = ranks_[0]->sc.score_ld;
@@ -705,9 +714,13 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
   req.expert_ids = ids_h_.as<int32_t>();
   req.expert_weights = wts_h_.as<float>();
   req.out = routed_h_.as<float>();
+  if (d.host_experts) RETURN_IF_ERROR(BeginHostExpertPass(experts->host_experts()));
   for (int seg = 0; seg <= L; ++seg) {
     RETURN_IF_ERROR(RunSegment(seg, d, use_graph));
-    if (seg < L) {
+    if (d.host_experts && prefill_error_ != cudaSuccess) {
+      return CudaError(prefill_error_, "PackedMoe (GPU prefill)", __FILE__, __LINE__);
+    }
+    if (seg < L && !d.host_experts) {
       NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r0.device));
       NUMOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r0.ev_hop));  // the rows are on the host
       req.layer = seg;
@@ -1009,10 +1022,26 @@ Status CudaModel::Rollback(SequenceId seq, int64_t num_tokens) {
   return absl::OkStatus();
 }
 
-Status CudaModel::FlushRollbacks() {
+Status CudaModel::Settle(SequenceId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq, " does not exist"));
+  Seq& s = it->second;
+  if (!s.spec) return absl::OkStatus();
+  // The rollback's device work runs now (it would at the next Forward) and is waited for: the slot then holds
+  // the state at `position` and its pre-step copy is no longer needed, so the sequence may be forked/exported.
+  RETURN_IF_ERROR(FlushRollbacks(&s));
+  for (auto& r : ranks_) {
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream));
+  }
+  s.spec = false;
+  return absl::OkStatus();
+}
+
+Status CudaModel::FlushRollbacks(const Seq* only) {
   std::vector<Seq*> pending;
   for (auto& [id, s] : seqs_) {
-    if (s.replay) pending.push_back(&s);
+    if (s.replay && (only == nullptr || &s == only)) pending.push_back(&s);
   }
   if (pending.empty()) return absl::OkStatus();
   for (auto& r : ranks_) {

@@ -26,7 +26,8 @@
 // pool of compressed entries, scratch for `max_step_tokens` rows). A step that needs more than that fails with
 // ResourceExhausted naming the limit and leaves every sequence unchanged; it never runs out of device memory.
 //
-// Speculative decoding: SequenceStep::speculative + Rollback (any depth up to max_spec_tokens - 1, any batch)
+// Speculative decoding: SequenceStep::speculative + Rollback (any depth up to max_spec_tokens - 1, any batch;
+// Settle makes it final at once, so the prefix cache can checkpoint the sequence)
 // and, for checkpoints with DSpark stages (tp == 1), the DSpark drafter (drafter() == kDspark, Draft()), whose
 // routed experts run on the worker or, with drafter_experts = "gpu", on the device.
 // Speculative steps are never replayed as CUDA graphs; a rollback's device work runs batched at the start of
@@ -128,6 +129,10 @@ class CudaBackend : public ModelBackend {
 // Device-to-device copy bandwidth of `device` in GB/s, counting the bytes read plus the bytes written (the
 // usual way copy bandwidth is quoted), best of `iters` copies of `bytes` bytes.
 StatusOr<double> MeasureDeviceCopyGBps(int device, int64_t bytes, int iters);
+
+// Host-to-device copy bandwidth of `device` in GB/s from pinned host memory (what GPU prefill's uploads from a
+// registered expert arena run at), best of `iters` copies of `bytes` bytes.
+StatusOr<double> MeasureHostToDeviceGBps(int device, int64_t bytes, int iters);
 
 // numoe-bench cuda --packed-moe: the routed experts of a prefill step on the device (cuda::PackedMoe,
 // backends/cuda/kernels.h) on `experts` random experts of [hidden, inter] in the packed layout, `rows` rows with

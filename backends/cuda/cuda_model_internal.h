@@ -142,6 +142,9 @@ struct PassDims {
   bool greedy = false;      // argmax on the device instead of copying logits
   bool spec = false;        // some rows belong to speculative steps: log their cache inputs (never a graph)
   bool draft = false;       // a DSpark draft pass: bidirectional block attention, no cache writes
+  // GPU prefill: the main layers' routed experts run on the device from the attached host experts (CudaModel::
+  // prefill_), streamed in layer by layer, instead of the ExpertBackend (never a graph).
+  bool host_experts = false;
 };
 
 class CudaModel final : public CudaBackend {
@@ -162,6 +165,7 @@ class CudaModel final : public CudaBackend {
   // the kept tokens would have left; compressed entries past the new position are simply no longer counted.
   // The device work is deferred to the next Forward/Draft, which does every pending rollback in one batch.
   Status Rollback(SequenceId seq, int64_t num_tokens) override;
+  Status Settle(SequenceId seq) override;
   // A new slot and pages holding copies of the parent's (device-to-device, on every rank).
   StatusOr<SequenceId> ForkSequence(SequenceId parent) override;
   // To pinned host memory (cudaHostAlloc) and back, on every rank: a host page of m·page_tokens_ positions
@@ -195,6 +199,11 @@ class CudaModel final : public CudaBackend {
   std::string Describe() const override;
   int64_t drafter_expert_bytes() const override;
   void set_hidden_hook(HiddenHook hook) override { hidden_hook_ = std::move(hook); }
+  // GPU prefill (cuda_prefill.cc): pins the regions (cudaHostRegister, read-only where the device supports it),
+  // allocates the layer double buffer and PackedMoe's scratch on rank 0's GPU once (sized for the largest
+  // layer attached and rows_cap_ rows), and times a one-layer upload.
+  StatusOr<HostExpertsAttachment> AttachHostExperts(const HostExperts* experts) override;
+  void DetachHostExperts(const HostExperts* experts) override;
 
  private:
   struct Seq {
@@ -261,7 +270,8 @@ class CudaModel final : public CudaBackend {
   void EmitHidden(Rank& r, int64_t layer, const PassDims& d);
 
   // Runs the pending rollbacks' device work (before anything else reads or writes a sequence's state).
-  Status FlushRollbacks();
+  // Runs the pending rollbacks (restore + replay) of every sequence, or only of `only` when given.
+  Status FlushRollbacks(const Seq* only = nullptr);
   template <typename T>
   Status EnqueueReplay(Rank& r, const std::vector<Seq*>& pending);
   // DSpark: layers l >= num_hidden_layers are the drafter's stages.
@@ -279,6 +289,16 @@ class CudaModel final : public CudaBackend {
   Status RunDraft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out);
   CompArgs MainCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
   CompArgs IndexCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
+
+  // GPU prefill (cuda_prefill.cc). A pass with host_experts uploads layer l into buffer l % 2 on
+  // prefill_stream_ (waiting until the layer two before it is done with the buffer: prefill_free_) and computes
+  // layer l's experts on the rank's stream once the upload is in (prefill_ready_); layer l + 1 uploads while
+  // layer l computes. No host round trip in the pass.
+  bool UseHostExperts(const ExpertBackend* experts, int64_t rows) const;
+  Status BeginHostExpertPass(const HostExperts* experts);
+  void UploadHostLayer(int l);
+  void EnqueueHostExpertLayer(Rank& r, int l, const PassDims& d);  // sc.routed of layer l (rank 0)
+  void ReleaseHostExperts();                                       // the destructor's part
 
   StepDev StepOf(const Rank& r, const PassDims& d) const;
   CacheDev CacheOf(const Rank& r) const;
@@ -323,6 +343,16 @@ class CudaModel final : public CudaBackend {
   bool collect_stats_ = false;
   HiddenHook hidden_hook_;
   CudaStepStats stats_;
+  // GPU prefill: the attached host experts with the region pointers registered for each; on rank 0's GPU the
+  // double buffer of one layer (prefill_layer_bytes_ each), PackedMoe's scratch, the copy stream and its events;
+  // the pass in progress's experts and the first PackedMoe error it met.
+  std::map<const HostExperts*, std::vector<void*>> host_experts_;
+  DeviceMem prefill_layer_[2], prefill_scratch_;
+  int64_t prefill_layer_bytes_ = 0;
+  cudaStream_t prefill_stream_ = nullptr;
+  cudaEvent_t prefill_ready_[2] = {nullptr, nullptr}, prefill_free_[2] = {nullptr, nullptr};
+  const HostExperts* prefill_ = nullptr;
+  cudaError_t prefill_error_ = cudaSuccess;
 };
 
 }  // namespace numoe::cuda

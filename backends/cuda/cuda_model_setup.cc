@@ -1,5 +1,7 @@
 // CUDA backend: validation of options, weight upload per rank, state layout, scratch, NCCL, factories.
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 
@@ -46,6 +48,7 @@ Rank::~Rank() {
 CudaModel::CudaModel(const ModelConfig& cfg, const CudaOptions& opt) : cfg_(cfg), opt_(opt), bf16_cache_(!opt.fp32 && opt.bf16_cache) {}
 
 CudaModel::~CudaModel() {
+  ReleaseHostExperts();
   for (auto& [key, execs] : graphs_) {
     for (cudaGraphExec_t e : execs) (void)cudaGraphExecDestroy(e);
   }
@@ -839,6 +842,29 @@ StatusOr<double> MeasureDeviceCopyGBps(int device, int64_t bytes, int iters) {
   (void)cudaEventDestroy(e0);
   (void)cudaEventDestroy(e1);
   return 2.0 * static_cast<double>(bytes) / (best * 1e-3) / 1e9;
+}
+
+StatusOr<double> MeasureHostToDeviceGBps(int device, int64_t bytes, int iters) {
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  ASSIGN_OR_RETURN(cuda::PinnedMem h, cuda::PinnedMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
+  ASSIGN_OR_RETURN(cuda::DeviceMem d, cuda::DeviceMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
+  std::memset(h.as<uint8_t>(), 1, static_cast<size_t>(bytes));
+  cudaEvent_t e0, e1;
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int i = 0; i < iters + 1; ++i) {
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(e0));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpy(d.get(), h.as<uint8_t>(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(e1));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
+    float ms = 0;
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) best = std::min(best, ms);  // the first copy warms up
+  }
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  return static_cast<double>(bytes) / (best * 1e-3) / 1e9;
 }
 
 StatusOr<std::unique_ptr<CudaBackend>> CreateCudaBackend(const Checkpoint& ckpt, const CudaOptions& options) {

@@ -10,6 +10,9 @@ int CudaDeviceCount() { return 0; }
 StatusOr<double> MeasureDeviceCopyGBps(int, int64_t, int) {
   return absl::UnavailableError("numoe was built without CUDA");
 }
+StatusOr<double> MeasureHostToDeviceGBps(int, int64_t, int) {
+  return absl::UnavailableError("numoe was built without CUDA");
+}
 bool CudaCompiledIn() { return false; }
 
 StatusOr<std::vector<PackedMoeBenchPoint>> BenchPackedMoe(int, const std::vector<int64_t>&, int64_t, int64_t, int64_t,

@@ -296,7 +296,7 @@ void RoutedExpertsMxfp4(const Mxfp4Experts& w, const float* x, const int32_t* id
 // ---- routed experts of a prefill step, on the worker's packed layout (packed_moe.cu) ------------------------
 
 // Routed MoE of n rows from one layer's experts in the worker's packed layout
-// (model/packed_layout.h), already on the device: expert e at layer + e * stride.
+// (common/packed_layout.h), already on the device: expert e at layer + e * stride.
 //   out[r] = sum over slots j in order, ids[r, j] in [0, num_experts), of
 //            weights[r, j] · w2_e · (silu(min(w1_e·x_r, L)) ⊙ clamp(w3_e·x_r, -L, L))
 // (L = swiglu_limit; 0: none)

@@ -1,5 +1,5 @@
 // Routed experts of a prefill step on the device, reading the worker's packed expert layout
-// (model/packed_layout.h) with bf16 tensor cores (mma.sync m16n8k16: sm_80, sm_86, sm_90).
+// (common/packed_layout.h) with bf16 tensor cores (mma.sync m16n8k16: sm_80, sm_86, sm_90).
 //
 // One call, no host round trip:
 //   1. Bucket: the (row, slot) pairs p = row·k + slot are sorted by expert on the device (one block: counting
@@ -37,7 +37,7 @@
 
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/kernels.h"
-#include "model/packed_layout.h"
+#include "common/packed_layout.h"
 
 namespace numoe::cuda {
 namespace {

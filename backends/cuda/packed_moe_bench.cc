@@ -6,7 +6,7 @@
 #include "backends/cuda/cuda_model.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels.h"
-#include "model/packed_layout.h"
+#include "common/packed_layout.h"
 
 namespace numoe {
 

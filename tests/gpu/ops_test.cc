@@ -1,18 +1,22 @@
 // The CUDA backend's kernels one by one against a CPU reference (label gpu): every GEMM path (FP8 block-scaled
 // and BF16 weights on the GEMV, narrow and wide tensor-core kernels, fp32 SIMT; 1, 16, 17, 64 and 640 rows; shapes
 // with tails; split-K; grouped projections; strided x and y), and the row kernels (RMSNorm, SwiGLU, argmax), each
-// with a stated error bound and guard bytes around every output, and the routed experts of a prefill step on
-// the worker's packed layout (PackedMoe) against a float64 reference from the checkpoint-format weights.
-// Skips without a device, and compiles to a skip in a build without CUDA.
+// with a stated error bound and guard bytes around every output; attention (sliding, CSA, HCA; split and unsplit
+// keys) and the indexer's scores and top-k on caches laid out as the backend lays them out; and the routed
+// experts of a prefill step on the worker's packed layout (PackedMoe) against a float64 reference from the
+// checkpoint-format weights. Skips without a device, and compiles to a skip in a build without CUDA.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cuda/cuda_model.h"
@@ -499,11 +503,396 @@ TEST(CudaOpsTest, PackedMoeRejectsBadArguments) {
   EXPECT_EQ(cuda::PackedMoe(a, nullptr), cudaSuccess);
 }
 
+// ---- attention and the indexer's top-k -------------------------------------------------------------------
+
+// Caches laid out as CudaModel lays them out, with random contents: slot s's window ring at fixed + s·slot_bytes
+// (ring_off 0), compressed entries in pages of `epp` entries whose table is a shuffled permutation (so a wrong
+// page lookup reads another sequence's data). Values are bf16-exact, so the fp32 and bf16 caches hold the same
+// numbers and one host reference serves both.
+struct Caches {
+  int64_t slots = 0, window = 0, dim = 0, epp = 0, max_pages = 0;
+  std::vector<float> ring;     // [slots, window, dim]
+  std::vector<float> entries;  // [slots, max_pages·epp, dim]: entry e of slot s
+  std::vector<int32_t> table;  // [slots, max_pages]
+  float Entry(int64_t slot, int64_t e, int64_t d) const {
+    return entries[static_cast<size_t>((slot * max_pages * epp + e) * dim + d)];
+  }
+  float Ring(int64_t slot, int64_t pos, int64_t d) const {
+    return ring[static_cast<size_t>((slot * window + pos % window) * dim + d)];
+  }
+};
+
+float Bf16Exact(float f) { return Bf16ToFloat(FloatToBf16(f)); }
+
+template <typename CacheT>
+std::vector<CacheT> ToCache(const std::vector<float>& v) {
+  std::vector<CacheT> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<CacheT, float>) {
+      o[i] = v[i];
+    } else {
+      o[i] = __nv_bfloat16(__nv_bfloat16_raw{FloatToBf16(v[i])});
+    }
+  }
+  return o;
+}
+
+Caches MakeCaches(int64_t slots, int64_t window, int64_t dim, int64_t max_entries, int64_t epp, std::mt19937& rng,
+                  bool equal_entries_in_slot0 = false) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Caches c;
+  c.slots = slots, c.window = window, c.dim = dim, c.epp = epp;
+  c.max_pages = (max_entries + epp - 1) / epp;
+  c.ring.resize(static_cast<size_t>(slots * window * dim));
+  for (float& v : c.ring) v = Bf16Exact(u(rng));
+  c.entries.resize(static_cast<size_t>(slots * c.max_pages * epp * dim));
+  for (float& v : c.entries) v = Bf16Exact(u(rng));
+  if (equal_entries_in_slot0) {  // every entry of slot 0 the same: all its scores tie
+    for (int64_t e = 1; e < c.max_pages * epp; ++e) {
+      std::copy_n(c.entries.begin(), dim, c.entries.begin() + e * dim);
+    }
+  }
+  c.table.resize(static_cast<size_t>(slots * c.max_pages));
+  for (size_t i = 0; i < c.table.size(); ++i) c.table[i] = static_cast<int32_t>(i);
+  std::shuffle(c.table.begin(), c.table.end(), rng);
+  return c;
+}
+
+// The caches in device memory as CacheT, and the CacheDev that describes them.
+template <typename CacheT>
+struct DevCaches {
+  Dev<CacheT> fixed, pages;
+  Dev<int32_t> table;
+  cuda::CacheDev dev;
+  explicit DevCaches(const Caches& c)
+      : fixed(c.ring.size()), pages(c.entries.size()), table(c.table.size()) {
+    fixed.Put(ToCache<CacheT>(c.ring));
+    // Page table[s·max_pages + k] holds entries [k·epp, (k+1)·epp) of slot s.
+    std::vector<float> by_page(c.entries.size());
+    const size_t page = static_cast<size_t>(c.epp * c.dim);
+    for (int64_t s = 0; s < c.slots; ++s) {
+      for (int64_t k = 0; k < c.max_pages; ++k) {
+        const size_t src = static_cast<size_t>((s * c.max_pages + k)) * page;
+        const size_t dst = static_cast<size_t>(c.table[static_cast<size_t>(s * c.max_pages + k)]) * page;
+        std::copy_n(c.entries.begin() + static_cast<std::ptrdiff_t>(src), page, by_page.begin() + static_cast<std::ptrdiff_t>(dst));
+      }
+    }
+    pages.Put(ToCache<CacheT>(by_page));
+    table.Put(c.table);
+    dev.fixed = reinterpret_cast<char*>(fixed.p);
+    dev.slot_bytes = c.window * c.dim * static_cast<int64_t>(sizeof(CacheT));
+    dev.pages = pages.p;
+    dev.page_elems = c.epp * c.dim;
+    dev.table = table.p;
+    dev.max_pages = static_cast<int32_t>(c.max_pages);
+  }
+};
+
+// A step of several sequences on the device.
+struct SeqSpec {
+  int32_t slot, rows, start_pos;
+};
+struct Step {
+  std::vector<cuda::StepSeq> seqs;
+  std::vector<int32_t> pos, seq;
+  std::unique_ptr<Dev<int32_t>> dpos, dseq;
+  std::unique_ptr<Dev<cuda::StepSeq>> dseqs;
+  cuda::StepDev dev;
+  explicit Step(const std::vector<SeqSpec>& list) {
+    for (const SeqSpec& q : list) {
+      const int32_t begin = static_cast<int32_t>(pos.size());
+      seqs.push_back({q.slot, begin, begin + q.rows, q.start_pos});
+      for (int32_t t = 0; t < q.rows; ++t) {
+        pos.push_back(q.start_pos + t);
+        seq.push_back(static_cast<int32_t>(seqs.size() - 1));
+      }
+    }
+    dpos = std::make_unique<Dev<int32_t>>(pos.size());
+    dseq = std::make_unique<Dev<int32_t>>(seq.size());
+    dseqs = std::make_unique<Dev<cuda::StepSeq>>(seqs.size());
+    dpos->Put(pos);
+    dseq->Put(seq);
+    dseqs->Put(seqs);
+    dev.pos = dpos->p;
+    dev.seq = dseq->p;
+    dev.seqs = dseqs->p;
+    dev.n = static_cast<int32_t>(pos.size());
+    dev.num_seqs = static_cast<int32_t>(seqs.size());
+  }
+};
+
+struct AttnCase {
+  int type;  // 0 sliding, 1 CSA, 2 HCA
+  int heads, hd, rope_dim, window, rate, topk;
+};
+
+// Attention of every row against the host reference: softmax over the window keys (this pass's rows, then
+// the ring) and the compressed entries (all visible for HCA, the selected ones for CSA), with the sink in the
+// denominator, then the output de-rotated by the query position. Keys are values (MQA). Run unsplit and with
+// 7 and 40 key splits (more than a warp of splits: the combine's second half). Bound per output:
+// 2e-5 · Σ p|v| + 1e-6 (fp32 accumulation over a few hundred keys).
+template <typename CacheT>
+void CheckAttention(const AttnCase& c) {
+  const std::string what = std::string(std::is_same_v<CacheT, float> ? "fp32" : "bf16") + " cache, type " +
+                           std::to_string(c.type) + ", " + std::to_string(c.heads) + " heads x " + std::to_string(c.hd);
+  std::mt19937 rng(11 + c.type);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  // A decode row deep in its context (slot 1; CSA: more entries visible than the top-k), a 5-row prefill chunk (slot 0) and the first 3 rows of a
+  // sequence (slot 2: fewer keys than the window, no compressed entry yet).
+  Step step({{1, 1, 2100}, {0, 5, 333}, {2, 3, 0}});
+  const int64_t n = step.dev.n, ld = static_cast<int64_t>(c.heads) * c.hd;
+  const int64_t max_entries = c.rate > 0 ? 2200 / c.rate + 1 : 1;
+  const Caches caches = MakeCaches(3, c.window, c.hd, max_entries, 16, rng);
+  DevCaches<CacheT> dc(caches);
+  std::vector<float> q(static_cast<size_t>(n * ld)), kv_new(static_cast<size_t>(n * c.hd)), sink(c.heads),
+      inv_freq(static_cast<size_t>(c.rope_dim / 2));
+  for (float& v : q) v = u(rng);
+  for (float& v : kv_new) v = Bf16Exact(u(rng));
+  for (float& v : sink) v = u(rng);
+  for (int i = 0; i < c.rope_dim / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / c.rope_dim);
+  std::vector<int32_t> sel(static_cast<size_t>(n * std::max(c.topk, 1)), -1);
+  if (c.type == 1) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t vis = (step.pos[static_cast<size_t>(r)] + 1) / c.rate;
+      std::vector<int32_t> all(static_cast<size_t>(vis));
+      for (int64_t e = 0; e < vis; ++e) all[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int64_t j = 0; j < std::min<int64_t>(c.topk, vis); ++j) sel[static_cast<size_t>(r * c.topk + j)] = all[static_cast<size_t>(j)];
+    }
+  }
+  const std::vector<CacheT> kv_dev = ToCache<CacheT>(kv_new);
+  Dev<float> dq(q.size()), dsink(sink.size()), dinv(std::max<size_t>(inv_freq.size(), 1));
+  Dev<CacheT> dkv(kv_dev.size());
+  Dev<int32_t> dsel(sel.size());
+  dq.Put(q);
+  dsink.Put(sink);
+  dinv.Put(inv_freq);
+  dkv.Put(kv_dev);
+  dsel.Put(sel);
+
+  // The host reference.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  std::vector<double> ref(static_cast<size_t>(n * ld)), mag(static_cast<size_t>(n * ld));
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t p = step.pos[static_cast<size_t>(r)];
+    const cuda::StepSeq& sq = step.seqs[static_cast<size_t>(step.seq[static_cast<size_t>(r)])];
+    std::vector<const float*> keys;
+    std::vector<std::vector<float>> store;
+    const int64_t nwin = std::min<int64_t>(c.window, p + 1);
+    for (int64_t kpos = p - nwin + 1; kpos <= p; ++kpos) {
+      if (kpos >= sq.start_pos) {
+        keys.push_back(&kv_new[static_cast<size_t>((sq.begin + kpos - sq.start_pos) * c.hd)]);
+      } else {
+        keys.push_back(&caches.ring[static_cast<size_t>((sq.slot * c.window + kpos % c.window) * c.hd)]);
+      }
+    }
+    const int64_t vis = c.rate > 0 ? (p + 1) / c.rate : 0;
+    const int64_t ncomp = c.type == 2 ? vis : c.type == 1 ? std::min<int64_t>(c.topk, vis) : 0;
+    for (int64_t j = 0; j < ncomp; ++j) {
+      const int64_t e = c.type == 2 ? j : sel[static_cast<size_t>(r * c.topk + j)];
+      keys.push_back(&caches.entries[static_cast<size_t>((sq.slot * caches.max_pages * caches.epp + e) * c.hd)]);
+    }
+    for (int h = 0; h < c.heads; ++h) {
+      const float* qh = &q[static_cast<size_t>(r * ld + h * c.hd)];
+      std::vector<double> s(keys.size());
+      double m = sink[static_cast<size_t>(h)];
+      for (size_t j = 0; j < keys.size(); ++j) {
+        double d = 0;
+        for (int i = 0; i < c.hd; ++i) d += static_cast<double>(qh[i]) * keys[j][i];
+        s[j] = d * scale;
+        m = std::max(m, s[j]);
+      }
+      double L = std::exp(sink[static_cast<size_t>(h)] - m);
+      for (double& v : s) L += (v = std::exp(v - m));
+      std::vector<double> o(static_cast<size_t>(c.hd), 0.0), om(static_cast<size_t>(c.hd), 0.0);
+      for (size_t j = 0; j < keys.size(); ++j) {
+        for (int i = 0; i < c.hd; ++i) {
+          o[static_cast<size_t>(i)] += s[j] / L * keys[j][i];
+          om[static_cast<size_t>(i)] += s[j] / L * std::fabs(keys[j][i]);
+        }
+      }
+      const int base = c.hd - c.rope_dim;
+      for (int d = 0; d < c.hd; d += 2) {
+        double o0 = o[static_cast<size_t>(d)], o1 = o[static_cast<size_t>(d + 1)];
+        if (d >= base) {
+          const double ang = static_cast<double>(p) * inv_freq[static_cast<size_t>((d - base) / 2)];
+          const double cs = std::cos(ang), sn = std::sin(ang);
+          const double t0 = o0 * cs + o1 * sn, t1 = o1 * cs - o0 * sn;
+          o0 = t0, o1 = t1;
+        }
+        ref[static_cast<size_t>(r * ld + h * c.hd + d)] = o0;
+        ref[static_cast<size_t>(r * ld + h * c.hd + d + 1)] = o1;
+        mag[static_cast<size_t>(r * ld + h * c.hd + d)] = om[static_cast<size_t>(d)] + om[static_cast<size_t>(d + 1)];
+        mag[static_cast<size_t>(r * ld + h * c.hd + d + 1)] = om[static_cast<size_t>(d)] + om[static_cast<size_t>(d + 1)];
+      }
+    }
+  }
+
+  for (int splits : {1, 7, 40}) {
+    Guarded out(static_cast<size_t>(n * ld));
+    Dev<float> part(static_cast<size_t>(n * c.heads * splits * (c.hd + 2)));
+    cuda::AttnArgs a;
+    a.q = dq.p;
+    a.ldq = ld;
+    a.heads = c.heads;
+    a.hd = c.hd;
+    a.kv_new = dkv.p;
+    a.ring_off = 0;
+    a.window = c.window;
+    a.type = c.type;
+    a.rate = c.rate;
+    a.page_off = 0;
+    a.epp = static_cast<int32_t>(caches.epp);
+    a.sel = c.type == 1 ? dsel.p : nullptr;
+    a.topk = c.topk;
+    a.sink = dsink.p;
+    a.scale = scale;
+    a.rope_dim = c.rope_dim;
+    a.inv_freq = dinv.p;
+    a.out = out.out();
+    a.ldo = ld;
+    a.splits = splits;
+    a.part = splits > 1 ? part.p : nullptr;
+    cuda::Attention<CacheT>(a, step.dev, dc.dev, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> all = out.All();
+    ASSERT_TRUE(GuardsIntact(all)) << what << ", " << splits << " splits";
+    int bad = 0;
+    for (int64_t i = 0; i < n * ld; ++i) {
+      const double got = all[static_cast<size_t>(kGuard + i)], bound = 2e-5 * mag[static_cast<size_t>(i)] + 1e-6;
+      if (!(std::fabs(got - ref[static_cast<size_t>(i)]) <= bound) && bad++ < 5) {
+        ADD_FAILURE() << what << ", " << splits << " splits: row " << i / ld << " head " << (i % ld) / c.hd
+                      << " dim " << i % c.hd << ": " << got << " vs " << ref[static_cast<size_t>(i)];
+      }
+    }
+    EXPECT_EQ(bad, 0) << what << ", " << splits << " splits";
+  }
+}
+
+TEST(CudaOpsTest, AttentionEveryTypeSplitAndUnsplitAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  // V4-Flash's attention shape (head_dim 512, rope 64, window 128, CSA rate 4 / top-k 512, HCA rate 128) with
+  // 8 local heads, and tiny-v4's (4 heads of 64, rope 16, window 8, top-k 3).
+  for (const AttnCase& c : {AttnCase{0, 8, 512, 64, 128, 0, 0}, AttnCase{1, 8, 512, 64, 128, 4, 512},
+                            AttnCase{2, 8, 512, 64, 128, 128, 0}, AttnCase{0, 4, 64, 16, 8, 0, 0},
+                            AttnCase{1, 4, 64, 16, 8, 4, 3}, AttnCase{2, 4, 64, 16, 8, 128, 0},
+                            AttnCase{1, 6, 64, 16, 8, 4, 3}}) {  // 6 heads: two blocks of 2 heads (HeadsPerBlock)
+    CheckAttention<float>(c);
+    CheckAttention<__nv_bfloat16>(c);
+  }
+}
+
+// The indexer: scores of every visible entry against the host formula (Σ_h w_h/√ih · relu(q_h·k)) / √id, bound
+// 1e-5 · Σ|terms| + 1e-6), and the selection exact against the kernel's own scores: top-k, the k-th score's
+// ties to the lowest entries. Rows with fewer entries than k, just more, a few thousand (scores in shared
+// memory) and over 24576 (the radix select reads them from global memory), and a slot whose entries are all
+// equal (every score ties: entries 0..k-1).
+template <typename CacheT>
+void CheckIndexTopK(int ih, int id, int rate, int topk) {
+  const std::string what = std::string(std::is_same_v<CacheT, float> ? "fp32" : "bf16") + " cache, " +
+                           std::to_string(ih) + " heads x " + std::to_string(id) + ", top-" + std::to_string(topk);
+  std::mt19937 rng(5 + topk);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int32_t deep = 4 * 26000 + 3;
+  Step step({{1, 1, rate * (topk / 2)}, {2, 2, rate * (topk + 1) - 1}, {1, 1, rate * 3000 + 1},
+             {0, 2, rate * (topk + 5)}, {2, 1, deep}});
+  const int64_t n = step.dev.n, max_vis = (deep + 1) / rate;
+  int64_t max_vis_rest = 0;  // of every row but the last (deep) one
+  for (int64_t r = 0; r + 1 < n; ++r) max_vis_rest = std::max<int64_t>(max_vis_rest, (step.pos[static_cast<size_t>(r)] + 1) / rate);
+  const Caches caches = MakeCaches(3, 1, id, max_vis + 1, 64, rng, /*equal_entries_in_slot0=*/true);
+  DevCaches<CacheT> dc(caches);
+  std::vector<float> iq(static_cast<size_t>(n * ih * id)), iw(static_cast<size_t>(n * ih));
+  for (float& v : iq) v = u(rng);
+  for (float& v : iw) v = u(rng);
+  Dev<float> diq(iq.size()), diw(iw.size()), scores(static_cast<size_t>(n * max_vis));
+  Dev<int32_t> sel(static_cast<size_t>(n * topk));
+  diq.Put(iq);
+  diw.Put(iw);
+  sel.Put(std::vector<int32_t>(static_cast<size_t>(n * topk), -7));
+  cuda::IndexArgs a;
+  a.iq = diq.p;
+  a.ldq = static_cast<int64_t>(ih) * id;
+  a.iw = diw.p;
+  a.ldw = ih;
+  a.ih = ih, a.id = id, a.rate = rate, a.topk = topk;
+  a.page_off = 0;
+  a.epp = static_cast<int32_t>(caches.epp);
+  // Two calls, as the backend makes them for row ranges: the short rows (scores in shared memory), then the
+  // deep row alone (scores and row r0 + i at scores + i·lds).
+  cuda::IndexTopK<CacheT>(a, step.dev, dc.dev, 0, n - 1, max_vis_rest, scores.p, max_vis, sel.p, nullptr);
+  cuda::IndexTopK<CacheT>(a, step.dev, dc.dev, n - 1, 1, max_vis, scores.p + (n - 1) * max_vis, max_vis, sel.p,
+                          nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got_s = scores.Get(static_cast<size_t>(n * max_vis));
+  const std::vector<int32_t> got = sel.Get(static_cast<size_t>(n * topk));
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t vis = (step.pos[static_cast<size_t>(r)] + 1) / rate;
+    const int64_t slot = step.seqs[static_cast<size_t>(step.seq[static_cast<size_t>(r)])].slot;
+    const float* sc = &got_s[static_cast<size_t>(r * max_vis)];
+    int bad = 0;
+    for (int64_t e = 0; e < vis; ++e) {
+      double ref = 0, mag = 0;
+      for (int h = 0; h < ih; ++h) {
+        double d = 0;
+        for (int i = 0; i < id; ++i) d += static_cast<double>(iq[static_cast<size_t>((r * ih + h) * id + i)]) * caches.Entry(slot, e, i);
+        const double w = iw[static_cast<size_t>(r * ih + h)] / std::sqrt(static_cast<double>(ih));
+        ref += w * std::max(d, 0.0);
+        mag += std::fabs(w) * std::fabs(d);
+      }
+      ref /= std::sqrt(static_cast<double>(id));
+      mag /= std::sqrt(static_cast<double>(id));
+      if (!(std::fabs(sc[e] - ref) <= 1e-5 * mag + 1e-6) && bad++ < 5) {
+        ADD_FAILURE() << what << ": row " << r << " entry " << e << " score " << sc[e] << " vs " << ref;
+      }
+    }
+    const int64_t k = std::min<int64_t>(topk, vis);
+    std::vector<char> chosen(static_cast<size_t>(vis), 0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = got[static_cast<size_t>(r * topk + j)];
+      ASSERT_TRUE(e >= 0 && e < vis) << what << ": row " << r << " slot " << j << " = " << e << " (visible " << vis << ")";
+      ASSERT_FALSE(chosen[static_cast<size_t>(e)]) << what << ": row " << r << " picks entry " << e << " twice";
+      chosen[static_cast<size_t>(e)] = 1;
+    }
+    for (int64_t j = k; j < topk; ++j) {
+      EXPECT_EQ(got[static_cast<size_t>(r * topk + j)], -7) << what << ": row " << r;
+    }
+    float kth = INFINITY;
+    int64_t last_tied = -1;
+    for (int64_t e = 0; e < vis; ++e) {
+      if (chosen[static_cast<size_t>(e)]) kth = std::min(kth, sc[e]);
+    }
+    for (int64_t e = 0; e < vis; ++e) {
+      if (chosen[static_cast<size_t>(e)] && sc[e] == kth) last_tied = e;
+    }
+    for (int64_t e = 0; e < vis; ++e) {
+      if (chosen[static_cast<size_t>(e)]) continue;
+      ASSERT_LE(sc[e], kth) << what << ": row " << r << " leaves out entry " << e << " above the k-th score";
+      if (sc[e] == kth) {
+        ASSERT_GT(e, last_tied) << what << ": row " << r << ": a tie must go to the lower entry";
+      }
+    }
+    if (slot == 0 && vis > topk) {  // every score equal: the first k entries
+      for (int64_t j = 0; j < k; ++j) {
+        EXPECT_TRUE(chosen[static_cast<size_t>(j)]) << what << ": row " << r << " entry " << j;
+      }
+    }
+  }
+}
+
+TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  CheckIndexTopK<float>(64, 128, 4, 512);  // V4-Flash's indexer
+  CheckIndexTopK<__nv_bfloat16>(64, 128, 4, 512);
+  CheckIndexTopK<float>(8, 32, 4, 3);      // tiny-v4's
+}
+
 #else  // a build without CUDA
 
 TEST(CudaOpsTest, GemmEveryPathAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, RowKernelsAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, PackedMoeAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, AttentionEveryTypeSplitAndUnsplitAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 
 #endif
 

@@ -94,10 +94,17 @@ TEST(RouterEndToEnd, ServeFourWorkersGoldensErrorsFailoverSigterm) {
   // NUMOE_E2E_BACKEND=cuda runs the same test with numoe-gpu on the CUDA backend (on a GPU machine).
   const char* backend_env = std::getenv("NUMOE_E2E_BACKEND");
   const std::string backend = backend_env != nullptr ? backend_env : "cpu";
+  std::vector<std::string> argv = {kBin + "/numoe", "serve", "--model", test::TinyDir(), "--workers", "4", "--backend",
+                                   backend, "--no-numa-bind", "--threads-per-worker", "1", "--port", std::to_string(http),
+                                   "--grpc-port", std::to_string(grpc_port), "--stop-timeout", "10"};
+  // NUMOE_E2E_GPU_PREFILL_THRESHOLD=N passes numoe-gpu --gpu-prefill-threshold N (with cuda: 1 = every step's
+  // routed experts on the GPU, from the workers' shared arenas).
+  if (const char* t = std::getenv("NUMOE_E2E_GPU_PREFILL_THRESHOLD"); t != nullptr) {
+    argv.push_back("--gpu-prefill-threshold");
+    argv.push_back(t);
+  }
   Child serve = Child::Start(
-      {kBin + "/numoe", "serve", "--model", test::TinyDir(), "--workers", "4", "--backend", backend, "--no-numa-bind",
-       "--threads-per-worker", "1", "--port", std::to_string(http), "--grpc-port", std::to_string(grpc_port),
-       "--stop-timeout", "10"},
+      argv,
       {.log = dir + "/serve.log", .append_log = true, .stdout_file = dir + "/serve.out", .new_group = true});
   const pid_t pgid = serve.pid();
   std::string ready;

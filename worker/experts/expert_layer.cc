@@ -132,8 +132,12 @@ StatusOr<std::unique_ptr<ExpertLayer>> ExpertLayer::Pack(int64_t hidden, int64_t
   layer->isa_ = isa;
   layer->bf16_exact_ = min_scale >= 2 && max_scale <= 252;
   const size_t total = static_cast<size_t>(layer->shape_.stride() * layer->num_experts_);
-  ASSIGN_OR_RETURN(layer->buffer_,
-                   AllocateOnNode(total, NodeAllocOptions{.node = options.numa_node, .huge_pages = options.huge_pages}));
+  const NodeAllocOptions alloc{.node = options.numa_node, .huge_pages = options.huge_pages};
+  if (options.arena != nullptr) {
+    ASSIGN_OR_RETURN(layer->buffer_, options.arena->Allocate(total, alloc, &layer->arena_offset_));
+  } else {
+    ASSIGN_OR_RETURN(layer->buffer_, AllocateOnNode(total, alloc));
+  }
   const auto pack_range = [&](int64_t begin, int64_t end, int) {
     for (int64_t e = begin; e < end; ++e) {
       PackExpert(experts[e], layer->shape_, layer->buffer_.data() + e * layer->shape_.stride());

@@ -14,7 +14,7 @@
 #include "common/numa.h"
 #include "common/status.h"
 #include "worker/experts/isa.h"
-#include "model/packed_layout.h"
+#include "common/packed_layout.h"
 
 namespace numoe {
 
@@ -36,6 +36,9 @@ struct ExpertPackOptions {
   int numa_node = -1;          // memory node (NumaPlacement::memory_node); -1 = the kernel's default policy
   bool huge_pages = true;      // 2 MB pages when the system allows (numa.h AllocateOnNode)
   ThreadPool* pool = nullptr;  // repack on these threads (the kernel pool: pages are first touched locally)
+  // Allocate the layer in this shared arena (a slice of its memfd, bound to numa_node) instead of an anonymous
+  // mapping, so that numoe-gpu can map it (GPU prefill); huge_pages is then the arena's choice.
+  SharedArena* arena = nullptr;
 };
 
 class ExpertLayer {
@@ -60,6 +63,8 @@ class ExpertLayer {
   // True when every scale byte is in [2, 252], so weights are exact in bf16 (the AMX kernel's condition).
   bool bf16_exact() const { return bf16_exact_; }
   const std::string& page_mode() const { return buffer_.page_mode(); }
+  // The layer's offset in ExpertPackOptions::arena's file (-1: not in an arena).
+  int64_t arena_offset() const { return arena_offset_; }
 
  private:
   ExpertLayer() = default;
@@ -67,6 +72,7 @@ class ExpertLayer {
   experts::PackedExpertShape shape_;
   Isa isa_ = Isa::kGeneric;
   bool bf16_exact_ = true;
+  int64_t arena_offset_ = -1;
   NodeBuffer buffer_;
 };
 

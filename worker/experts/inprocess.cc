@@ -45,6 +45,11 @@ StatusOr<std::unique_ptr<InProcessExperts>> InProcessExperts::Load(const Checkpo
   const int64_t D = c.hidden_size, I = c.moe_intermediate_size;
   int64_t bytes = 0;
   const int64_t blocks = c.num_hidden_layers + (options.include_drafter ? ck.mtp_stages() : 0);
+  const experts::PackedExpertShape shape{D, I};
+  if (options.shared_arena) {
+    ASSIGN_OR_RETURN(r->arena_, SharedArena::Create("numoe-experts",
+                                                    static_cast<size_t>(blocks * c.n_routed_experts * shape.stride())));
+  }
   for (int64_t l = 0; l < blocks; ++l) {
     std::vector<ExpertWeightsRef> refs;
     refs.reserve(static_cast<size_t>(c.n_routed_experts));
@@ -59,11 +64,22 @@ StatusOr<std::unique_ptr<InProcessExperts>> InProcessExperts::Load(const Checkpo
     ExpertPackOptions po;
     po.numa_node = options.numa_node;
     po.pool = pool;
+    po.arena = r->arena_.get();
     ASSIGN_OR_RETURN(std::unique_ptr<ExpertLayer> layer, ExpertLayer::Pack(D, I, refs, isa, po));
     bytes += static_cast<int64_t>(layer->bytes());
+    if (l < c.num_hidden_layers) {
+      r->host_.regions.push_back({layer->expert_data(0), static_cast<int64_t>(layer->bytes())});
+      r->host_.layers.push_back(layer->expert_data(0));
+      if (r->arena_ != nullptr) r->arena_offsets_.push_back(layer->arena_offset());
+    }
     r->layers_.push_back(std::move(layer));
     if (options.progress) options.progress(l + 1, blocks, bytes);
   }
+  if (r->arena_ != nullptr) RETURN_IF_ERROR(r->arena_->Seal());
+  r->host_.num_experts = c.n_routed_experts;
+  r->host_.hidden = D;
+  r->host_.inter = I;
+  r->host_.stride = shape.stride();
   r->compute_ = std::make_unique<MoeCompute>(pool, isa);
   return r;
 }

@@ -25,6 +25,9 @@ struct InProcessExpertsOptions {
   bool include_drafter = false;  // also the MTP/DSpark stages' experts, as layers num_hidden_layers + stage
   // Called after each layer is packed: (layers done, layers total, bytes packed so far).
   std::function<void(int64_t, int64_t, int64_t)> progress;
+  // Pack every layer into one sealed memfd (common/numa.h SharedArena) that numoe-gpu can map for GPU prefill
+  // (arena(), host_experts()); else each layer is an anonymous mapping of its own.
+  bool shared_arena = false;
 };
 
 class InProcessExperts final : public ExpertBackend {
@@ -35,9 +38,21 @@ class InProcessExperts final : public ExpertBackend {
   Status RunRouted(const MoeRequest& request) override;
   Isa isa() const { return compute_->isa(); }
   int64_t bytes() const;  // packed expert bytes held
+  // The main layers as HostExperts (one region per layer), for a model backend in this process that
+  // computes large steps' experts itself (ModelBackend::AttachHostExperts; tests, numoe generate).
+  // HostExperts::min_rows starts at 0 (never): the caller sets it.
+  const HostExperts* host_experts() const override { return &host_; }
+  HostExperts* mutable_host_experts() { return &host_; }
+  // With shared_arena: the sealed memfd holding every layer, and the main layers' offsets in it
+  // ([num_hidden_layers]); null and empty otherwise.
+  const SharedArena* arena() const { return arena_.get(); }
+  const std::vector<int64_t>& arena_offsets() const { return arena_offsets_; }
 
  private:
   InProcessExperts() = default;
+  std::unique_ptr<SharedArena> arena_;
+  std::vector<int64_t> arena_offsets_;
+  HostExperts host_;
   std::vector<std::unique_ptr<ExpertLayer>> layers_;
   std::unique_ptr<MoeCompute> compute_;
   float swiglu_limit_ = 0.0f;

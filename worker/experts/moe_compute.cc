@@ -9,7 +9,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/experts/kernel_ops.h"
-#include "model/packed_layout.h"
+#include "common/packed_layout.h"
 
 namespace numoe {
 

@@ -25,7 +25,7 @@
 #include <cstring>
 
 #include "worker/experts/kernel_ops.h"
-#include "model/packed_layout.h"
+#include "common/packed_layout.h"
 
 namespace numoe::experts {
 namespace {  // NOLINT(build/namespaces): see the header comment

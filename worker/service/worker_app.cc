@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -31,8 +32,9 @@ namespace {
 // Loads the routed experts of every main layer into this (bound) process's memory: repacked for the
 // CPU kernels (default), or dequantized to fp32 (reference: exact, small models only).
 // `drafter`: also the MTP/DSpark stages' experts (layers num_hidden_layers + s), for numoe-gpu's drafter.
+// `arena`: filled with the shared expert arena (GPU prefill) of packed experts; left unset otherwise.
 StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, const Checkpoint& ckpt, ThreadPool* pool,
-                                                     const NumaBinding& binding, bool drafter) {
+                                                     const NumaBinding& binding, bool drafter, v1::ExpertArena* arena) {
   const ModelFootprint fp = StoredFootprint(ckpt);
   const int64_t total = fp.routed_expert_bytes + (drafter ? fp.mtp_routed_expert_bytes : 0);
   ProgressBar bar("loading routed experts", total);
@@ -46,13 +48,48 @@ StatusOr<std::unique_ptr<ExpertBackend>> LoadExperts(const WorkerAppConfig& c, c
   InProcessExpertsOptions o;
   o.numa_node = binding.memory_node;
   o.include_drafter = drafter;
+  o.shared_arena = true;  // numoe-gpu may map it for GPU prefill (no copy: the same pages)
   // Progress in stored bytes (what the checkpoint holds), by layers packed.
   o.progress = [&](int64_t done, int64_t layers, int64_t) { bar.Update(layers > 0 ? total * done / layers : 0); };
   ASSIGN_OR_RETURN(auto experts, InProcessExperts::Load(ckpt, pool, o));
   bar.Done(total);
   NLOG(INFO) << "numoe-worker: routed experts packed for the " << IsaName(experts->isa()) << " kernels ("
-             << experts->bytes() << " bytes, " << pool->size() << " threads)";
+             << experts->bytes() << " bytes, " << pool->size() << " threads; shared arena of "
+             << experts->arena()->size() << " bytes, " << experts->arena()->page_mode() << " pages)";
+  const HostExperts& h = *experts->host_experts();
+  arena->set_fd(static_cast<uint32_t>(experts->arena()->fd()));
+  arena->set_bytes(static_cast<uint64_t>(experts->arena()->size()));
+  arena->set_num_experts(static_cast<uint32_t>(h.num_experts));
+  arena->set_hidden(static_cast<uint32_t>(h.hidden));
+  arena->set_inter(static_cast<uint32_t>(h.inter));
+  arena->set_stride(static_cast<uint64_t>(h.stride));
+  for (int64_t off : experts->arena_offsets()) arena->add_layer_offsets(static_cast<uint64_t>(off));
   return std::unique_ptr<ExpertBackend>(std::move(experts));
+}
+
+// The routed-expert time per row and layer at a prefill-sized batch (`rows` rows, random routing over every
+// expert), for numoe-gpu's GPU prefill threshold: one call of layer 0, after a warm-up call.
+StatusOr<double> MeasureExpertRowSeconds(ExpertBackend& experts, const ModelConfig& c, int64_t rows) {
+  const int64_t K = c.num_experts_per_tok, D = c.hidden_size, E = c.n_routed_experts;
+  std::vector<float> x(static_cast<size_t>(rows * D)), out(x.size()), w(static_cast<size_t>(rows * K), 1.0f / K);
+  std::vector<int32_t> ids(static_cast<size_t>(rows * K));
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (float& v : x) v = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) * 1e-3f;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < K; ++k) ids[static_cast<size_t>(r * K + k)] = static_cast<int32_t>((next() % E + k) % E);
+  }
+  MoeRequest q{.layer = 0, .rows = rows, .top_k = K, .x = x.data(), .expert_ids = ids.data(),
+               .expert_weights = w.data(), .out = out.data()};
+  RETURN_IF_ERROR(experts.RunRouted(q));
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(experts.RunRouted(q));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(rows);
 }
 
 std::string DefaultWorkerId(const std::vector<int>& nodes) {
@@ -98,10 +135,17 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   const bool drafter_experts_here = load_drafter_experts && c.drafter_experts == DrafterExperts::kWorker;
   // The checkpoint's config and tensor geometry were checked by Open either way; simulated experts read
   // none of the experts' bytes.
+  v1::ExpertArena arena;
   StatusOr<std::unique_ptr<ExpertBackend>> experts =
       sim ? StatusOr<std::unique_ptr<ExpertBackend>>(std::make_unique<SimExperts>((*ckpt)->config(), c.sim_expert_gbps))
-          : LoadExperts(c, **ckpt, pool->get(), binding, drafter_experts_here);
+          : LoadExperts(c, **ckpt, pool->get(), binding, drafter_experts_here, &arena);
   if (!experts.ok()) return fail(experts.status());
+  // numoe-gpu weighs this against its upload bandwidth to pick the GPU prefill threshold.
+  const int64_t probe_rows = std::clamp<int64_t>(c.max_step_tokens, 1, 512);
+  auto row_seconds = MeasureExpertRowSeconds(**experts, (*ckpt)->config(), probe_rows);
+  if (!row_seconds.ok()) return fail(row_seconds.status());
+  NLOG(INFO) << "numoe-worker: routed experts take " << *row_seconds * 1e6 << " us per row per layer at " << probe_rows
+             << " rows";
   std::string experts_text = "routed experts computed here";
   if (sim) {
     const int64_t bytes = SimExperts::ExpertBytes((*ckpt)->config());
@@ -119,6 +163,8 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   reg.set_model_fingerprint(*fingerprint);
   reg.set_max_sequences(static_cast<uint32_t>(c.max_seqs));
   reg.set_max_step_tokens(static_cast<uint32_t>(c.max_step_tokens));
+  reg.set_expert_row_seconds(*row_seconds);
+  if (arena.layer_offsets_size() > 0) *reg.mutable_expert_arena() = arena;
   auto gpu = GpuClient::Register(c.gpu_address, reg, c.gpu_wait_ms);
   if (!gpu.ok()) return fail(gpu.status());
   const v1::RegisterResponse& r = (*gpu)->registration();
@@ -138,7 +184,8 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   (*gpu)->StartHeartbeats();
   NLOG(INFO) << "numoe-worker: registered with numoe-gpu at " << c.gpu_address << " (lease " << r.lease() << ", "
              << r.backend() << " backend, channel " << r.shm_name() << ", " << r.max_sequences() << " sequences x "
-             << r.max_step_tokens() << " tokens per step)";
+             << r.max_step_tokens() << " tokens per step; GPU prefill "
+             << (r.gpu_prefill() ? "on: numoe-gpu mapped the expert arena)" : "off)");
 
   // 4. The engine over the remote executor.
   engine::RemoteExecutor executor(channel->get(), experts->get());

@@ -168,6 +168,8 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   o.launch.max_seqs = 300;
   o.launch.gpus = {1, 0};
   o.launch.lanes = 2;
+  o.launch.gpu_prefill_threshold = 0;  // GPU prefill off reaches numoe-gpu's command line
+  o.launch.pass_rows = 8192;
   o.launch.sim_expert_gbps = 0.0026;  // not exact in binary: every digit must survive the unit file
   o.launch.gpu_port = 7000;
   o.launch.worker_base_port = 7100;
@@ -184,6 +186,8 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   EXPECT_EQ(g.port, 7000);
   EXPECT_EQ(g.gpus, (std::vector<int>{1, 0}));
   EXPECT_EQ(g.lanes, 2);
+  EXPECT_EQ(g.gpu_prefill_threshold, 0);
+  EXPECT_EQ(g.pass_rows, 8192);
   EXPECT_GE(g.max_sequences, 300);  // admits the workers' --max-seqs
   std::vector<std::string> addrs;
   for (const WorkerPlacement& p : plan.workers) {

@@ -122,6 +122,8 @@ TEST(GpuFlags, RoundTripsEveryField) {
   c.prefix_cache_gb = 1.5;
   c.prefix_cache_host_gb = 0.25;
   c.prefix_checkpoint_tokens = 512;
+  c.gpu_prefill_threshold = 1536;
+  c.pass_rows = 8192;
   ExpectRoundTrip(c, gpu::GpuArgv(c), gpu::AddGpuFlags);
 }
 

@@ -27,7 +27,7 @@
 #include <utility>
 
 #include "worker/experts/kernel_ops.h"
-#include "model/packed_layout.h"
+#include "common/packed_layout.h"
 
 namespace numoe::experts {
 namespace {

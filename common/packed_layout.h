@@ -1,5 +1,5 @@
-// THE packed layout of routed-expert weights (one layout shared by every ISA's kernel and by the GPU's,
-// backends/cuda/packed_moe.cu; it lives in model/ so that worker/, backends/ and gpu_service/ all see it).
+// THE packed layout of routed-expert weights (one layout shared by every ISA's kernel, and by GPU prefill, which
+// uploads these bytes as they are: backends/cuda/packed_moe.cu).
 //
 // A checkpoint matrix W [rows N = outputs, cols K = inputs] is MXFP4: packed[N, K/2] (byte k holds column
 // 2k in the LOW nibble and 2k+1 in the high nibble; nibble n = E2M1 value [0,.5,1,1.5,2,3,4,6][n&7],

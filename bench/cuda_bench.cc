@@ -6,6 +6,11 @@
 // v4-flash --layers 1 --drafter dspark`) instead times the DSpark Draft() call per step with the stages' routed
 // experts on the CPU (InProcessExperts in this process, the worker's kernels) or on the GPU
 // (CudaOptions::drafter_experts = "gpu"), and prints the GPU memory the latter costs.
+// --packed-moe instead times the routed experts of a prefill step on the GPU (cuda::PackedMoe on the worker's
+// packed expert layout: bucket by expert, w13 + SwiGLU and w2 on bf16 tensor cores, combine) at V4-Flash's shape
+// (256 experts of 4096 x 2048, k = 6, uniform random routing) for --moe-rows rows, with the activations as a bf16
+// hi + lo pair and/or one bf16: ms, useful TFLOP/s (6 · rows · k · hidden · inter per call) and its share of the
+// bf16 mma.sync peak measured here by a register-resident loop.
 // --verify K also times a speculative verify step (1 + K tokens per sequence, every row's logits copied back,
 // as numoe-gpu verifies drafts) followed by Rollback(K) of every sequence (nothing accepted: the most work).
 #include <algorithm>
@@ -421,6 +426,63 @@ StatusOr<nlohmann::json> ProfileKernels(const ModelConfig& cfg, const std::strin
   return out;
 }
 
+
+int RunPackedMoeBench(const std::vector<int64_t>& rows, const std::string& precisions_s, int64_t iters, int64_t device,
+                      bool json) {
+  std::vector<std::pair<std::string, bool>> precisions;  // name, split
+  for (size_t p = 0; p <= precisions_s.size();) {
+    const size_t q = std::min(precisions_s.find(',', p), precisions_s.size());
+    const std::string f = precisions_s.substr(p, q - p);
+    if (f != "hilo" && f != "bf16") {
+      std::fprintf(stderr, "--moe-precision: '%s' is not hilo or bf16\n", f.c_str());
+      return 2;
+    }
+    precisions.emplace_back(f, f == "hilo");
+    p = q + 1;
+  }
+  constexpr int64_t kExperts = 256, kHidden = 4096, kInter = 2048, kTopK = 6;
+  auto peak = MeasureMmaBf16PeakFlops(static_cast<int>(device));
+  if (!peak.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(peak.status().message()).c_str());
+    return 1;
+  }
+  if (!json) {
+    std::printf("PackedMoe: %lld experts of %lld x %lld (packed MXFP4), k = %lld, uniform random routing\n",
+                static_cast<long long>(kExperts), static_cast<long long>(kHidden), static_cast<long long>(kInter),
+                static_cast<long long>(kTopK));
+    std::printf("bf16 mma.sync peak (register loop): %.1f TFLOP/s\n", *peak / 1e12);
+    std::printf("%-6s %7s %10s %10s %10s %12s %10s\n", "acts", "rows", "ms", "TFLOP/s", "of peak", "mma TFLOP/s",
+                "scratch MB");
+  }
+  nlohmann::json points = nlohmann::json::array();
+  for (const auto& [name, split] : precisions) {
+    auto got = BenchPackedMoe(static_cast<int>(device), rows, kTopK, kExperts, kHidden, kInter, split,
+                              static_cast<int>(iters));
+    if (!got.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(got.status().message()).c_str());
+      return 1;
+    }
+    for (const PackedMoeBenchPoint& p : *got) {
+      if (!json) {
+        std::printf("%-6s %7lld %10.3f %10.1f %10.3f %12.1f %10.1f\n", name.c_str(), static_cast<long long>(p.rows),
+                    p.ms, p.flops / 1e12, p.flops / *peak, p.mma_flops / 1e12, p.scratch_bytes / 1e6);
+      }
+      points.push_back({{"activations", name},
+                        {"rows", p.rows},
+                        {"ms", p.ms},
+                        {"tflops", p.flops / 1e12},
+                        {"fraction_of_peak", p.flops / *peak},
+                        {"mma_tflops", p.mma_flops / 1e12},
+                        {"scratch_bytes", p.scratch_bytes}});
+    }
+  }
+  const nlohmann::json summary = {{"bench", "cuda_packed_moe"}, {"experts", kExperts}, {"hidden", kHidden},
+                                  {"inter", kInter},            {"k", kTopK},          {"peak_tflops", *peak / 1e12},
+                                  {"points", points}};
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int RunCudaBench(int argc, char** argv) {
@@ -451,6 +513,16 @@ int RunCudaBench(int argc, char** argv) {
   parser.AddInt("draft-context", "N", "--draft-experts: prompt tokens per sequence before drafting", &draft_context, 1,
                 1 << 20);
   parser.AddInt("threads", "N", "--draft-experts: CPU expert threads (0 = every core)", &threads, 0, 4096);
+  bool packed_moe = false;
+  std::string moe_rows_s = "512,2048,16384", moe_precision_s = "hilo,bf16";
+  parser.AddFlag("packed-moe",
+                 "instead of the decode step: time the routed experts of a prefill step on the GPU (PackedMoe on the "
+                 "worker's packed layout, V4-Flash shape: 256 experts, k = 6) against the bf16 mma peak (--steps calls "
+                 "per point)",
+                 &packed_moe);
+  parser.AddString("moe-rows", "LIST", "--packed-moe: rows (tokens) per call", &moe_rows_s);
+  parser.AddString("moe-precision", "LIST",
+                   "--packed-moe: activations as a bf16 hi + lo pair (hilo) and/or one bf16 (bf16)", &moe_precision_s);
   parser.AddFlag("no-graphs", "launch kernels one by one instead of replaying CUDA graphs", &no_graphs);
   parser.AddFlag("kernels",
                  "also profile one decode step per batch (first weights/cache/context, kernels launched one by one): "
@@ -465,6 +537,20 @@ int RunCudaBench(int argc, char** argv) {
   if (!batches.ok() || !contexts.ok()) {
     std::fprintf(stderr, "%s\n", std::string((!batches.ok() ? batches.status() : contexts.status()).message()).c_str());
     return 2;
+  }
+  if (packed_moe) {
+    auto moe_rows = ParseIntList(moe_rows_s, "--moe-rows");
+    if (!moe_rows.ok() || moe_rows->empty()) {
+      std::fprintf(stderr, "%s\n", moe_rows.ok() ? "--moe-rows: empty" : std::string(moe_rows.status().message()).c_str());
+      return 2;
+    }
+    for (int64_t r : *moe_rows) {
+      if (r < 1 || r > 65536) {
+        std::fprintf(stderr, "--moe-rows: %lld is outside [1, 65536]\n", static_cast<long long>(r));
+        return 2;
+      }
+    }
+    return RunPackedMoeBench(*moe_rows, moe_precision_s, steps, device, json);
   }
   if (!draft_experts.empty()) {
     return RunDraftExpertsBench(model_dir, draft_experts, *batches, draft_depth, draft_context, steps, threads, device,

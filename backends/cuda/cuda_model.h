@@ -134,6 +134,23 @@ StatusOr<double> MeasureDeviceCopyGBps(int device, int64_t bytes, int iters);
 // registered expert arena run at), best of `iters` copies of `bytes` bytes.
 StatusOr<double> MeasureHostToDeviceGBps(int device, int64_t bytes, int iters);
 
+// numoe-bench cuda --packed-moe: the routed experts of a prefill step on the device (cuda::PackedMoe,
+// backends/cuda/kernels.h) on `experts` random experts of [hidden, inter] in the packed layout, `rows` rows with
+// k distinct uniformly random experts each. Per point: the best of `iters` timed calls (CUDA events) after one
+// warm-up, and the useful flops (6 · rows · k · hidden · inter) per second.
+struct PackedMoeBenchPoint {
+  int64_t rows = 0;
+  double ms = 0;
+  double flops = 0;       // useful flop/s
+  double mma_flops = 0;   // flop/s the tensor cores ran (twice the useful with the hi + lo activations)
+  int64_t scratch_bytes = 0;
+};
+StatusOr<std::vector<PackedMoeBenchPoint>> BenchPackedMoe(int device, const std::vector<int64_t>& rows, int64_t k,
+                                                          int64_t experts, int64_t hidden, int64_t inter,
+                                                          bool split_activations, int iters);
+// The bf16 mma.sync m16n8k16 peak of `device` (register-resident loop on every SM), flop/s.
+StatusOr<double> MeasureMmaBf16PeakFlops(int device);
+
 // Number of CUDA devices visible (0 without CUDA or without a driver).
 int CudaDeviceCount();
 // True when numoe was built with the CUDA backend.

@@ -15,6 +15,12 @@ StatusOr<double> MeasureHostToDeviceGBps(int, int64_t, int) {
 }
 bool CudaCompiledIn() { return false; }
 
+StatusOr<std::vector<PackedMoeBenchPoint>> BenchPackedMoe(int, const std::vector<int64_t>&, int64_t, int64_t, int64_t,
+                                                          int64_t, bool, int) {
+  return absl::UnavailableError("numoe was built without CUDA");
+}
+StatusOr<double> MeasureMmaBf16PeakFlops(int) { return absl::UnavailableError("numoe was built without CUDA"); }
+
 StatusOr<std::unique_ptr<CudaBackend>> CreateCudaBackend(const Checkpoint&, const CudaOptions&) {
   return absl::UnavailableError("numoe was built without CUDA (configure with -DNUMOE_CUDA=ON and nvcc present)");
 }

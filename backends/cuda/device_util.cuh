@@ -19,6 +19,25 @@ __device__ __forceinline__ float Fp8ToF32(uint32_t b) {
 
 __device__ __forceinline__ float Bf16ToF32(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
 
+// Two floats as a packed bf16 pair (round to nearest even), `a` in the low half (the lower k of an mma operand).
+__device__ __forceinline__ uint32_t PackBf16(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float2 Bf16PairToF32(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
+}
+
+// d += A·B for one m16n8k16 tile: bf16 operands (A row-major a0..a3, B column-major b0, b1), fp32 accumulators.
+__device__ __forceinline__ void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float ToF32(float v) { return v; }
 __device__ __forceinline__ float ToF32(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T>

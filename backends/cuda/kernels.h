@@ -1,4 +1,5 @@
-// Host-callable launchers of the CUDA backend's kernels (gemm.cu, sm80_gemm_mma.cu, ops.cu, attention.cu).
+// Host-callable launchers of the CUDA backend's kernels (gemm.cu, sm80_gemm_mma.cu, ops.cu, attention.cu,
+// moe_experts.cu, packed_moe.cu).
 //
 // Conventions: row-major; a weight is [out, in] as in the checkpoint, so a linear layer is
 // y[n, out] = x[n, in] · Wᵀ. Activations are fp32 in device memory; caches (window ring, compressed
@@ -10,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #ifdef __CUDACC__
 #define NUMOE_HOST_DEVICE __host__ __device__
@@ -291,22 +293,49 @@ struct Mxfp4Scratch {
 void RoutedExpertsMxfp4(const Mxfp4Experts& w, const float* x, const int32_t* ids, const float* wts, int64_t n,
                         int64_t K, float swiglu_limit, const Mxfp4Scratch& s, float* out, cudaStream_t stream);
 
-// ---- GPU prefill: one layer's routed experts in the worker's packed layout (common/packed_layout.h) ----
+// ---- routed experts of a prefill step, on the worker's packed layout (packed_moe.cu) ------------------------
 
+// Routed MoE of n rows from one layer's experts in the worker's packed layout
+// (common/packed_layout.h), already on the device: expert e at layer + e * stride.
+//   out[r] = sum over slots j in order, ids[r, j] in [0, num_experts), of
+//            weights[r, j] · w2_e · (silu(min(w1_e·x_r, L)) ⊙ clamp(w3_e·x_r, -L, L))
+// (L = swiglu_limit; 0: none)
+// as worker/experts/moe_compute.cc computes it; the routing weights already carry the routed scaling factor
+// (MoeGate). Ids outside [0, num_experts) (-1 = slot unused) contribute nothing. Tensor cores (bf16 mma.sync,
+// sm_80+): weights decoded FP4 x E8M0 -> bf16 exactly; activations x and h as a bf16 (hi, lo) pair, two
+// products per step (split_activations, ~16 mantissa bits), or one bf16 (false: ~8 bits, half the mma work).
+// Deterministic: the (row, slot) pairs are bucketed by expert in pair order, and the combine adds the slots
+// of a row in order (no atomics on the output).
 struct PackedMoeArgs {
-  const uint8_t* layer = nullptr;   // device: num_experts x stride bytes (packed_layout.h)
+  const uint8_t* layer = nullptr;   // device: num_experts x stride bytes (16-byte aligned)
   int64_t num_experts = 0, hidden = 0, inter = 0, stride = 0;
   const float* x = nullptr;         // device [n, hidden] fp32 activations (the MoE input)
   const int32_t* ids = nullptr;     // device [n, k] expert ids (-1 = slot unused)
   const float* weights = nullptr;   // device [n, k] routing weights
   int64_t n = 0, k = 0;
   float swiglu_limit = 0;           // as the CPU experts use it (0 = none)
-  float* out = nullptr;             // device [n, hidden] fp32: weighted sum over the k slots
-  void* scratch = nullptr;          // device scratch of PackedMoeScratchBytes(...) bytes
+  float* out = nullptr;             // device [n, hidden] fp32: the weighted sum over the k slots
+  void* scratch = nullptr;          // device scratch of PackedMoeScratchBytes(...) bytes (256-byte aligned)
+  bool split_activations = true;
 };
-// out[r] = Σ_k weights[r,k] · w2_e · (silu(min(w1_e·x_r, L)) ⊙ clamp(w3_e·x_r, -L, L)), e = ids[r,k], like
-// worker/experts/moe_compute.h (no shared expert). Enqueues on `stream`; cudaErrorInvalidValue for bad shapes.
-cudaError_t PackedMoe(const PackedMoeArgs& a, cudaStream_t stream);
+// The limits PackedMoe accepts: rows, slots per row, experts.
+inline constexpr int64_t kPackedMoeMaxRows = 1 << 20;
+inline constexpr int64_t kPackedMoeMaxK = 16;
+inline constexpr int64_t kPackedMoeMaxExperts = 4096;
 int64_t PackedMoeScratchBytes(int64_t n, int64_t k, int64_t hidden, int64_t inter);
+// Empty when `a` is valid, else a message naming the bad field (checked on the host: shapes, pointers,
+// alignment, stride; the ids themselves stay on the device).
+std::string PackedMoeCheck(const PackedMoeArgs& a);
+// Enqueues the whole computation on `stream` (no host round trip, no synchronisation). cudaErrorInvalidValue
+// when PackedMoeCheck fails, else the launches' error.
+cudaError_t PackedMoe(const PackedMoeArgs& a, cudaStream_t stream);
+// Random experts in the packed layout for benchmarks: every nibble random, scale bytes in [scale_lo, scale_lo + 3]
+// (E8M0), padding zeros.
+void FillPackedExperts(uint8_t* layer, int64_t num_experts, int64_t hidden, int64_t inter, int64_t stride,
+                       int scale_lo, uint64_t seed, cudaStream_t stream);
+// Register-resident loop of the bf16 mma.sync PackedMoe uses (m16n8k16, fp32 accumulation) on every SM, for
+// about `ms` milliseconds of the current device: its flop/s (2 per multiply-add), the peak PackedMoe is
+// measured against.
+double MmaBf16PeakFlops(double ms);
 
 }  // namespace numoe::cuda

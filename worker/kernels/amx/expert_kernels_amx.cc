@@ -212,32 +212,38 @@ inline void StaticFor(std::integer_sequence<int, Is...>, F&& f) {
 }
 
 // One 32-column block for MT activation tiles x NN weight tiles; accumulator of (n, m) is tile n*MT + m.
-// Tile registers: 0-3 accumulators, 4/5 activations (x_hi/x_lo), 6/7 weights.
+// Tile registers: 0-3 accumulators, 4/5 activations, 6/7 weights. `a` is the block's first A tile; the next
+// row tile's is `mstride` bytes on, x_lo's `plane` bytes on. Two products on one accumulator (x_hi, then
+// x_lo) are never issued back to back: a tile product's latency is several times its issue interval.
 template <class T, int kLevels, int MT, int NN>
-// `a` is the block's first A tile; the next row tile's is `mstride` bytes on, x_lo's `plane` bytes on.
 inline void ComputeBlock(const uint8_t* b, const uint8_t* a, int64_t mstride, int64_t plane) {
-  if constexpr (MT == 1) {  // up to 4 weight tiles share one activation tile
+  if constexpr (MT == 1) {  // up to 4 weight tiles share one activation tile (per level), two at a time
     T::template Load<4>(a, 64);
     if constexpr (kLevels == 2) T::template Load<5>(a + plane, 64);
-    StaticFor(std::make_integer_sequence<int, NN>{}, [&](auto n) {
-      constexpr int kN = decltype(n)::value, kB = 6 + (kN & 1);
-      T::template Load<kB>(b + kN * kBTileBytes, 64);
-      T::template Dot<kN, 4, kB>();
-      if constexpr (kLevels == 2) T::template Dot<kN, 5, kB>();
+    StaticFor(std::make_integer_sequence<int, (NN + 1) / 2>{}, [&](auto p) {
+      constexpr int kN0 = 2 * decltype(p)::value, kN1 = kN0 + 1;
+      T::template Load<6>(b + kN0 * kBTileBytes, 64);
+      if constexpr (kN1 < NN) T::template Load<7>(b + kN1 * kBTileBytes, 64);
+      T::template Dot<kN0, 4, 6>();
+      if constexpr (kN1 < NN) T::template Dot<kN1, 4, 7>();
+      if constexpr (kLevels == 2) {
+        T::template Dot<kN0, 5, 6>();
+        if constexpr (kN1 < NN) T::template Dot<kN1, 5, 7>();
+      }
     });
-  } else {  // 2 activation tiles x up to 2 weight tiles
+  } else {  // 2 activation tiles x up to 2 weight tiles: x_hi of both row tiles, then x_lo of both
     static_assert(MT == 2 && NN <= 2);
     T::template Load<6>(b, 64);
     if constexpr (NN > 1) T::template Load<7>(b + kBTileBytes, 64);
-    StaticFor(std::make_integer_sequence<int, MT>{}, [&](auto m) {
-      constexpr int kM = decltype(m)::value;
-      T::template Load<4>(a + kM * mstride, 64);
-      T::template Dot<kM, 4, 6>();
-      if constexpr (NN > 1) T::template Dot<MT + kM, 4, 7>();
-      if constexpr (kLevels == 2) {
-        T::template Load<5>(a + plane + kM * mstride, 64);
-        T::template Dot<kM, 5, 6>();
-        if constexpr (NN > 1) T::template Dot<MT + kM, 5, 7>();
+    StaticFor(std::make_integer_sequence<int, kLevels>{}, [&](auto level) {
+      const uint8_t* al = a + decltype(level)::value * plane;
+      T::template Load<4>(al, 64);
+      T::template Load<5>(al + mstride, 64);
+      T::template Dot<0, 4, 6>();
+      T::template Dot<1, 5, 6>();
+      if constexpr (NN > 1) {
+        T::template Dot<2, 4, 7>();
+        T::template Dot<3, 5, 7>();
       }
     });
   }
@@ -280,7 +286,18 @@ void TileGroup(const Decoder& dec, const TileArgs& a, const PanelRef& pr, int64_
     } else {
       for (int64_t j = 0; j < pf_per_block && pf < pr.pf_end; ++j, pf += 64) __builtin_prefetch(pf, 0, 2);
     }
-    ComputeBlock<T, kLevels, MT, NN>(pr.panel + (kb * kPanelTiles + j0) * kBTileBytes, arows + kb * kBTileBytes, mstride, plane);
+    if (kb + 1 < nblocks) {  // the next block's tiles into L1: a tile load alone gets little memory parallelism
+      const uint8_t* nb = pr.panel + ((kb + 1) * kPanelTiles + j0) * kBTileBytes;
+      for (int64_t l = 0; l < NN * kBTileBytes; l += 64) __builtin_prefetch(nb + l, 0, 3);
+      for (int level = 0; level < kLevels; ++level) {
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint8_t* na = arows + level * plane + mt * mstride + (kb + 1) * kBTileBytes;
+          for (int64_t l = 0; l < kBTileBytes; l += 64) __builtin_prefetch(na + l, 0, 3);
+        }
+      }
+    }
+    ComputeBlock<T, kLevels, MT, NN>(pr.panel + (kb * kPanelTiles + j0) * kBTileBytes, arows + kb * kBTileBytes,
+                                     mstride, plane);
   }
   StaticFor(std::make_integer_sequence<int, MT * NN>{}, [&](auto c) {
     constexpr int kC = decltype(c)::value, kN = kC / MT, kM = kC % MT;

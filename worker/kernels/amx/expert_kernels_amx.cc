@@ -18,9 +18,11 @@
 // same order (block by block, x_hi then x_lo) whichever row group and panel it is in, so the result does
 // not depend on the row count (tests/kernels asserts it bit for bit).
 //
-// Measured (Emerald Rapids, one thread, weights in cache): 390-450 GFLOP/s with two-level activations and
-// 450-700 with one, from 16 rows per expert up; the register-resident TDPBF16PS peak is ~2 TFLOP/s per core,
-// so the bf16 decode (about 24 vector ops per 128 weights) is what bounds it.
+// Measured (numoe-bench experts --isa amx --peak, the 2-vCPU Emerald Rapids VM, V4-Flash experts, 2 threads,
+// two-level activations): 0.22 / 0.35 TFLOP/s at 512 / 2048 tokens (0.19 / 0.24 when every 16-32 rows
+// decoded again). The decode is now under 3% of the kernel's samples; most land on tdpbf16ps right after
+// tile loads: ~20 M tile products per second per thread, where a loop with the same loads from L1 issues
+// ~100 M, so the tile loads from the L2-resident panel and activations are what bounds it.
 //
 // AmxEmulatedKernelOps() runs the same decode and loops with the tile instructions replaced by scalar
 // code, so the layout logic is tested on machines without AMX.

@@ -9,8 +9,13 @@
 // the fastest read, so such a ratio means the yardstick is wrong, not that the kernel is fast.
 // The last line is one JSON object:
 //   {"isa","tokens","threads","kernel_gbps","read_gbps","ratio","tflops","read_method"}, and with --peak also
-//   "peak_tflops" (the multiply instruction's register-resident peak on the same threads) and "tflops_ratio"
-//   (tflops / peak_tflops: how near a prefill-sized call comes to the compute it could do).
+//   "peak_tflops" (the multiply instruction's register-resident peak on the same threads), "tflops_ratio"
+//   (tflops / peak_tflops: how near a prefill-sized call comes to the compute it could do) and "issued_ratio"
+//   (tflops_ratio x the multiply instructions issued per multiply-add of the FFN: 2 with --precision high,
+//   whose two activation levels (int8 or bf16) each take an instruction, 1 with low: the share of the peak
+//   that the kernel's instructions use). "precision" names the activation precision; "read_bound_tflops" is
+//   what the steps would reach if they streamed their weights at read_gbps (tflops / ratio): no kernel can
+//   pass it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -457,11 +462,14 @@ int RunExpertsBench(int argc, char** argv) {
                   Median(ratios));
     }
   }
-  std::printf("{\"isa\":\"%s\",\"tokens\":%ld,\"threads\":%d,\"kernel_gbps\":%.3f,\"read_gbps\":%.3f,\"ratio\":%.4f,"
-              "\"tflops\":%.5f,\"read_method\":\"%s\"%s}\n",
-              IsaName(isa), tokens, pool.size(), k, r, k / r, Median(tflops), reader.name,
-              peak_tflops > 0 ? absl::StrFormat(",\"peak_tflops\":%.4f,\"tflops_ratio\":%.4f", peak_tflops,
-                                                Median(tflops) / peak_tflops).c_str()
+  const int levels = moe_options.precision == ActivationPrecision::kHigh ? 2 : 1;
+  std::printf("{\"isa\":\"%s\",\"precision\":\"%s\",\"tokens\":%ld,\"threads\":%d,\"kernel_gbps\":%.3f,"
+              "\"read_gbps\":%.3f,\"ratio\":%.4f,\"tflops\":%.5f,\"read_bound_tflops\":%.5f,\"read_method\":\"%s\"%s}\n",
+              IsaName(isa), precision_name.c_str(), tokens, pool.size(), k, r, k / r, Median(tflops),
+              Median(tflops) * r / k, reader.name,
+              peak_tflops > 0 ? absl::StrFormat(",\"peak_tflops\":%.4f,\"tflops_ratio\":%.4f,\"issued_ratio\":%.4f",
+                                                peak_tflops, Median(tflops) / peak_tflops,
+                                                levels * Median(tflops) / peak_tflops).c_str()
                               : "");
   if (k / r > max_ratio) {
     std::fprintf(stderr,

@@ -3,6 +3,7 @@
 // asserted per output element, plus a normwise check that the bound is not hiding a gross error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -454,6 +455,111 @@ TEST_P(ExpertKernelTest, Int8PrefillSameBits) {
           ASSERT_EQ(std::memcmp(&a, &e, 4), 0) << "row " << i << " column " << col << ": " << a << " vs " << e;
         }
       }
+    }
+  }
+}
+
+// The kernel MoeCompute picks for prefill-sized experts (the AVX-512 prefill path from 8 rows, AMX from
+// amx_min_rows; the others' only kernel) at row counts around its row blocks and panels (8, 17, 33, 48, 512,
+// 700), over all of w13 (10 tiles: two and a half AMX panels, every int8 tile-run remainder) of a shape with
+// partial tiles and blocks (K 328 -> 3 super-blocks), against the reference with the single-stage bound.
+TEST_P(ExpertKernelTest, TileKernelPrefillRowsBound) {
+  const IsaCase& c = GetParam();
+  std::mt19937 rng(31);
+  const int64_t hidden = 328, inter = 72;  // 5 gate and 5 up tiles, the last of each partial
+  auto experts = RandomExperts(1, hidden, inter, rng);
+  ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(hidden, inter, Refs(experts), PackIsa(c)));
+  const auto& shape = layer->shape();
+  const int64_t kp = shape.gate_up().padded_cols(), tiles = 2 * shape.gate_up().tiles();
+  MoeCompute moe(pool_.get(), c.isa, Options());
+  std::uniform_real_distribution<float> ux(-2.0f, 2.0f);
+  const auto aligned = [](std::vector<uint8_t>& v) {
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
+  };
+  for (int64_t m : {8, 17, 33, 48, 512, 700}) {
+    const experts::KernelOps& ops = moe.OpsFor(m, layer->bf16_exact());
+    SCOPED_TRACE(::testing::Message() << "m " << m << ", kernel " << ops.name);
+    std::vector<float> x(m * hidden);
+    for (auto& v : x) v = ux(rng) * (ux(rng) > 1.9f ? 8.0f : 1.0f);
+    std::vector<const float*> rows(m);
+    for (int64_t i = 0; i < m; ++i) rows[i] = x.data() + i * hidden;
+    std::vector<uint8_t> acts(ops.act_bytes(m, kp) + 64), scratch(ops.scratch_bytes(kp) + 64);
+    ops.prepare_acts(rows.data(), m, hidden, kp, aligned(acts));
+    const int64_t ldo = 16 * tiles + 5;
+    Guarded y(m * ldo, std::nanf(""));
+    experts::TileArgs args;
+    args.tiles = layer->expert_data(0);
+    args.num_tiles = tiles;
+    args.tile_stride = shape.gate_up().tile_bytes();
+    args.supers = kp / 128;
+    args.acts = aligned(acts);
+    args.m = m;
+    args.out = y.data();
+    args.ldo = ldo;
+    args.scratch = aligned(scratch);
+    args.prefetch_bytes = 4096;
+    ops.tiles(args);
+    ASSERT_TRUE(y.guards_intact()) << "write outside out[m, ldo]";
+    std::vector<double> a(hidden), zero(hidden, 0.0), gate, gate_bound, up, up_bound;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t col = 0; col < hidden; ++col) a[col] = x[i * hidden + col];
+      test::GemvWithBound(experts[0].w1, a, zero, ErrorModel(c), kEps, &gate, &gate_bound);
+      test::GemvWithBound(experts[0].w3, a, zero, ErrorModel(c), kEps, &up, &up_bound);
+      for (int64_t r = 0; r < inter; ++r) {
+        const int64_t col = 32 * (r / 16) + r % 16;  // gate tile t is w13 tile 2t, up tile t is 2t + 1
+        const double g = y.data()[i * ldo + col], u = y.data()[i * ldo + col + 16];
+        ASSERT_LE(std::abs(g - gate[r]), gate_bound[r]) << "row " << i << " gate " << r << ": " << g << " vs " << gate[r];
+        ASSERT_LE(std::abs(u - up[r]), up_bound[r]) << "row " << i << " up " << r << ": " << u << " vs " << up[r];
+      }
+    }
+  }
+}
+
+// The AMX kernel decodes a panel of weight tiles once per call and runs all of the call's row groups
+// against it: a row's result must not depend on the call's other rows. 700 rows in one call against the
+// same rows in calls of 16 (and 12 for the tail), bit for bit, over 10 tiles (panels of 4, 4 and 2).
+TEST_P(ExpertKernelTest, AmxSameBitsForAnyRowCount) {
+  const IsaCase& c = GetParam();
+  if (c.isa != Isa::kAmx) GTEST_SKIP() << "AMX kernels only";
+  const experts::KernelOps& ops =
+      c.emulate_amx ? experts::AmxEmulatedKernelOps(c.precision) : experts::AmxKernelOps(c.precision);
+  std::mt19937 rng(32);
+  const int64_t hidden = 200, inter = 72, m = 700;  // K 200 -> 2 super-blocks
+  auto experts = RandomExperts(1, hidden, inter, rng);
+  ASSERT_OK_AND_ASSIGN_LAYER(layer, ExpertLayer::Pack(hidden, inter, Refs(experts), PackIsa(c)));
+  const auto& shape = layer->shape();
+  const int64_t kp = shape.gate_up().padded_cols(), tiles = 2 * shape.gate_up().tiles(), ldo = 16 * tiles + 3;
+  std::uniform_real_distribution<float> ux(-2.0f, 2.0f);
+  std::vector<float> x(m * hidden);
+  for (auto& v : x) v = ux(rng);
+  std::vector<const float*> rows(m);
+  for (int64_t i = 0; i < m; ++i) rows[i] = x.data() + i * hidden;
+  const auto aligned = [](std::vector<uint8_t>& v) {
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
+  };
+  std::vector<uint8_t> scratch(ops.scratch_bytes(kp) + 64);
+  std::vector<float> all(m * ldo, std::nanf("")), sliced(m * ldo, std::nanf(""));
+  const auto run = [&](int64_t r0, int64_t n, float* out) {
+    std::vector<uint8_t> acts(ops.act_bytes(n, kp) + 64);
+    ops.prepare_acts(rows.data() + r0, n, hidden, kp, aligned(acts));
+    experts::TileArgs args;
+    args.tiles = layer->expert_data(0);
+    args.num_tiles = tiles;
+    args.tile_stride = shape.gate_up().tile_bytes();
+    args.supers = kp / 128;
+    args.acts = aligned(acts);
+    args.m = n;
+    args.out = out + r0 * ldo;
+    args.ldo = ldo;
+    args.scratch = aligned(scratch);
+    ops.tiles(args);
+  };
+  run(0, m, all.data());
+  for (int64_t r0 = 0; r0 < m; r0 += 16) run(r0, std::min<int64_t>(16, m - r0), sliced.data());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t col = 0; col < 16 * tiles; ++col) {
+      const float a = all[i * ldo + col], e = sliced[i * ldo + col];
+      ASSERT_EQ(std::memcmp(&a, &e, 4), 0) << "row " << i << " column " << col << ": " << a << " vs " << e;
     }
   }
 }

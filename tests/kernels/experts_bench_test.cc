@@ -35,7 +35,8 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
     const RunResult r = RunBench(args);
     ASSERT_EQ(r.rc, 0) << r.out;
     const auto j = nlohmann::json::parse(LastLine(r.out));
-    ASSERT_EQ(j.size(), 8u) << j.dump();
+    ASSERT_EQ(j.size(), 10u) << j.dump();
+    EXPECT_EQ(j["precision"], "high");
     EXPECT_TRUE(j["read_method"].is_string() && !j["read_method"].get<std::string>().empty()) << j.dump();
     EXPECT_TRUE(j["isa"].is_string());
     if (*isa != '\0') {
@@ -48,6 +49,26 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
     EXPECT_GT(rd, 0.0);
     EXPECT_GT(tflops, 0.0);
     EXPECT_NEAR(ratio, k / rd, 1e-3 * ratio + 1e-3);
+    // From the printed (rounded) figures: tflops at the read's GB/s instead of the kernel's.
+    EXPECT_NEAR(j["read_bound_tflops"].get<double>(), tflops * rd / k, 1e-2 * tflops * rd / k + 1e-4);
+  }
+}
+
+// --peak adds the instruction's peak, the share of it reached and the share the issued instructions use
+// (twice that share with two-level activations, once with one).
+TEST(ExpertsBench, PeakFieldsCountIssuedInstructions) {
+  for (const char* precision : {"high", "low"}) {
+    SCOPED_TRACE(precision);
+    const RunResult r = RunBench(std::string("--preset small --tokens 40 --threads 1 --runs 1 --seconds 0.02 --isa "
+                                             "avx512 --peak --precision ") + precision);
+    if (r.rc != 0 && r.err.find("not available") != std::string::npos) GTEST_SKIP() << "no AVX-512 VNNI here";
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const auto j = nlohmann::json::parse(LastLine(r.out));
+    EXPECT_EQ(j["precision"], precision);
+    const double peak = j["peak_tflops"], share = j["tflops_ratio"], issued = j["issued_ratio"];
+    EXPECT_GT(peak, 0.0);
+    EXPECT_NEAR(share, j["tflops"].get<double>() / peak, 1e-3 * share + 1e-4);
+    EXPECT_NEAR(issued, (std::string(precision) == "high" ? 2 : 1) * share, 1e-3 * issued + 1e-4);
   }
 }
 

@@ -82,19 +82,26 @@ inline void QuantizeRow(const float* x, int64_t k, int64_t kp, int r, int gs, in
     }
     const float amax = BitsFloat(amax_bits);
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    // The block's levels into contiguous arrays first (a loop the compiler vectorises), then four bytes
+    // at a time to their interleaved places.
+    int8_t qv[32], lv[32];
     int32_t sum = 0;
     for (int c = 0; c < 32; ++c) {
       const float t = v[c] * inv;  // |t| <= 127 (+ rounding), so the level stays in [-127, 127]
       const int32_t qi = RoundToInt(t);
-      qb[((c0 + c) / 4 * gs + r) * 4 + (c & 3)] = static_cast<int8_t>(qi);
+      qv[c] = static_cast<int8_t>(qi);
       if constexpr (kLevels == 2) {
         int32_t li = RoundToInt((t - static_cast<float>(qi)) * 256.0f);  // t - qi is exact
         li = li > 127 ? 127 : (li < -127 ? -127 : li);
-        lb[((c0 + c) / 4 * gs + r) * 4 + (c & 3)] = static_cast<int8_t>(li);
+        lv[c] = static_cast<int8_t>(li);
         sum += 256 * qi + li;
       } else {
         sum += qi;
       }
+    }
+    for (int d = 0; d < 8; ++d) {
+      std::memcpy(qb + ((c0 / 4 + d) * gs + r) * 4, qv + 4 * d, 4);
+      if constexpr (kLevels == 2) std::memcpy(lb + ((c0 / 4 + d) * gs + r) * 4, lv + 4 * d, 4);
     }
     xs[b * gs + r] = amax / 127.0f * (kLevels == 2 ? 0.5f / 256.0f : 0.5f);
     corr[b * gs + r] = -12 * sum;
@@ -336,8 +343,8 @@ inline void DecodeTile(const uint8_t* tile, int64_t supers, uint8_t* dst) {
   }
 }
 
-// R rows (one activation group) x NT decoded tiles over the whole K. While it runs, the first row group
-// prefetches the next run's packed tiles into L2, `pf_per_block` lines per block from `pf` up to `pf_end`.
+// R rows (one activation group) x NT decoded tiles over the whole K. While it runs, it prefetches its share
+// of the next run's packed tiles into L2, `pf_per_block` lines per block from `pf` up to `pf_end`.
 template <class S, int R, int NT, int kLevels>
 inline void PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_t blocks, const GroupActs<kLevels>& ga,
                          float* out, int64_t ldo, const uint8_t* pf, int64_t pf_per_block, const uint8_t* pf_end) {
@@ -419,17 +426,22 @@ void Int8PrefillTiles(const TileArgs& a) {
   for (int64_t t0 = 0; t0 < a.num_tiles; t0 += NT) {
     const int nt = static_cast<int>(a.num_tiles - t0 < NT ? a.num_tiles - t0 : NT);
     for (int i = 0; i < nt; ++i) DecodeTile<S>(a.tiles + (t0 + i) * a.tile_stride, a.supers, a.scratch + i * dec_bytes);
-    // The next run's packed bytes, spread over the first row group's blocks.
+    // The next run's packed bytes, spread evenly over all row groups' blocks (group i prefetches the i-th
+    // share), so that DRAM streams the next run while the whole of this one computes.
     const uint8_t* pf = a.tiles + (t0 + nt) * a.tile_stride;
     const uint8_t* pf_end = pf + NT * a.tile_stride < end ? pf + NT * a.tile_stride : end;
     const int64_t lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
-    const int64_t pf_per_block = a.prefetch_bytes > 0 ? (lines + blocks - 1) / blocks : 0;
+    const int64_t groups = (a.m + kPrefillRows - 1) / kPrefillRows;
+    const int64_t group_lines = (lines + groups - 1) / groups;
+    const int64_t pf_per_block = a.prefetch_bytes > 0 ? (group_lines + blocks - 1) / blocks : 0;
     for (int64_t g0 = 0; g0 < a.m; g0 += kPrefillRows) {
       const int gs = static_cast<int>(a.m - g0 < kPrefillRows ? a.m - g0 : kPrefillRows);
       const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), gs, kp);
+      const int64_t first = g0 / kPrefillRows * group_lines;
+      const uint8_t* gpf = first < lines ? pf + 64 * first : pf_end;
+      const uint8_t* gpf_end = first + group_lines < lines ? pf + 64 * (first + group_lines) : pf_end;
       PrefillDispatch<S, kPrefillRows, NT, kLevels>(gs, nt, a.scratch, dec_bytes, blocks, ga,
-                                                    a.out + g0 * a.ldo + 16 * t0, a.ldo, pf,
-                                                    g0 == 0 ? pf_per_block : 0, pf_end);
+                                                    a.out + g0 * a.ldo + 16 * t0, a.ldo, gpf, pf_per_block, gpf_end);
     }
   }
 }

@@ -7,15 +7,22 @@
 // Pack checks; layers outside that range run on AVX-512 instead), and the tile accumulates over all of K.
 //
 // Work goes in groups of 4 accumulator tiles: 16 activation rows x 4 weight tiles (64 outputs), or 32 rows
-// x 2 weight tiles. For each 32-column block the group's weight tiles are decoded into B tiles (VNNI
-// pairs: pair-row p holds columns 2p, 2p+1 of 16 rows) in a small L1 ring, one block ahead of the tile
-// products, so the activation tiles are reused across weight tiles and nothing round-trips through L2. Error (against exact weights, fp32 activations): activations rounded to bf16 (RNE), so per output
+// x 2 weight tiles. The weights go in panels of 4 tiles (B tiles: VNNI pairs, pair-row p holds columns
+// 2p, 2p+1 of 16 rows) decoded once per call into a per-thread buffer that holds the panel's whole K
+// (128 KB per tile at K = 4096, so it stays in L2): the first row group decodes each block one block ahead
+// of its own products, and every other row group of the call runs against the decoded panel, so a weight
+// block is decoded once per call rather than once per 16-32 rows. Error (against exact weights, fp32
+// activations): activations rounded to bf16 (RNE), so per output
 //   |y - y_exact| <= 2^-9 * sum_c |W_c| |x_c|   (+ fp32 accumulation rounding)
-// which is below the int8 paths' bound (int8_tiles.h).
+// which is below the int8 paths' bound (int8_tiles.h). Each accumulator tile sees the same products in the
+// same order (block by block, x_hi then x_lo) whichever row group and panel it is in, so the result does
+// not depend on the row count (tests/kernels asserts it bit for bit).
 //
-// Measured (Emerald Rapids, one thread, weights in cache): 390-450 GFLOP/s with two-level activations and
-// 450-700 with one, from 16 rows per expert up; the register-resident TDPBF16PS peak is ~2 TFLOP/s per core,
-// so the bf16 decode (about 24 vector ops per 128 weights) is what bounds it.
+// Measured (numoe-bench experts --isa amx --peak, the 2-vCPU Emerald Rapids VM, V4-Flash experts, 2 threads,
+// two-level activations): 0.22 / 0.35 TFLOP/s at 512 / 2048 tokens (0.19 / 0.24 when every 16-32 rows
+// decoded again). The decode is now under 3% of the kernel's samples; most land on tdpbf16ps right after
+// tile loads: ~20 M tile products per second per thread, where a loop with the same loads from L1 issues
+// ~100 M, so the tile loads from the L2-resident panel and activations are what bounds it.
 //
 // AmxEmulatedKernelOps() runs the same decode and loops with the tile instructions replaced by scalar
 // code, so the layout logic is tested on machines without AMX.
@@ -112,7 +119,9 @@ struct EmulatedTiles {
 
 int64_t PaddedRows(int64_t m) { return (m + 15) / 16 * 16; }
 
-// Activations: kLevels planes of bf16 [round_up(m, 16)][kp] (x_hi, then x_lo), zero padded.
+// Activations: kLevels planes (x_hi, then x_lo) of bf16, zero padded to round_up(m, 16) rows, each plane
+// as A tiles back to back: [row tile mt][block kb][16 rows][32 columns], so that an A tile is one
+// contiguous KB (a tile load with a row stride of kp * 2 bytes would put all 16 rows in one L1 set).
 template <int kLevels>
 size_t ActBytes(int64_t m, int64_t kp) {
   return static_cast<size_t>(kLevels * PaddedRows(m) * kp * 2);
@@ -122,32 +131,35 @@ template <int kLevels>
 void PrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp, uint8_t* acts) {
   const int64_t mp = PaddedRows(m);
   for (int64_t i = 0; i < mp; ++i) {
-    uint8_t* hi_row = acts + i * kp * 2;
+    uint8_t* hi_row = acts + (i / 16) * kp * 32 + (i % 16) * 64;  // + kb * 1024 + (c % 32) * 2
     uint8_t* lo_row = hi_row + mp * kp * 2;
     for (int64_t c = 0; c < kp; c += 16) {
       const int64_t valid = i >= m || c >= k ? 0 : (k - c < 16 ? k - c : 16);
       const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
       const __m512 v = _mm512_maskz_loadu_ps(mask, i < m ? rows[i] + c : nullptr);
       const __m256i hi = (__m256i)_mm512_cvtneps_pbh(v);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(hi_row + c * 2), hi);
+      const int64_t at = (c / 32) * kBTileBytes + (c % 32) * 2;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(hi_row + at), hi);
       if constexpr (kLevels == 2) {
         const __m512 hi_f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
         const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, hi_f));  // v - hi_f is exact
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lo_row + c * 2), lo);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lo_row + at), lo);
       }
     }
   }
 }
 
-// Per thread: a ring of decoded B tiles (2 blocks x up to 4 weight tiles), the C staging tile, the config.
-constexpr int64_t kRingBytes = 2 * 4 * kBTileBytes;
-size_t ScratchBytes(int64_t) { return static_cast<size_t>(kRingBytes + 16 * 64 + 64); }
+// Per thread: the decoded panel (kPanelTiles weight tiles over all of K, as B tiles), the C staging tile,
+// the tile config. The panel is 4 x 128 KB for V4-Flash's gate/up (K = 4096): L2-resident.
+constexpr int64_t kPanelTiles = 4;
+int64_t PanelBytes(int64_t kp) { return kPanelTiles * (kp / 32) * kBTileBytes; }
+size_t ScratchBytes(int64_t kp) { return static_cast<size_t>(PanelBytes(kp) + 16 * 64 + 64); }
 
-// Expands 32 nibble indices (bytes) to scaled bf16 words and stores one 64-byte B-tile row.
-inline void EmitPairRow(__m256i nibbles, __m512i lut, __m512i scale_add, uint8_t* dst) {
-  const __m512i idx = _mm512_cvtepu8_epi16(nibbles);
+// Looks up the nibbles in the low bits of each 16-bit word (bit 4 is ignored: the table repeats after 16
+// entries) to bf16, adds the block's exponent offset to the non-zero ones and stores one 64-byte B-tile row.
+inline void EmitPairRow(__m512i idx, __m512i lut, __m512i scale_add, __m512i magnitude_bits, uint8_t* dst) {
   __m512i w = _mm512_permutexvar_epi16(idx, lut);
-  const __mmask32 nonzero = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(7));
+  const __mmask32 nonzero = _mm512_test_epi16_mask(idx, magnitude_bits);
   w = _mm512_mask_add_epi16(w, nonzero, w, scale_add);  // adds e-127 to the exponent of non-zero values
   _mm512_store_si512(dst, w);
 }
@@ -156,11 +168,7 @@ inline void EmitPairRow(__m256i nibbles, __m512i lut, __m512i scale_add, uint8_t
 // holding columns (2p, 2p+1) of rows 0..15 as scaled bf16.
 class Decoder {
  public:
-  Decoder()
-      : order_(_mm512_load_si512(kPairOrder)),
-        lut_(_mm512_load_si512(kLut)),
-        dup_(_mm512_load_si512(kDup)),
-        m4_(_mm512_set1_epi8(0x0F)) {}
+  Decoder() : lut_(_mm512_load_si512(kLut)), dup_(_mm512_load_si512(kDup)) {}
 
   void Block(const uint8_t* tile, int64_t kb, uint8_t* dst) const {
     const uint8_t* p = tile + (kb / 4) * kSuperBytes;
@@ -171,31 +179,33 @@ class Decoder {
     __m256i e = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kSuperNibbleBytes + 16 * b)));
     e = _mm256_slli_epi16(_mm256_sub_epi16(e, _mm256_set1_epi16(127)), 7);
     const __m512i scale_add = _mm512_permutexvar_epi16(dup_, _mm512_castsi256_si512(e));
+    const __m512i even_bytes = _mm512_set1_epi32(0x00FF00FF), low3 = _mm512_set1_epi16(7);
     for (int g = 0; g < 4; ++g) {
-      // Chunk g: byte i = row i/4, low nibble column 4g + i%4, high nibble column 16 + 4g + i%4.
-      const __m512i v = _mm512_permutexvar_epi8(order_, _mm512_load_si512(p + 256 * b + 64 * g));
-      const __m512i lo = _mm512_and_si512(v, m4_);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4_);
-      EmitPairRow(_mm512_castsi512_si256(lo), lut_, scale_add, dst + (2 * g) * 64);
-      EmitPairRow(_mm512_extracti64x4_epi64(lo, 1), lut_, scale_add, dst + (2 * g + 1) * 64);
-      EmitPairRow(_mm512_castsi512_si256(hi), lut_, scale_add, dst + (8 + 2 * g) * 64);
-      EmitPairRow(_mm512_extracti64x4_epi64(hi, 1), lut_, scale_add, dst + (9 + 2 * g) * 64);
+      // Chunk g: byte 4n + c = row n, low nibble column 4g + c, high nibble column 16 + 4g + c. Word-wise
+      // shifts and blends (no cross-lane byte permute) put bytes c = 0, 1 of each row into the row's two
+      // words (`pair01`) and bytes 2, 3 into `pair23`: the index words of pair-rows 2g and 2g + 1 (low
+      // nibbles, bits 0-3) and, shifted by 4, of pair-rows 8 + 2g and 9 + 2g (high nibbles).
+      const __m512i v = _mm512_load_si512(p + 256 * b + 64 * g);
+      const __m512i b02 = _mm512_and_si512(v, even_bytes);  // per row (dword): words b0, b2
+      const __m512i b13 = _mm512_srli_epi16(v, 8);          // words b1, b3
+      const __m512i pair01 = _mm512_mask_blend_epi16(0xAAAAAAAAu, b02, _mm512_slli_epi32(b13, 16));
+      const __m512i pair23 = _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_srli_epi32(b02, 16), b13);
+      EmitPairRow(pair01, lut_, scale_add, low3, dst + (2 * g) * 64);
+      EmitPairRow(pair23, lut_, scale_add, low3, dst + (2 * g + 1) * 64);
+      EmitPairRow(_mm512_srli_epi16(pair01, 4), lut_, scale_add, low3, dst + (8 + 2 * g) * 64);
+      EmitPairRow(_mm512_srli_epi16(pair23, 4), lut_, scale_add, low3, dst + (9 + 2 * g) * 64);
     }
   }
 
  private:
-  // Bytes of a chunk reordered so the first 32 are (row, column 0/1) pairs and the last 32 (row, 2/3).
-  alignas(64) static constexpr uint8_t kPairOrder[64] = {
-      0,  1,  4,  5,  8,  9,  12, 13, 16, 17, 20, 21, 24, 25, 28, 29, 32, 33, 36, 37, 40, 41,
-      44, 45, 48, 49, 52, 53, 56, 57, 60, 61, 2,  3,  6,  7,  10, 11, 14, 15, 18, 19, 22, 23,
-      26, 27, 30, 31, 34, 35, 38, 39, 42, 43, 46, 47, 50, 51, 54, 55, 58, 59, 62, 63};
-  // bf16 of the 16 E2M1 values.
-  alignas(64) static constexpr uint16_t kLut[32] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080,
-                                                    0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040,
-                                                    0xC080, 0xC0C0};
+  // bf16 of the 16 E2M1 values, twice (vpermw reads 5 index bits).
+  alignas(64) static constexpr uint16_t kLut[32] = {
+      0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80,
+      0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0, 0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040,
+      0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
   alignas(64) static constexpr uint16_t kDup[32] = {0, 0, 1, 1, 2,  2,  3,  3,  4,  4,  5,  5,  6,  6,  7,  7,
                                                     8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15};
-  __m512i order_, lut_, dup_, m4_;
+  __m512i lut_, dup_;
 };
 
 template <int... Is, class F>
@@ -204,88 +214,131 @@ inline void StaticFor(std::integer_sequence<int, Is...>, F&& f) {
 }
 
 // One 32-column block for MT activation tiles x NN weight tiles; accumulator of (n, m) is tile n*MT + m.
-// Tile registers: 0-3 accumulators, 4/5 activations (x_hi/x_lo), 6/7 weights.
+// Tile registers: 0-3 accumulators, 4/5 activations, 6/7 weights. `a` is the block's first A tile; the next
+// row tile's is `mstride` bytes on, x_lo's `plane` bytes on. Two products on one accumulator (x_hi, then
+// x_lo) are never issued back to back: a tile product's latency is several times its issue interval.
 template <class T, int kLevels, int MT, int NN>
-inline void ComputeBlock(const uint8_t* b, const uint8_t* a, int64_t lda, int64_t plane) {
-  if constexpr (MT == 1) {  // up to 4 weight tiles share one activation tile
-    T::template Load<4>(a, lda);
-    if constexpr (kLevels == 2) T::template Load<5>(a + plane, lda);
-    StaticFor(std::make_integer_sequence<int, NN>{}, [&](auto n) {
-      constexpr int kN = decltype(n)::value, kB = 6 + (kN & 1);
-      T::template Load<kB>(b + kN * kBTileBytes, 64);
-      T::template Dot<kN, 4, kB>();
-      if constexpr (kLevels == 2) T::template Dot<kN, 5, kB>();
+inline void ComputeBlock(const uint8_t* b, const uint8_t* a, int64_t mstride, int64_t plane) {
+  if constexpr (MT == 1) {  // up to 4 weight tiles share one activation tile (per level), two at a time
+    T::template Load<4>(a, 64);
+    if constexpr (kLevels == 2) T::template Load<5>(a + plane, 64);
+    StaticFor(std::make_integer_sequence<int, (NN + 1) / 2>{}, [&](auto p) {
+      constexpr int kN0 = 2 * decltype(p)::value, kN1 = kN0 + 1;
+      T::template Load<6>(b + kN0 * kBTileBytes, 64);
+      if constexpr (kN1 < NN) T::template Load<7>(b + kN1 * kBTileBytes, 64);
+      T::template Dot<kN0, 4, 6>();
+      if constexpr (kN1 < NN) T::template Dot<kN1, 4, 7>();
+      if constexpr (kLevels == 2) {
+        T::template Dot<kN0, 5, 6>();
+        if constexpr (kN1 < NN) T::template Dot<kN1, 5, 7>();
+      }
     });
-  } else {  // 2 activation tiles x up to 2 weight tiles
+  } else {  // 2 activation tiles x up to 2 weight tiles: x_hi of both row tiles, then x_lo of both
     static_assert(MT == 2 && NN <= 2);
     T::template Load<6>(b, 64);
     if constexpr (NN > 1) T::template Load<7>(b + kBTileBytes, 64);
-    StaticFor(std::make_integer_sequence<int, MT>{}, [&](auto m) {
-      constexpr int kM = decltype(m)::value;
-      T::template Load<4>(a + kM * 16 * lda, lda);
-      T::template Dot<kM, 4, 6>();
-      if constexpr (NN > 1) T::template Dot<MT + kM, 4, 7>();
-      if constexpr (kLevels == 2) {
-        T::template Load<5>(a + plane + kM * 16 * lda, lda);
-        T::template Dot<kM, 5, 6>();
-        if constexpr (NN > 1) T::template Dot<MT + kM, 5, 7>();
+    StaticFor(std::make_integer_sequence<int, kLevels>{}, [&](auto level) {
+      const uint8_t* al = a + decltype(level)::value * plane;
+      T::template Load<4>(al, 64);
+      T::template Load<5>(al + mstride, 64);
+      T::template Dot<0, 4, 6>();
+      T::template Dot<1, 5, 6>();
+      if constexpr (NN > 1) {
+        T::template Dot<2, 4, 7>();
+        T::template Dot<3, 5, 7>();
       }
     });
   }
 }
 
-// Output rows [m0, m0 + 16 MT) x weight tiles [t0, t0 + NN) over all of K. Each block of the NN weight
-// tiles is decoded into an L1 ring one block ahead of the products that use it.
+// Where one group of tile products finds its weights: the panel (block kb of panel tile j at
+// panel + (kb * kPanelTiles + j) * kBTileBytes) and, for the group that decodes, the packed tiles.
+struct PanelRef {
+  uint8_t* panel;
+  int64_t t0;      // global index of panel tile 0
+  bool decode;     // this group decodes its tiles' blocks into the panel (one block ahead of its products)
+  // L2 prefetch of the next panel's packed bytes [pf, pf_end), spread over this group's blocks.
+  const uint8_t* pf;
+  const uint8_t* pf_end;
+};
+
+// Output rows [m0, m0 + 16 MT) x panel tiles [j0, j0 + NN) over all of K. The products of one accumulator
+// are the same, in the same order (block by block, x_hi then x_lo), whichever group and panel it is in,
+// so the result does not depend on the blocking.
 template <class T, int kLevels, int MT, int NN>
-void TileGroup(const Decoder& dec, const TileArgs& a, int64_t t0, int64_t m0, uint8_t* ring, float* stage) {
+void TileGroup(const Decoder& dec, const TileArgs& a, const PanelRef& pr, int64_t j0, int64_t m0, float* stage) {
   const int64_t kp = a.supers * kSuperCols;
   const int64_t nblocks = kp / 32;
-  const int64_t lda = kp * 2;
-  const int64_t plane = PaddedRows(a.m) * lda;  // x_lo follows x_hi
-  const uint8_t* arows = a.acts + m0 * lda;
+  const int64_t mstride = nblocks * kBTileBytes;           // one row tile's A tiles
+  const int64_t plane = PaddedRows(a.m) / 16 * mstride;  // x_lo follows x_hi
+  const uint8_t* arows = a.acts + m0 / 16 * mstride;
   StaticFor(std::make_integer_sequence<int, MT * NN>{}, [&](auto c) { T::template Zero<decltype(c)::value>(); });
   const auto decode = [&](int64_t kb) {
     for (int n = 0; n < NN; ++n) {
-      dec.Block(a.tiles + (t0 + n) * a.tile_stride, kb, ring + ((kb & 1) * NN + n) * kBTileBytes);
+      dec.Block(a.tiles + (pr.t0 + j0 + n) * a.tile_stride, kb, pr.panel + (kb * kPanelTiles + j0 + n) * kBTileBytes);
     }
   };
-  decode(0);
+  if (pr.decode) decode(0);
+  const uint8_t* pf = pr.pf;
+  const int64_t pf_lines = pf < pr.pf_end ? (pr.pf_end - pf + 63) / 64 : 0;
+  const int64_t pf_per_block = (pf_lines + nblocks - 1) / nblocks;
   for (int64_t kb = 0; kb < nblocks; ++kb) {
-    if (kb + 1 < nblocks) decode(kb + 1);
-    ComputeBlock<T, kLevels, MT, NN>(ring + (kb & 1) * NN * kBTileBytes, arows + kb * 64, lda, plane);
+    if (pr.decode) {
+      if (kb + 1 < nblocks) decode(kb + 1);
+    } else {
+      for (int64_t j = 0; j < pf_per_block && pf < pr.pf_end; ++j, pf += 64) __builtin_prefetch(pf, 0, 2);
+    }
+    if (kb + 1 < nblocks) {  // the next block's tiles into L1: a tile load alone gets little memory parallelism
+      const uint8_t* nb = pr.panel + ((kb + 1) * kPanelTiles + j0) * kBTileBytes;
+      for (int64_t l = 0; l < NN * kBTileBytes; l += 64) __builtin_prefetch(nb + l, 0, 3);
+      for (int level = 0; level < kLevels; ++level) {
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint8_t* na = arows + level * plane + mt * mstride + (kb + 1) * kBTileBytes;
+          for (int64_t l = 0; l < kBTileBytes; l += 64) __builtin_prefetch(na + l, 0, 3);
+        }
+      }
+    }
+    ComputeBlock<T, kLevels, MT, NN>(pr.panel + (kb * kPanelTiles + j0) * kBTileBytes, arows + kb * kBTileBytes,
+                                     mstride, plane);
   }
   StaticFor(std::make_integer_sequence<int, MT * NN>{}, [&](auto c) {
     constexpr int kC = decltype(c)::value, kN = kC / MT, kM = kC % MT;
     T::template Store<kC>(stage, 64);
     const int64_t rows = a.m - m0 - 16 * kM < 16 ? a.m - m0 - 16 * kM : 16;
-    float* out = a.out + (m0 + 16 * kM) * a.ldo + 16 * (t0 + kN);
+    float* out = a.out + (m0 + 16 * kM) * a.ldo + 16 * (pr.t0 + j0 + kN);
     for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * a.ldo, stage + 16 * r, 64);
   });
 }
 
+// Panel tiles [j0, j0 + n) for rows [m0, m0 + 16 MT): groups of up to 4 (MT = 1) or 2 (MT = 2) tiles.
 template <class T, int kLevels, int MT>
-void TileGroups(const Decoder& dec, const TileArgs& a, int64_t m0, uint8_t* ring, float* stage) {
+void TileGroups(const Decoder& dec, const TileArgs& a, const PanelRef& pr, int64_t n, int64_t m0, float* stage) {
   constexpr int kNN = MT == 1 ? 4 : 2;
-  for (int64_t t0 = 0; t0 < a.num_tiles; t0 += kNN) {
-    switch (a.num_tiles - t0 < kNN ? a.num_tiles - t0 : kNN) {
-      case 1: TileGroup<T, kLevels, MT, 1>(dec, a, t0, m0, ring, stage); break;
-      case 2: TileGroup<T, kLevels, MT, 2>(dec, a, t0, m0, ring, stage); break;
+  for (int64_t j0 = 0; j0 < n; j0 += kNN) {
+    switch (n - j0 < kNN ? n - j0 : kNN) {
+      case 1: TileGroup<T, kLevels, MT, 1>(dec, a, pr, j0, m0, stage); break;
+      case 2: TileGroup<T, kLevels, MT, 2>(dec, a, pr, j0, m0, stage); break;
       case 3:
-        if constexpr (kNN > 2) TileGroup<T, kLevels, MT, 3>(dec, a, t0, m0, ring, stage);
+        if constexpr (kNN > 2) TileGroup<T, kLevels, MT, 3>(dec, a, pr, j0, m0, stage);
         break;
       default:
-        if constexpr (kNN > 3) TileGroup<T, kLevels, MT, 4>(dec, a, t0, m0, ring, stage);
+        if constexpr (kNN > 3) TileGroup<T, kLevels, MT, 4>(dec, a, pr, j0, m0, stage);
         break;
     }
   }
 }
 
+// Panel by panel (kPanelTiles weight tiles): the first row group decodes the panel's tiles, block by block
+// one block ahead of its products, and every further row group of the call reuses the decoded panel
+// (so a weight tile is decoded once per call, not once per 16 or 32 rows), prefetching the next panel's
+// packed bytes into L2 meanwhile.
 template <class T, int kLevels>
 void AmxTiles(const TileArgs& a) {
+  const int64_t kp = a.supers * kSuperCols;
   const int64_t mp = PaddedRows(a.m);
-  uint8_t* ring = a.scratch;
-  float* stage = reinterpret_cast<float*>(a.scratch + kRingBytes);
-  TileConfig* cfg = reinterpret_cast<TileConfig*>(a.scratch + kRingBytes + 16 * 64);
+  uint8_t* panel = a.scratch;
+  float* stage = reinterpret_cast<float*>(a.scratch + PanelBytes(kp));
+  TileConfig* cfg = reinterpret_cast<TileConfig*>(a.scratch + PanelBytes(kp) + 16 * 64);
   std::memset(cfg, 0, sizeof(*cfg));
   cfg->palette_id = 1;
   for (int t = 0; t < 8; ++t) {
@@ -294,14 +347,23 @@ void AmxTiles(const TileArgs& a) {
   }
   T::Configure(cfg);
   const Decoder dec;
-  if (mp == 16) {
-    TileGroups<T, kLevels, 1>(dec, a, 0, ring, stage);
-  } else {
+  const uint8_t* end = a.tiles + a.num_tiles * a.tile_stride;
+  for (int64_t t0 = 0; t0 < a.num_tiles; t0 += kPanelTiles) {
+    const int64_t n = a.num_tiles - t0 < kPanelTiles ? a.num_tiles - t0 : kPanelTiles;
+    const uint8_t* next = a.tiles + (t0 + n) * a.tile_stride;
+    const uint8_t* next_end = next + kPanelTiles * a.tile_stride < end ? next + kPanelTiles * a.tile_stride : end;
+    // Rows [0, 32) decode; the other row groups prefetch the next panel, a share each.
+    const int64_t lines = (next_end - next + 63) / 64, groups = (mp - 1) / 32;
+    const int64_t share = groups > 0 ? (lines + groups - 1) / groups : 0;
     for (int64_t m0 = 0; m0 < mp; m0 += 32) {
+      const int64_t first = m0 == 0 ? lines : (m0 / 32 - 1) * share;
+      const uint8_t* pf = first < lines ? next + 64 * first : next_end;
+      const uint8_t* pf_end = first + share < lines ? next + 64 * (first + share) : next_end;
+      const PanelRef pr{panel, t0, m0 == 0, pf, pf_end};
       if (mp - m0 >= 32) {
-        TileGroups<T, kLevels, 2>(dec, a, m0, ring, stage);
+        TileGroups<T, kLevels, 2>(dec, a, pr, n, m0, stage);
       } else {
-        TileGroups<T, kLevels, 1>(dec, a, m0, ring, stage);
+        TileGroups<T, kLevels, 1>(dec, a, pr, n, m0, stage);
       }
     }
   }

@@ -99,7 +99,7 @@ TEST(RouterEndToEnd, ServeFourWorkersGoldensErrorsFailoverSigterm) {
                                    "--grpc-port", std::to_string(grpc_port), "--stop-timeout", "10"};
   // NUMOE_E2E_GPU_PREFILL_THRESHOLD=N passes numoe-gpu --gpu-prefill-threshold N (with cuda: 1 = every step's
   // routed experts on the GPU, from the workers' shared arenas).
-  if (const char* t = std::getenv("NUMOE_E2E_GPU_PREFILL_THRESHOLD"); t != nullptr) {
+  if (const char* t = std::getenv("NUMOE_E2E_GPU_PREFILL_THRESHOLD"); t != nullptr && *t != '\0') {
     argv.push_back("--gpu-prefill-threshold");
     argv.push_back(t);
   }

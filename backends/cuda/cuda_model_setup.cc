@@ -820,19 +820,17 @@ int CudaDeviceCount() {
 
 bool CudaCompiledIn() { return true; }
 
-StatusOr<double> MeasureDeviceCopyGBps(int device, int64_t bytes, int iters) {
-  NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  ASSIGN_OR_RETURN(cuda::DeviceMem a, cuda::DeviceMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
-  ASSIGN_OR_RETURN(cuda::DeviceMem b, cuda::DeviceMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
-  NUMOE_CUDA_RETURN_IF_ERROR(cudaMemset(a.get(), 1, static_cast<size_t>(bytes)));
-  NUMOE_CUDA_RETURN_IF_ERROR(cudaMemset(b.get(), 0, static_cast<size_t>(bytes)));
+namespace {
+
+// The fastest of `iters` timed cudaMemcpy calls of `bytes` (after one untimed warm-up copy), in ms.
+StatusOr<double> BestCopyMs(void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, int iters) {
   cudaEvent_t e0, e1;
   NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
   NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
   float best = 1e30f;
   for (int i = 0; i < iters + 1; ++i) {
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(e0));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpy(b.get(), a.get(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, static_cast<size_t>(bytes), kind));
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(e1));
     NUMOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
     float ms = 0;
@@ -841,7 +839,19 @@ StatusOr<double> MeasureDeviceCopyGBps(int device, int64_t bytes, int iters) {
   }
   (void)cudaEventDestroy(e0);
   (void)cudaEventDestroy(e1);
-  return 2.0 * static_cast<double>(bytes) / (best * 1e-3) / 1e9;
+  return static_cast<double>(best);
+}
+
+}  // namespace
+
+StatusOr<double> MeasureDeviceCopyGBps(int device, int64_t bytes, int iters) {
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  ASSIGN_OR_RETURN(cuda::DeviceMem a, cuda::DeviceMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
+  ASSIGN_OR_RETURN(cuda::DeviceMem b, cuda::DeviceMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaMemset(a.get(), 1, static_cast<size_t>(bytes)));
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaMemset(b.get(), 0, static_cast<size_t>(bytes)));
+  ASSIGN_OR_RETURN(const double ms, BestCopyMs(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, iters));
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
 }
 
 StatusOr<double> MeasureHostToDeviceGBps(int device, int64_t bytes, int iters) {
@@ -849,22 +859,8 @@ StatusOr<double> MeasureHostToDeviceGBps(int device, int64_t bytes, int iters) {
   ASSIGN_OR_RETURN(cuda::PinnedMem h, cuda::PinnedMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
   ASSIGN_OR_RETURN(cuda::DeviceMem d, cuda::DeviceMem::Alloc(static_cast<size_t>(bytes), "bandwidth probe"));
   std::memset(h.as<uint8_t>(), 1, static_cast<size_t>(bytes));
-  cudaEvent_t e0, e1;
-  NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
-  NUMOE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
-  float best = 1e30f;
-  for (int i = 0; i < iters + 1; ++i) {
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(e0));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpy(d.get(), h.as<uint8_t>(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventRecord(e1));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
-    float ms = 0;
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e0, e1));
-    if (i > 0) best = std::min(best, ms);  // the first copy warms up
-  }
-  (void)cudaEventDestroy(e0);
-  (void)cudaEventDestroy(e1);
-  return static_cast<double>(bytes) / (best * 1e-3) / 1e9;
+  ASSIGN_OR_RETURN(const double ms, BestCopyMs(d.get(), h.as<uint8_t>(), bytes, cudaMemcpyHostToDevice, iters));
+  return static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
 }
 
 StatusOr<std::unique_ptr<CudaBackend>> CreateCudaBackend(const Checkpoint& ckpt, const CudaOptions& options) {

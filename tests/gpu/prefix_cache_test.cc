@@ -156,9 +156,7 @@ TEST(CudaPrefixCache, SpeculativeAnswersAreCheckpointed) {
     std::vector<int32_t> turn2 = g.input_ids;
     turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end() - 1);
     turn2.insert(turn2.end(), g.input_ids.begin(), g.input_ids.begin() + 3);
-    bool feedable = true;  // an id the head emits past the embedding's vocabulary cannot be fed back
-    for (int32_t t : turn2) feedable &= t < m.vocab_size();
-    if (!feedable) continue;
+    if (!test::Feedable(m, turn2)) continue;
     const Outcome cold2 = GenerateCached(m, ex, nullptr, turn2, 0, 4);
     const Outcome warm2 = GenerateCached(m, ex, &cache, turn2, 0, 4);
     EXPECT_EQ(warm2.cached, static_cast<int64_t>(g.input_ids.size() + first.tokens.size()) - 1) << what;

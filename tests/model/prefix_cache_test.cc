@@ -72,9 +72,7 @@ TEST_P(PrefixCacheTest, WarmEqualsColdForEveryGolden) {
       std::vector<int32_t> turn2 = g.input_ids;
       turn2.insert(turn2.end(), g.greedy.begin(), g.greedy.end() - 1);
       turn2.insert(turn2.end(), g.input_ids.begin(), g.input_ids.begin() + std::min<size_t>(3, g.input_ids.size()));
-      bool feedable = true;  // an id the head emits past the embedding's vocabulary cannot be fed back
-      for (int32_t t : turn2) feedable &= t < m->model->vocab_size();
-      if (!feedable) continue;
+      if (!test::Feedable(*m->model, turn2)) continue;
       const Outcome cold2 = test::GenerateCached(*m->model, *m->experts, nullptr, turn2, 0, 4);
       const Outcome warm2 = test::GenerateCached(*m->model, *m->experts, &cache, turn2, chunk, 4);
       EXPECT_EQ(warm2.cached, static_cast<int64_t>(g.input_ids.size() + g.greedy.size()) - 1) << what;
@@ -117,9 +115,7 @@ TEST_P(PrefixCacheTest, SpeculativeStepsMatch) {
       std::vector<int32_t> turn2 = g.input_ids;
       turn2.insert(turn2.end(), cold.tokens.begin(), cold.tokens.end() - 1);
       turn2.insert(turn2.end(), g.input_ids.begin(), g.input_ids.begin() + 3);
-      bool feedable = true;  // an id the head emits past the embedding's vocabulary cannot be fed back
-      for (int32_t t : turn2) feedable &= t < m->model->vocab_size();
-      if (feedable) {
+      if (test::Feedable(*m->model, turn2)) {
         const Outcome cold2 = test::GenerateCached(*m->model, *m->experts, nullptr, turn2, 0, 4);
         const Outcome warm2 = test::GenerateCached(*m->model, *m->experts, &cache, turn2, 0, 4);
         EXPECT_EQ(warm2.cached, static_cast<int64_t>(g.input_ids.size() + cold.tokens.size()) - 1) << w;

@@ -12,6 +12,13 @@
 
 namespace numoe::test {
 
+bool Feedable(const ModelBackend& model, const std::vector<int32_t>& tokens) {
+  for (int32_t t : tokens) {
+    if (t >= model.vocab_size()) return false;
+  }
+  return true;
+}
+
 CachedOutcome GenerateCached(ModelBackend& model, ExpertBackend& experts, PrefixCache* cache,
                              const std::vector<int32_t>& prompt, int64_t chunk, int64_t steps, Drafts drafts,
                              const std::vector<int32_t>& oracle, int64_t stop_after_chunks) {

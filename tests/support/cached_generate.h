@@ -25,6 +25,9 @@ struct CachedOutcome {
 // rejected; with Drafts::kModel the model's drafter proposes 3. Speculative steps return no logits.
 // stop_after_chunks >= 0 releases the sequence after that many prompt chunks (a client that went away) and
 // returns what it had. A failed step is a test failure (EXPECT) and ends the request.
+// True when every id can be fed to `model` (an id the head emits past the embedding's vocabulary cannot).
+bool Feedable(const ModelBackend& model, const std::vector<int32_t>& tokens);
+
 CachedOutcome GenerateCached(ModelBackend& model, ExpertBackend& experts, PrefixCache* cache,
                              const std::vector<int32_t>& prompt, int64_t chunk, int64_t steps,
                              Drafts drafts = Drafts::kNone, const std::vector<int32_t>& oracle = {},

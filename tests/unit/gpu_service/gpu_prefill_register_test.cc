@@ -60,15 +60,20 @@ v1::RegisterRequest Request(const Arena& a) {
   return r;
 }
 
-TEST(GpuPrefillRegisterTest, ChecksTheArenaAndFallsBackWhereTheBackendCannot) {
-  ASSERT_OK_AND_ASSIGN(test::TinyModel * tiny, test::TinyModel::Get());
-  const ModelConfig& c = tiny->ckpt->config();
+// numoe-gpu's options for these tests: GPU prefill on at `threshold`, no prefix cache.
+GpuServerOptions PrefillOptions(int64_t threshold) {
   GpuServerOptions o;
   o.fingerprint = "fp";
   o.gpu_prefill = true;
-  o.gpu_prefill_threshold = 1;
+  o.gpu_prefill_threshold = threshold;
   o.prefix_cache = false;
-  GpuServer server(tiny->model.get(), c, o);
+  return o;
+}
+
+TEST(GpuPrefillRegisterTest, ChecksTheArenaAndFallsBackWhereTheBackendCannot) {
+  ASSERT_OK_AND_ASSIGN(test::TinyModel * tiny, test::TinyModel::Get());
+  const ModelConfig& c = tiny->ckpt->config();
+  GpuServer server(tiny->model.get(), c, PrefillOptions(1));
   const Arena arena = MakeArena(c);
 
   v1::RegisterRequest bad = Request(arena);
@@ -100,12 +105,7 @@ TEST(GpuPrefillRegisterTest, ChecksTheArenaAndFallsBackWhereTheBackendCannot) {
 TEST(GpuPrefillRegisterTest, ThresholdZeroIgnoresTheArena) {
   ASSERT_OK_AND_ASSIGN(test::TinyModel * tiny, test::TinyModel::Get());
   const ModelConfig& c = tiny->ckpt->config();
-  GpuServerOptions o;
-  o.fingerprint = "fp";
-  o.gpu_prefill = true;
-  o.gpu_prefill_threshold = 0;
-  o.prefix_cache = false;
-  GpuServer server(tiny->model.get(), c, o);
+  GpuServer server(tiny->model.get(), c, PrefillOptions(0));
   const Arena arena = MakeArena(c);
   v1::RegisterRequest bad = Request(arena);
   bad.mutable_expert_arena()->set_inter(7);  // not looked at

@@ -318,7 +318,8 @@ StatusOr<ReadResult> MeasureRead(const WorkerPlacement& w, size_t bytes, int pas
 
 int RunDecodeBench(int argc, char** argv) {
   std::string model, concurrency_text = "1,4", backend = "cpu";
-  int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5, lanes = -1;
+  int64_t workers = 1, threads = 0, prompt_len = 64, max_tokens = 32, read_mib = 0, passes = 5, lanes = -1,
+          micro_batches = 0;
   double sim_gbps = 0;
   bool json_schema = false;
   ServeBenchFlags common;
@@ -336,6 +337,8 @@ int RunDecodeBench(int argc, char** argv) {
   p.AddInt("max-tokens", "T", "tokens generated per stream (EOS ignored)", &max_tokens, 2, 1 << 20);
   p.AddString("backend", "cpu|cuda", "numoe serve --backend", &backend);
   p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
+  p.AddInt("micro-batches", "N", "numoe serve --micro-batches: micro-batches per worker (0 = the worker's default)",
+           &micro_batches, 0, worker::kMaxMicroBatches);
   p.AddEnum("spec", "numoe serve --spec (auto: the checkpoint's drafter; none: one token per sequence per step)", &spec);
   p.AddInt("read-mib", "M", "read-bandwidth buffer in MiB (default: max(8 x LLC, 1 GiB))", &read_mib, 0, 1 << 20);
   p.AddInt("read-passes", "N", "timed read passes before and after serving", &passes, 1, 1000);
@@ -410,6 +413,7 @@ int RunDecodeBench(int argc, char** argv) {
   const std::string& log_dir = common.MakeLogDir("decode");
   ServeSpec serve_spec{.model = model, .backend = backend, .spec = std::string(ChoiceName(spec)), .log_dir = log_dir,
                        .workers = workers, .threads = threads, .lanes = lanes, .sim_expert_gbps = sim_gbps};
+  if (micro_batches > 0) serve_spec.extra = {"--micro-batches", std::to_string(micro_batches)};
   auto endpoints = ServeCommand(serve_spec);
   if (!endpoints.ok()) return fail(endpoints.status());
   const int* port = &endpoints->port;
@@ -534,6 +538,7 @@ int RunDecodeBench(int argc, char** argv) {
                     {"output_len", j_out},
                     {"ttft_s", j_ttft},
                     {"workers", workers},
+                    {"micro_batches", micro_batches > 0 ? micro_batches : worker::WorkerAppConfig{}.micro_batches},
                     {"threads", wc->threads}};
   std::string constrained;
   if (json_schema) {
@@ -547,13 +552,13 @@ int RunDecodeBench(int argc, char** argv) {
   std::printf("{\"concurrency\": %s, \"tok_s\": %s, \"bound_tok_s\": %s, \"ratio\": %s, \"expert_busy\": %s, "
               "\"expert_busy_workers\": %s, \"read_gbps\": %s, \"sim_expert_gbps\": %s, "
               "\"routed_bytes_per_token\": %s, \"prompt_len\": %s, \"output_len\": %s, \"ttft_s\": %s, "
-              "\"workers\": %s, \"threads\": %s, \"read_method\": %s%s}\n",
+              "\"workers\": %s, \"micro_batches\": %s, \"threads\": %s, \"read_method\": %s%s}\n",
               out["concurrency"].dump().c_str(), out["tok_s"].dump().c_str(), out["bound_tok_s"].dump().c_str(),
               out["ratio"].dump().c_str(), out["expert_busy"].dump().c_str(), out["expert_busy_workers"].dump().c_str(),
               out["read_gbps"].dump().c_str(), out["sim_expert_gbps"].dump().c_str(),
               out["routed_bytes_per_token"].dump().c_str(), out["prompt_len"].dump().c_str(),
               out["output_len"].dump().c_str(), out["ttft_s"].dump().c_str(), out["workers"].dump().c_str(),
-              out["threads"].dump().c_str(), out["read_method"].dump().c_str(), constrained.c_str());
+              out["micro_batches"].dump().c_str(), out["threads"].dump().c_str(), out["read_method"].dump().c_str(), constrained.c_str());
   return 0;
 }
 

@@ -64,6 +64,11 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
   p.AddFlag("no-numa-bind", "start workers with --no-numa-bind (no NUMA rights, e.g. containers)", &o->no_numa_bind);
   worker::AddSimExpertGbpsFlag(p, absl::StrCat("numoe-worker --sim-expert-gbps for every worker: ", worker::kSimExpertGbpsHelp),
                                &o->sim_expert_gbps);
+  p.AddInt("micro-batches", "N",
+           "numoe-worker --micro-batches for every worker (0 = its default): N sessions per worker in numoe-gpu, so "
+           "the GPU runs one micro-batch's layers while the worker computes another's experts; with --backend cuda "
+           "and --lanes left at its default, numoe-gpu gets a lane for every session",
+           &o->micro_batches, 0, worker::kMaxMicroBatches);
   p.AddString("host", "ADDR", "address the router binds (REST and gRPC)", &o->router_host);
   p.AddInt("port", "N", "the router's REST port", &o->router_port, 0, 65535);
   p.AddInt("grpc-port", "N", "the router's gRPC port", &o->router_grpc_port, 0, 65535);
@@ -105,7 +110,13 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   g.drafter_experts = o.drafter_experts;
   g.tp = o.tp;
   g.gpus = o.gpus;
-  if (o.lanes >= 0) g.lanes = o.lanes;
+  if (o.lanes >= 0) {
+    g.lanes = o.lanes;
+  } else if (o.micro_batches > 1) {
+    // Every micro-batch is a session of its own in numoe-gpu: one lane each, so none takes whole-step turns.
+    // (64: the most numoe-gpu --lanes accepts.)
+    g.lanes = std::clamp<int64_t>(o.micro_batches * static_cast<int64_t>(placements.size()), g.lanes, 64);
+  }
   g.no_prefix_cache = o.no_prefix_cache;
   if (o.prefix_cache_gb >= 0) g.prefix_cache_gb = o.prefix_cache_gb;
   if (o.prefix_cache_host_gb >= 0) g.prefix_cache_host_gb = o.prefix_cache_host_gb;
@@ -147,6 +158,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
     w.spec_adaptive = o.spec_adaptive;
     w.drafter_experts = o.drafter_experts;
     w.sim_expert_gbps = o.sim_expert_gbps;
+    if (o.micro_batches > 0) w.micro_batches = o.micro_batches;
     r.balancer.workers.push_back(absl::StrCat(o.host, ":", w.port));
     plan.workers.push_back(std::move(w));
   }

@@ -36,6 +36,7 @@ struct LaunchOptions {
   int64_t threads_per_worker = 0;       // 0 = the placement's
   bool no_numa_bind = false;            // workers get --no-numa-bind (and the launch files no numactl)
   double sim_expert_gbps = 0;           // numoe-worker --sim-expert-gbps (every worker); 0 = real experts
+  int64_t micro_batches = 0;            // numoe-worker --micro-batches (every worker); 0 = its default
   // Addresses. numoe-gpu and the workers listen on `host` and reach each other there.
   std::string host = "127.0.0.1";
   int gpu_port = 50051;
@@ -58,7 +59,7 @@ struct LaunchOptions {
 };
 
 // --backend, --spec, --spec-depth, --spec-adaptive, --drafter-experts, --tp, --gpus, --lanes, --max-seqs,
-// --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --host, --port,
+// --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --micro-batches, --host, --port,
 // --grpc-port, --affinity-prefix-tokens, --api-key-file, --tls-cert and --tls-key (the router's) and numoe-gpu's
 // --no-prefix-cache, --prefix-cache-gb, --prefix-cache-host-gb, --prefix-checkpoint-tokens, --gpu-prefill-threshold, --pass-rows,
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.

@@ -129,16 +129,17 @@ class Runtime : public ::testing::Test {
 };
 
 // Four workers at once, two drafting with the model's DSpark stages (--spec auto) and two without
-// (--spec none): numoe-gpu's CPU backend interleaves their steps at the expert calls (GpuStats
-// overlapped_steps), and every stream still emits exactly the transformers goldens (the CPU backend is
-// batch invariant, so interleaving and batching change no bit).
+// (--spec none), one of each split into two micro-batches (--micro-batches 2: two sessions in numoe-gpu):
+// numoe-gpu's CPU backend interleaves their steps at the expert calls (GpuStats overlapped_steps), and every
+// stream still emits exactly the transformers goldens (the CPU backend is batch invariant, so interleaving,
+// batching and splitting change no bit).
 TEST_F(Runtime, ConcurrentGreedyStreamsOverFourWorkersInterleaveAndMatchGoldens) {
-  constexpr int kWorkers = 4;
+  constexpr int kWorkers = 4, kSessions = 6;
   for (int i = 0; i < kWorkers; ++i) {
-    StartWorker({"--spec", i % 2 == 0 ? "auto" : "none"});
+    StartWorker({"--spec", i % 2 == 0 ? "auto" : "none", "--micro-batches", i < 2 ? "2" : "1"});
     ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
   }
-  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).workers() == kWorkers; }));
+  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).workers() == kSessions; }));
 
   // 16 streams at once: every prompt 4 times, each copy on another worker.
   constexpr int kCopies = 4;
@@ -161,7 +162,15 @@ TEST_F(Runtime, ConcurrentGreedyStreamsOverFourWorkersInterleaveAndMatchGoldens)
   }
 
   const v1::GpuStats gs = GpuStats(*gpu_stub_);
-  EXPECT_EQ(gs.workers(), static_cast<uint32_t>(kWorkers));
+  EXPECT_EQ(gs.workers(), static_cast<uint32_t>(kSessions));
+  int micro_batch_sessions = 0;
+  for (const v1::GpuWorkerStats& w : gs.worker_stats()) {
+    if (w.worker_id().ends_with(":mb1")) {
+      ++micro_batch_sessions;
+      EXPECT_GT(w.steps(), 0u) << w.worker_id() << ": its second micro-batch never stepped";
+    }
+  }
+  EXPECT_EQ(micro_batch_sessions, 2);
   EXPECT_GT(gs.overlapped_steps(), 0u) << "no step ran while another was between its layers";
   EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; })) << GpuStats(*gpu_stub_).DebugString();
   EXPECT_GT(gs.layer_hops(), 0u);
@@ -277,11 +286,12 @@ TEST_F(Runtime, CancelQueueFullAndBadInput) {
   EXPECT_TRUE(Eventually([&] { return WorkerStats(w).active_sequences() == 0; }));
 }
 
-// A worker killed with SIGKILL in the middle of its steps: numoe-gpu frees its sequences and channel, and
-// the other workers, whose steps interleave with its steps, keep emitting exactly their goldens throughout.
+// A worker killed with SIGKILL in the middle of its steps: numoe-gpu frees its sequences and channels (it
+// runs two micro-batches: two sessions), and the other workers, whose steps interleave with its steps, keep
+// emitting exactly their goldens throughout.
 TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) {
   for (int i = 0; i < 3; ++i) {
-    StartWorker();
+    StartWorker(i == 0 ? std::vector<std::string>{"--micro-batches", "2"} : std::vector<std::string>{});
     ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
   }
   // Three long streams on worker 0 (it is always mid-step), one on worker 1.
@@ -294,7 +304,7 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) {
     ASSERT_TRUE(readers.back()->Read(&resp));
   }
   v1::GpuStats before = GpuStats(*gpu_stub_);
-  EXPECT_EQ(before.workers(), 3u);
+  EXPECT_EQ(before.workers(), 4u);  // worker 0's two sessions
   EXPECT_EQ(before.sequences(), 4u);
 
   // Workers 1 and 2 run every golden prompt, round after round, until two rounds after the kill.

@@ -17,6 +17,7 @@
 #include "model/spec_policy.h"
 #include "model/step.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/micro_batch_executor.h"
 #include "worker/engine/remote_executor.h"
 #include "worker/experts/inprocess.h"
 #include "worker/experts/sim_experts.h"
@@ -155,7 +156,8 @@ int RunWorkerApp(const WorkerAppConfig& c) {
     NLOG(INFO) << "numoe-worker: --sim-expert-gbps " << c.sim_expert_gbps << ": " << experts_text;
   }
 
-  // 3. numoe-gpu: register, attach the channel, keep the lease.
+  // 3. numoe-gpu: register, attach the channel, keep the lease; once per micro-batch (each its own session,
+  // channel and lane there; the second and further named "<id>:mb<i>").
   const std::string worker_id = c.worker_id.empty() ? DefaultWorkerId(binding.nodes) : c.worker_id;
   v1::RegisterRequest reg;
   reg.set_worker_id(worker_id);
@@ -165,32 +167,57 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   reg.set_max_step_tokens(static_cast<uint32_t>(c.max_step_tokens));
   reg.set_expert_row_seconds(*row_seconds);
   if (arena.layer_offsets_size() > 0) *reg.mutable_expert_arena() = arena;
-  auto gpu = GpuClient::Register(c.gpu_address, reg, c.gpu_wait_ms);
-  if (!gpu.ok()) return fail(gpu.status());
-  const v1::RegisterResponse& r = (*gpu)->registration();
-  if (load_drafter_experts && !drafter_experts_here && !r.drafter_experts_on_gpu()) {
-    (void)(*gpu)->Release();
-    return fail(absl::FailedPreconditionError(
-        "--drafter-experts gpu: numoe-gpu runs the drafter's routed experts on the workers; start numoe-gpu with "
-        "--drafter-experts gpu (--backend cuda) or this worker with --drafter-experts worker"));
+  std::vector<std::unique_ptr<GpuClient>> gpus;
+  std::vector<std::unique_ptr<shm::Channel>> channels;
+  auto release_all = [&] {
+    for (auto& g : gpus) (void)g->Release();
+  };
+  const int64_t parts = std::max<int64_t>(c.micro_batches, 1);
+  for (int64_t part = 0; part < parts; ++part) {
+    if (part > 0) reg.set_worker_id(absl::StrCat(worker_id, ":mb", part));
+    auto gpu = GpuClient::Register(c.gpu_address, reg, c.gpu_wait_ms);
+    if (!gpu.ok()) {
+      release_all();
+      return fail(gpu.status());
+    }
+    gpus.push_back(std::move(*gpu));
+    const v1::RegisterResponse& r = gpus.back()->registration();
+    if (load_drafter_experts && !drafter_experts_here && !r.drafter_experts_on_gpu()) {
+      release_all();
+      return fail(absl::FailedPreconditionError(
+          "--drafter-experts gpu: numoe-gpu runs the drafter's routed experts on the workers; start numoe-gpu with "
+          "--drafter-experts gpu (--backend cuda) or this worker with --drafter-experts worker"));
+    }
+    if (part == 0 && drafter_experts_here && r.drafter_experts_on_gpu()) {
+      NLOG(WARNING) << "numoe-worker: numoe-gpu runs the drafter's routed experts itself; this worker's copy is unused "
+                       "(start it with --drafter-experts gpu to save the memory)";
+    }
+    auto channel = shm::Channel::Attach(r.shm_name());
+    if (!channel.ok()) {
+      release_all();
+      return fail(channel.status());
+    }
+    (void)shm::Channel::RemoveName(r.shm_name());  // mapped: the name is no longer needed by anyone
+    channels.push_back(std::move(*channel));
+    gpus.back()->StartHeartbeats();
+    NLOG(INFO) << "numoe-worker: registered with numoe-gpu at " << c.gpu_address << " (lease " << r.lease() << ", "
+               << r.backend() << " backend, channel " << r.shm_name() << ", " << r.max_sequences() << " sequences x "
+               << r.max_step_tokens() << " tokens per step; GPU prefill "
+               << (r.gpu_prefill() ? "on: numoe-gpu mapped the expert arena" : "off")
+               << (parts > 1 ? absl::StrCat("; micro-batch ", part + 1, " of ", parts) : std::string()) << ")";
   }
-  if (drafter_experts_here && r.drafter_experts_on_gpu()) {
-    NLOG(WARNING) << "numoe-worker: numoe-gpu runs the drafter's routed experts itself; this worker's copy is unused "
-                     "(start it with --drafter-experts gpu to save the memory)";
-  }
-  auto channel = shm::Channel::Attach(r.shm_name());
-  if (!channel.ok()) return fail(channel.status());
-  (void)shm::Channel::RemoveName(r.shm_name());  // mapped: the name is no longer needed by anyone
-  (*gpu)->StartHeartbeats();
-  NLOG(INFO) << "numoe-worker: registered with numoe-gpu at " << c.gpu_address << " (lease " << r.lease() << ", "
-             << r.backend() << " backend, channel " << r.shm_name() << ", " << r.max_sequences() << " sequences x "
-             << r.max_step_tokens() << " tokens per step; GPU prefill "
-             << (r.gpu_prefill() ? "on: numoe-gpu mapped the expert arena)" : "off)");
 
-  // 4. The engine over the remote executor.
-  engine::RemoteExecutor executor(channel->get(), experts->get());
-  if (Status st = CheckSpecAgainstGpu(&*spec, ChannelCapabilities((*channel)->geometry())); !st.ok()) {
-    (void)(*gpu)->Release();
+  // 4. The engine over the remote executor(s): one per channel, their expert calls taking turns.
+  engine::SerialExperts serial(experts->get());
+  std::vector<std::unique_ptr<engine::RemoteExecutor>> remotes;
+  std::vector<engine::Executor*> executor_parts;
+  for (auto& ch : channels) {
+    remotes.push_back(std::make_unique<engine::RemoteExecutor>(ch.get(), &serial));
+    executor_parts.push_back(remotes.back().get());
+  }
+  engine::MicroBatchExecutor executor(executor_parts, &serial);
+  if (Status st = CheckSpecAgainstGpu(&*spec, ChannelCapabilities(channels[0]->geometry())); !st.ok()) {
+    release_all();
     return fail(st);
   }
   engine::EngineOptions eo{.max_seqs = c.max_seqs,
@@ -221,7 +248,8 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   const std::string bound = absl::StrCat(c.host, ":", port);
   NLOG(INFO) << "numoe-worker " << worker_id << ": serving Worker on " << bound << " (max " << eo.max_seqs
              << " sequences, " << engine.options().max_step_tokens << " tokens per step, prefill chunk "
-             << eo.prefill_chunk << ", speculative decoding "
+             << eo.prefill_chunk << ", " << parts << (parts == 1 ? " micro-batch" : " micro-batches")
+             << ", speculative decoding "
              << (eo.spec.method == SpecMethod::kNone
                      ? std::string("off")
                      : absl::StrCat(SpecMethodName(eo.spec.method), " depth ", eo.spec.depth,
@@ -231,18 +259,23 @@ int RunWorkerApp(const WorkerAppConfig& c) {
 
   // 6. Until a signal, or until numoe-gpu is gone (lease lost, channel broken, or its process exited:
   // checked here too, so an idle worker notices at once rather than at its next step).
-  GpuClient* g = gpu->get();
-  shm::Channel* ch = channel->get();
   Status gone;
   const int sig = WaitForShutdownSignal([&] {
-    if (g->lost()) {
-      gone = g->lost_status();
-    } else if (!engine.healthy()) {
-      gone = absl::UnavailableError("the shared-memory channel failed");
-    } else {
-      gone = ch->PeerStatus();
+    for (auto& g : gpus) {
+      if (g->lost()) {
+        gone = g->lost_status();
+        return true;
+      }
     }
-    return !gone.ok();
+    if (!engine.healthy()) {
+      gone = absl::UnavailableError("the shared-memory channel failed");
+      return true;
+    }
+    for (auto& ch : channels) {
+      gone = ch->PeerStatus();
+      if (!gone.ok()) return true;
+    }
+    return false;
   });
   int rc = 0;
   if (sig != 0) {
@@ -253,7 +286,7 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   }
   engine.Stop();  // ends every stream (UNAVAILABLE) and flushes closes to numoe-gpu
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (rc == 0) (void)g->Release();
+  if (rc == 0) release_all();
   return rc;
 }
 

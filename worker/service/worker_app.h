@@ -47,6 +47,10 @@ struct WorkerAppConfig {
   // > 0: simulated routed experts (worker/experts/sim_experts.h): nothing is loaded, each MoE call sleeps
   // for its distinct experts' bytes at this many GB/s and returns zeros. 0 = the real experts.
   double sim_expert_gbps = 0;
+  // Micro-batches (1 or 2): with 2 the worker registers twice with numoe-gpu (two sessions, channels and
+  // lanes) and splits its sequences between them, so numoe-gpu runs one micro-batch's layers while this
+  // worker computes the other's experts (worker/engine/micro_batch_executor.h).
+  int64_t micro_batches = 1;
 
   bool operator==(const WorkerAppConfig&) const = default;
 };

@@ -87,6 +87,11 @@ void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c) {
   p.AddFlag("spec-adaptive", "adapt each sequence's depth from its recent acceptance (up to --spec-depth)",
             &c->spec_adaptive);
   AddSimExpertGbpsFlag(p, kSimExpertGbpsHelp, &c->sim_expert_gbps);
+  p.AddInt("micro-batches", "N",
+           "split the running sequences into N micro-batches, each its own session and lane in numoe-gpu, so the "
+           "GPU runs one micro-batch's layers while this worker's CPUs compute the other's experts (their expert "
+           "calls take turns on the one thread pool); a sequence stays in its micro-batch. 1 = one batch per step",
+           &c->micro_batches, 1, kMaxMicroBatches);
 }
 
 std::vector<std::string> WorkerArgv(const WorkerAppConfig& c) { return ArgvOf(c, AddWorkerFlags); }

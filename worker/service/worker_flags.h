@@ -20,6 +20,9 @@ void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c);
 // leaving the flag out keeps `*gbps` at 0 (the real experts). `help` is the flag's help text.
 inline constexpr double kMaxSimExpertGbps = 1e5;
 void AddSimExpertGbpsFlag(ArgParser& p, const std::string& help, double* gbps);
+// --micro-batches N is in [1, kMaxMicroBatches].
+inline constexpr int64_t kMaxMicroBatches = 2;
+
 // numoe-worker's help text of the flag (the launchers say where it goes, then this).
 extern const char kSimExpertGbpsHelp[];
 

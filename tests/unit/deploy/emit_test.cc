@@ -1,6 +1,7 @@
 // systemd units and the Kubernetes manifest carry the plan's bindings, and writing them is safe.
 #include "deploy/emit.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -171,6 +172,7 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   o.launch.gpu_prefill_threshold = 0;  // GPU prefill off reaches numoe-gpu's command line
   o.launch.pass_rows = 8192;
   o.launch.sim_expert_gbps = 0.0026;  // not exact in binary: every digit must survive the unit file
+  o.launch.micro_batches = 2;
   o.launch.gpu_port = 7000;
   o.launch.worker_base_port = 7100;
   o.launch.router_port = 9000;
@@ -204,12 +206,31 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
     EXPECT_EQ(w.max_seqs, 300);
     EXPECT_EQ(w.drafter_experts, DrafterExperts::kGpu);
     EXPECT_EQ(w.sim_expert_gbps, 0.0026);
+    EXPECT_EQ(w.micro_batches, 2);
     addrs.push_back(absl::StrCat(w.host, ":", w.port));
   }
   const router::RouterAppConfig r = RouterOf(Find(*files, "numoe-router.service")->content);
   EXPECT_EQ(r.router.balancer.workers, addrs);
   EXPECT_EQ(r.router.http_port, 9000);
   EXPECT_EQ(r.router.balancer.policy.prefix_tokens, 0);
+}
+
+// Every micro-batch is a session of its own in numoe-gpu: with --lanes left at its default, numoe-gpu gets a
+// lane for each (never fewer than its default); an explicit --lanes is kept.
+TEST(EmitSystemd, MicroBatchesGiveNumoeGpuALanePerSession) {
+  const Plan plan = UnevenPlan();
+  const int64_t workers = static_cast<int64_t>(plan.workers.size());
+  for (int64_t lanes : {-1, 1}) {
+    EmitOptions o;
+    o.launch.model_dir = "/models/v4";
+    o.launch.backend = Backend::kCuda;
+    o.launch.micro_batches = 2;
+    o.launch.lanes = lanes;
+    auto files = RenderSystemd(plan, o);
+    ASSERT_TRUE(files.ok()) << files.status();
+    const gpu::GpuAppConfig g = GpuOf(Find(*files, "numoe-gpu.service")->content);
+    EXPECT_EQ(g.lanes, lanes < 0 ? std::max<int64_t>(2 * workers, gpu::GpuAppConfig{}.lanes) : lanes) << lanes;
+  }
 }
 
 TEST(EmitSystemd, NoNumaBindDropsNumactlAndBindsNothing) {

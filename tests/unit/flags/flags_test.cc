@@ -69,6 +69,7 @@ TEST(WorkerFlags, RoundTripsEveryField) {
   c.spec_adaptive = true;
   c.drafter_experts = DrafterExperts::kGpu;
   c.sim_expert_gbps = 0.0026;  // not exact in binary: the writer must keep every digit
+  c.micro_batches = worker::WorkerAppConfig{}.micro_batches == 1 ? 2 : 1;
   ExpectRoundTrip(c, worker::WorkerArgv(c), worker::AddWorkerFlags);
 }
 
@@ -90,6 +91,23 @@ TEST(WorkerFlags, SimExpertGbpsMustBeAPositiveFiniteRate) {
   EXPECT_THAT(p.Help(), HasSubstr("--sim-expert-gbps G"));
   // Off by default, and then not written.
   EXPECT_TRUE(worker::WorkerArgv(worker::WorkerAppConfig{}).empty());
+}
+
+TEST(WorkerFlags, MicroBatchesAreOneOrTwo) {
+  for (const char* bad : {"0", "3", "-1", "two"}) {
+    worker::WorkerAppConfig c;
+    ArgParser p("numoe-worker", "");
+    worker::AddWorkerFlags(p, &c);
+    const Status st = ParseWords(p, {"--model", "m", "--micro-batches", bad});
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("--micro-batches")) << bad;
+  }
+  worker::WorkerAppConfig c;
+  ArgParser p("numoe-worker", "");
+  worker::AddWorkerFlags(p, &c);
+  ASSERT_TRUE(ParseWords(p, {"--model", "m", "--micro-batches", "2"}).ok());
+  EXPECT_EQ(c.micro_batches, 2);
+  EXPECT_THAT(p.Help(), HasSubstr("--micro-batches N"));
 }
 
 TEST(WorkerFlags, WritesOnlyWhatDiffersFromTheDefaults) {

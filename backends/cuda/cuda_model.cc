@@ -190,12 +190,10 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   aa.out = s.o;
   aa.ldo = Hl_ * hd_;
   aa.bidir = d.draft;
-  if (n <= kSplitRows && !d.draft) {
-    // Few rows: split each row's keys so that the blocks fill the GPU about twice over.
-    int hg = 8;
-    while (hg > 1 && Hl_ % hg != 0) hg /= 2;
-    const int64_t blocks = n * (Hl_ / hg);
-    aa.splits = static_cast<int>(std::clamp<int64_t>((2 * r.sms + blocks - 1) / blocks, 1, kMaxSplits));
+  if (!d.draft) {
+    // Few rows: split each row's keys so that the blocks fill the GPU (as many as attn_part holds).
+    aa.splits = AttentionSplits<T>(aa, cache, n, r.sms, static_cast<int>(kMaxSplits),
+                                   std::min(rows_cap_, kSplitRows) * kMaxSplits);
     aa.part = aa.splits > 1 ? s.attn_part : nullptr;
   }
   Attention<T>(aa, step, cache, r.stream);

@@ -75,7 +75,8 @@ struct Scratch {
   int64_t score_rows = 0, score_ld = 0;  // indexer scores buffer [score_rows, score_ld]
 };
 
-// Attention splits keys across blocks for passes of at most kSplitRows rows (decode), up to kMaxSplits ways.
+// attn_part holds key-split partials of kSplitRows rows x kMaxSplits splits: a pass splits its rows' keys
+// up to kMaxSplits ways while rows x splits fits (AttentionSplits).
 constexpr int64_t kSplitRows = 16;
 constexpr int64_t kMaxSplits = 16;
 

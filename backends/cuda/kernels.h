@@ -254,8 +254,8 @@ struct AttnArgs {
   const float* inv_freq = nullptr;
   float* out = nullptr;  // [n, heads·hd], de-roped
   int64_t ldo = 0;
-  // Key splits per (row, head group): > 1 spreads few rows over many blocks (decode); `part` holds
-  // [n, heads, splits, hd + 2] floats of partial results.
+  // Key splits per (row, head group), at most kAttnMaxSplits: > 1 spreads few rows over many blocks (decode;
+  // AttentionSplits sizes it); `part` holds [n, heads, splits, hd + 2] floats of partial results.
   int splits = 1;
   float* part = nullptr;
   // DSpark draft blocks (type 0, splits 1): each row sees the ring entries before its sequence's first row
@@ -263,6 +263,24 @@ struct AttnArgs {
   // directions; nothing is written to the ring.
   bool bidir = false;
 };
+// The combine merges at most this many key splits of a (row, head).
+inline constexpr int64_t kAttnMaxSplits = 64;
+// Which kernel Attention<CacheT> runs for these arguments (chosen here, in one place): the tensor-core one
+// (mma) for bf16 caches of head_dim 512 with heads a multiple of 32 and 16-byte aligned rows, a block per
+// 64 (or 32) heads; else the fp32 SIMT kernel, a block per up to 8 heads. blocks_per_sm: how many of its
+// blocks one multiprocessor holds at once.
+struct AttnPlan {
+  bool mma = false;
+  int heads_per_block = 1;
+  int blocks_per_sm = 1;
+};
+template <typename CacheT>
+AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache);
+// Key splits for a pass of n rows on `sms` multiprocessors under that plan: enough blocks to fill the GPU
+// once, at most max_splits per row and n·splits <= max_row_splits (the capacity of AttnArgs::part).
+template <typename CacheT>
+int AttentionSplits(const AttnArgs& a, const CacheDev& cache, int64_t n, int sms, int max_splits,
+                    int64_t max_row_splits);
 template <typename CacheT>
 void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream);
 // ring[pos % window] = kv_new[r] for each sequence's last `window` rows.

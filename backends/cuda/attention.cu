@@ -947,6 +947,9 @@ int AttentionSplits(const AttnArgs& a, const CacheDev& cache, int64_t n, int sms
                     int64_t max_row_splits) {
   if (n <= 0) return 1;
   const AttnPlan p = PlanAttention<CacheT>(a, cache);
+  // The fp32 kernel splits only passes that a full max_splits fits for (decode of up to 16 rows in CudaModel),
+  // as it always has: larger passes fill the GPU with their head groups.
+  if (!p.mma && n * max_splits > max_row_splits) return 1;
   const int64_t blocks = n * (a.heads / p.heads_per_block);
   // Enough blocks for one wave at the plan's residency; rounding down: a second, nearly empty wave costs a
   // whole block's time.

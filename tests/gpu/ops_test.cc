@@ -651,11 +651,12 @@ std::vector<SeqSpec> VerifyRows() { return {{0, 6, 2094}, {1, 6, 611}}; }
 // of de-roped dims shares the sum of both dims' M):
 //   fp32 kernel: 2e-5 · M + 1e-6 (fp32 accumulation over a few hundred keys).
 //   tensor-core kernel: (exp(2δ + 2.01u) - 1 + 1e-5) · M + 1e-6, u = 2^-9 (bf16 rounding), where
-//   δ = scale · max_j Σ_i |q_i - bf16(q_i)| · |k_ji| bounds the score error from rounding the query to bf16
-//   (keys are bf16 in the cache already; fp32 sums). A score off by at most δ moves each softmax weight by a
+//   δ = scale · max_j (Σ_i |q_i - bf16(q_i)| · |k_ji| + hd · 2^-24 · 1.01 · Σ_i |q_i k_ji|) bounds the score
+//   error from rounding the query to bf16 (keys are bf16 in the cache already) and from summing the hd products
+//   in fp32. A score off by at most δ moves each softmax weight by a
 //   factor within exp(±2δ); each probability is then rounded to bf16 (relative u) and the sum is taken of the
-//   rounded values (another factor (1 ± u)). With queries that are bf16-exact (q_exact) δ = 0 and the bound
-//   is ~0.4% of M; with random fp32 queries of a head_dim of 512 it is ~2% of M.
+//   rounded values (another factor (1 ± u)). With queries that are bf16-exact (q_exact) δ is only the fp32
+//   term and the bound ~0.4% of M; with random fp32 queries of a head_dim of 512 it is ~2% of M.
 template <typename CacheT>
 void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_exact = false,
                     bool plan_mma = false) {
@@ -758,13 +759,14 @@ void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_
       std::vector<double> s(keys.size());
       double m = sink[static_cast<size_t>(h)], dmax = 0;
       for (size_t j = 0; j < keys.size(); ++j) {
-        double d = 0, e = 0;
+        double d = 0, e = 0, sa = 0;
         for (int i = 0; i < c.hd; ++i) {
           d += static_cast<double>(qh[i]) * keys[j][i];
           e += qerr[static_cast<size_t>(i)] * std::fabs(keys[j][i]);
+          sa += std::fabs(static_cast<double>(qh[i]) * keys[j][i]);
         }
         s[j] = d * scale;
-        dmax = std::max(dmax, e * scale);
+        dmax = std::max(dmax, (e + c.hd * std::ldexp(1.0, -24) * 1.01 * sa) * scale);
         m = std::max(m, s[j]);
       }
       delta[static_cast<size_t>(r * c.heads + h)] = dmax;

@@ -1,6 +1,6 @@
 // KV compressors, the lightning indexer (scores + exact top-k) and the attention core (window + compressed
-// entries + sinks, online softmax; fp32 SIMT, and bf16 tensor cores for bf16 caches of head_dim 512), mirroring backends/cpu/{compressor,cpu_model}.cc
-// (docs/dsv4-architecture.md §2.6-2.9).
+// entries + sinks, online softmax; fp32 SIMT, and bf16 tensor cores for bf16 caches of head_dim 512),
+// mirroring backends/cpu/{compressor,cpu_model}.cc (docs/dsv4-architecture.md §2.6-2.9).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -589,6 +589,7 @@ __global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float
     float o0 = 0.0f, o1 = 0.0f;
     for (int z = 0; z < splits; ++z) {
       const float w = w_s[z];  // exp(-inf) = 0 for empty splits
+      if (w == 0.0f) continue;  // nothing to add (the tensor-core kernel leaves empty splits' sums unwritten)
       o0 = fmaf(w, base_p[z * stride + 2 + d], o0);
       o1 = fmaf(w, base_p[z * stride + 3 + d], o1);
     }
@@ -620,6 +621,7 @@ __global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float
 constexpr int kMmaHd = 512;
 constexpr int kMmaThreads = 256;
 constexpr int kMmaChunks = kMmaHd / 8;  // 16-byte chunks per bf16 row
+constexpr int kMmaGroupTiles = 8;        // key tiles whose addresses are looked up together
 
 template <int HB>
 struct MmaAttnShape {
@@ -636,7 +638,8 @@ struct MmaAttnShape {
   static constexpr size_t kK = static_cast<size_t>(KT) * kMmaHd * 2;
   static constexpr size_t kS = static_cast<size_t>(HB) * SLD * 4;
   static constexpr size_t kP = static_cast<size_t>(HB) * PLD * 2;
-  static constexpr size_t kSmem = kQ + 2 * kK + kS + kP;
+  static constexpr size_t kSmem = kQ + 2 * kK + kS + kP;  // dynamic
+  static constexpr size_t kStatic = 2 * kMmaGroupTiles * KT * sizeof(void*) + 3 * HB * sizeof(float);
   static_assert(HB == 32 || HB == 64, "16 heads per warp row, 8 warps");
   static_assert(KPT == 8, "a softmax thread writes its probabilities as one 16-byte store");
   static_assert(NT % 2 == 0, "value fragments are loaded for two n-tiles at a time");
@@ -656,7 +659,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1) AttnMmaKernel(AttnArgs a, Step
   __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem + Sh::kQ);  // [2][KT][512]
   float* ss = reinterpret_cast<float*>(smem + Sh::kQ + 2 * Sh::kK);
   __nv_bfloat16* ps = reinterpret_cast<__nv_bfloat16*>(smem + Sh::kQ + 2 * Sh::kK + Sh::kS);
-  __shared__ const __nv_bfloat16* kp[2][KT];  // key addresses of the next two tiles
+  // Key addresses, a group of kMmaGroupTiles tiles at a time, double-buffered: every thread looks up its
+  // share of a group at once (the selection and page-table reads of 256 or 512 keys in flight together, a
+  // group ahead), instead of one warp stalling the block on them every tile.
+  constexpr int GK = kMmaGroupTiles * KT;
+  __shared__ const __nv_bfloat16* kp[2][GK];
   __shared__ float m_s[HB], l_s[HB], al_s[HB];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % Sh::WM, wn = warp / Sh::WM;
@@ -670,13 +677,22 @@ __global__ void __launch_bounds__(kMmaThreads, 1) AttnMmaKernel(AttnArgs a, Step
   const int64_t per = ((nk + splits - 1) / splits + KT - 1) / KT * KT;  // whole tiles per split
   const int64_t jb = min(nk, z * per), je = min(nk, jb + per);
   const int ntiles = static_cast<int>((je - jb + KT - 1) / KT);
-  if (tid < KT) {
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const int64_t j = jb + t * KT + tid;
-      kp[t][tid] = j < je ? rk.Ptr(a, cache, r, j) : nullptr;
+  if (ntiles == 0) {  // an empty split (short rows): weight 0 in the combine, which then skips its accumulator
+    if (tid < HB) {
+      float* dst = part + ((r * a.heads + h0 + tid) * splits + z) * (kMmaHd + 2);
+      dst[0] = -INFINITY;
+      dst[1] = 0.0f;
     }
+    return;
   }
+  auto lookup = [&](int group) {
+#pragma unroll
+    for (int i = tid; i < GK; i += kMmaThreads) {
+      const int64_t j = jb + static_cast<int64_t>(group) * GK + i;
+      kp[group & 1][i] = j < je ? rk.Ptr(a, cache, r, j) : nullptr;
+    }
+  };
+  lookup(0);
   if (tid < HB) {
     m_s[tid] = splits == 1 ? a.sink[h0 + tid] : -INFINITY;  // unsplit: the sink folded in up front
     l_s[tid] = splits == 1 ? 1.0f : 0.0f;
@@ -685,38 +701,62 @@ __global__ void __launch_bounds__(kMmaThreads, 1) AttnMmaKernel(AttnArgs a, Step
   const __nv_bfloat16* zsrc = rk.kv_new;  // a valid address for the zero-filled copies past the last key
   auto load_tile = [&](int t) {
     __nv_bfloat16* dst = ks + (t & 1) * KT * kMmaHd;
-    const __nv_bfloat16* const* ptrs = kp[t & 1];
-#pragma unroll 4
+    const __nv_bfloat16* const* ptrs = kp[(t / kMmaGroupTiles) & 1] + (t % kMmaGroupTiles) * KT;
+#pragma unroll
     for (int i = tid; i < KT * kMmaChunks; i += kMmaThreads) {
       const int key = i / kMmaChunks, c = i % kMmaChunks;
       const __nv_bfloat16* src = ptrs[key];
       CpAsync16(dst + Swz(key, c), src != nullptr ? src + c * 8 : zsrc, src != nullptr);
     }
   };
-  if (ntiles > 0) load_tile(0);
-  CpAsyncCommit();
-  {  // this block's queries, rounded to bf16 once, while the first tile is in flight
-    const float* src = a.q + r * a.ldq + static_cast<int64_t>(h0) * kMmaHd;
-#pragma unroll 4
+  // Commit groups: tile 0, tile 1, then one per iteration t (tile t + 2, or empty); waiting for all but the
+  // newest leaves tile t complete at iteration t.
+  const bool q16 = a.q16 != nullptr;
+  if (q16) {  // the queries already in bf16: copied with tile 0
+    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.q16) + r * a.heads * kMmaHd +
+                               static_cast<int64_t>(h0) * kMmaHd;
+#pragma unroll
     for (int i = tid; i < HB * kMmaChunks; i += kMmaThreads) {
       const int h = i / kMmaChunks, c = i % kMmaChunks;
-      const float4 x0 = *reinterpret_cast<const float4*>(src + h * kMmaHd + c * 8);
-      const float4 x1 = *reinterpret_cast<const float4*>(src + h * kMmaHd + c * 8 + 4);
-      *reinterpret_cast<uint4*>(qs + Swz(h, c)) =
-          make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
+      CpAsync16(qs + Swz(h, c), src + h * kMmaHd + c * 8, true);
     }
   }
-  __syncthreads();  // every thread has read kp[0] before iteration 0 refills it
+  load_tile(0);
+  CpAsyncCommit();
+  if (ntiles > 1) load_tile(1);
+  CpAsyncCommit();
+  if (!q16) {  // this block's queries, rounded to bf16 once, while the first tiles are in flight (8 rows of
+               // 16-byte loads per thread in flight)
+    const float* src = a.q + r * a.ldq + static_cast<int64_t>(h0) * kMmaHd;
+    constexpr int kPer = HB * kMmaChunks / kMmaThreads;  // chunks per thread: 16 or 8
+    constexpr int kBatch = kPer < 8 ? kPer : 8;
+#pragma unroll
+    for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+      float4 x[kBatch][2];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = tid + (b0 + b) * kMmaThreads, h = i / kMmaChunks, c = i % kMmaChunks;
+        x[b][0] = *reinterpret_cast<const float4*>(src + h * kMmaHd + c * 8);
+        x[b][1] = *reinterpret_cast<const float4*>(src + h * kMmaHd + c * 8 + 4);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = tid + (b0 + b) * kMmaThreads, h = i / kMmaChunks, c = i % kMmaChunks;
+        *reinterpret_cast<uint4*>(qs + Swz(h, c)) =
+            make_uint4(PackBf16(x[b][0].x, x[b][0].y), PackBf16(x[b][0].z, x[b][0].w), PackBf16(x[b][1].x, x[b][1].y),
+                       PackBf16(x[b][1].z, x[b][1].w));
+      }
+    }
+  }
   float acc[Sh::NT][4];
 #pragma unroll
   for (int nt = 0; nt < Sh::NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   const int hrow = wm * 16;  // this warp's first head (in the block)
   for (int t = 0; t < ntiles; ++t) {
-    if (t + 1 < ntiles) load_tile(t + 1);
-    CpAsyncCommit();
-    if (tid < KT && t + 2 < ntiles) {  // tile t's addresses were used when its copies were issued
-      const int64_t j = jb + static_cast<int64_t>(t + 2) * KT + tid;
-      kp[t & 1][tid] = j < je ? rk.Ptr(a, cache, r, j) : nullptr;
+    // The next group's addresses: its first tile is issued at the end of iteration t + kMmaGroupTiles - 2;
+    // the buffer's previous group was last read at the end of iteration t - 3.
+    if (t % kMmaGroupTiles == 0 && (t / kMmaGroupTiles + 1) * kMmaGroupTiles < ntiles) {
+      lookup(t / kMmaGroupTiles + 1);
     }
     CpAsyncWait1();
     __syncthreads();  // tile t (and, the first time, the queries) visible to every warp
@@ -804,7 +844,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) AttnMmaKernel(AttnArgs a, Step
         }
       }
     }
-    __syncthreads();  // the next iteration refills this tile's buffer and the score tile
+    __syncthreads();  // every warp is done with tile t's buffer and the score tile
+    if (t + 2 < ntiles) load_tile(t + 2);
+    CpAsyncCommit();
   }
   const int ha = hrow + g, hb = ha + 8;  // this thread's two heads (in the block)
   if (splits > 1) {
@@ -857,6 +899,8 @@ __global__ void RingUpdateKernel(const CacheT* kv_new, int hd, int window, int64
   CacheT* dst = SlotPtr<CacheT>(cache, sq.slot, ring_off) + (s.pos[r] % window) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = kv_new[r * hd + d];
 }
+
+constexpr int64_t kSimtMaxSplits = 16;  // the fp32 kernel's key splits per row at most
 
 int HeadsPerBlock(int heads) {
   for (int hg = kMaxHG; hg > 1; hg /= 2) {
@@ -921,13 +965,15 @@ template <typename CacheT>
 AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache) {
   AttnPlan p;
   // The tensor-core kernel: bf16 caches of head_dim 512, whole groups of 32 heads, every row it copies with
-  // 16-byte accesses aligned, and its tiles (142 KiB at 64 heads, 177 KiB at 32) in the block's shared memory
+  // 16-byte accesses aligned, and its tiles (147 KiB at 64 heads, 181 KiB at 32) in the block's shared memory
   // (sm_90: 227 KiB; sm_80: 163 KiB; sm_86: 99 KiB, so the fp32 kernel there). fp32 caches keep the fp32 kernel
   // (bf16 queries would lose their exactness).
   const int hb = a.heads % 64 == 0 ? 64 : 32;
-  const size_t smem = hb == 64 ? MmaAttnShape<64>::kSmem : MmaAttnShape<32>::kSmem;
+  const size_t smem = hb == 64 ? MmaAttnShape<64>::kSmem + MmaAttnShape<64>::kStatic
+                               : MmaAttnShape<32>::kSmem + MmaAttnShape<32>::kStatic;
   const bool mma = std::is_same_v<CacheT, __nv_bfloat16> && a.hd == kMmaHd && a.heads % 32 == 0 &&
-                   Aligned16(a.q) && a.ldq % 4 == 0 && Aligned16(a.kv_new) && a.ring_off % 16 == 0 &&
+                   Aligned16(a.q) && a.ldq % 4 == 0 && Aligned16(a.q16) && Aligned16(a.kv_new) &&
+                   a.ring_off % 16 == 0 &&
                    Aligned16(cache.fixed) && cache.slot_bytes % 16 == 0 && Aligned16(cache.pages) &&
                    cache.page_elems % 8 == 0 && a.page_off % 8 == 0 && smem <= BlockSmemOptin();
   if (mma) {
@@ -947,14 +993,18 @@ int AttentionSplits(const AttnArgs& a, const CacheDev& cache, int64_t n, int sms
                     int64_t max_row_splits) {
   if (n <= 0) return 1;
   const AttnPlan p = PlanAttention<CacheT>(a, cache);
-  // The fp32 kernel splits only passes that a full max_splits fits for (decode of up to 16 rows in CudaModel),
-  // as it always has: larger passes fill the GPU with their head groups.
-  if (!p.mma && n * max_splits > max_row_splits) return 1;
   const int64_t blocks = n * (a.heads / p.heads_per_block);
-  // Enough blocks for one wave at the plan's residency; rounding down: a second, nearly empty wave costs a
-  // whole block's time.
-  const int64_t want = p.mma ? (static_cast<int64_t>(sms) * p.blocks_per_sm) / blocks
-                             : (static_cast<int64_t>(sms) * p.blocks_per_sm + blocks - 1) / blocks;
+  if (!p.mma) {
+    // The fp32 kernel: passes of up to max_row_splits / kSimtMaxSplits rows (decode), enough blocks to fill the
+    // GPU about twice over, at most kSimtMaxSplits ways.
+    if (n * kSimtMaxSplits > max_row_splits) return 1;
+    const int64_t want = (static_cast<int64_t>(sms) * p.blocks_per_sm + blocks - 1) / blocks;
+    return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(max_splits, kSimtMaxSplits)));
+  }
+  // The tensor-core kernel: one wave (rounding down: a second, nearly empty wave costs a whole block's time).
+  // A split takes whole tiles, so at few rows the later splits are empty (they exit at once and the combine
+  // skips them).
+  const int64_t want = (static_cast<int64_t>(sms) * p.blocks_per_sm) / blocks;
   const int64_t cap = std::min<int64_t>({static_cast<int64_t>(max_splits), kAttnMaxSplits, max_row_splits / n});
   return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
 }

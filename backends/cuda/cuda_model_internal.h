@@ -69,6 +69,7 @@ struct Scratch {
   float *routed = nullptr, *logits = nullptr, *hsel = nullptr;
   float* attn_part = nullptr;  // attention key-split partials for up to kSplitRows rows
   void* kvT = nullptr;
+  void* q16 = nullptr;  // bf16 mode: q in bf16 for the tensor-core attention (AttnArgs::q16)
   int32_t *sel = nullptr, *ids = nullptr, *meta = nullptr;
   unsigned long long* greedy = nullptr;  // packed argmax keys (ArgmaxRows)
   int64_t qa_ld = 0, kv_ld = 0, shg_ld = 0;
@@ -76,7 +77,7 @@ struct Scratch {
 };
 
 // attn_part holds key-split partials of kSplitRows rows x kMaxSplits splits: a pass splits its rows' keys
-// up to kMaxSplits ways while rows x splits fits (AttentionSplits).
+// while rows x splits fits (AttentionSplits; one row may take up to kAttnMaxSplits).
 constexpr int64_t kSplitRows = 16;
 constexpr int64_t kMaxSplits = 16;
 

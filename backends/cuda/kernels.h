@@ -238,6 +238,9 @@ void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int6
 struct AttnArgs {
   const float* q = nullptr;  // [n, heads·hd] (local heads)
   int64_t ldq = 0;
+  // Optional: q rounded to CacheT, [n, heads·hd] contiguous (NormRope's copy_out). The tensor-core kernel then
+  // copies it as is instead of reading and rounding q.
+  const void* q16 = nullptr;
   int heads = 0, hd = 0;
   const void* kv_new = nullptr;  // CacheT [n, hd]: this pass's keys (= values)
   int64_t ring_off = 0;          // bytes in the slot: CacheT [window, hd]
@@ -276,8 +279,8 @@ struct AttnPlan {
 };
 template <typename CacheT>
 AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache);
-// Key splits for a pass of n rows on `sms` multiprocessors under that plan: enough blocks to fill the GPU
-// once, at most max_splits per row and n·splits <= max_row_splits (the capacity of AttnArgs::part).
+// Key splits for a pass of n rows on `sms` multiprocessors under that plan: enough blocks to fill the GPU,
+// at most max_splits per row and n·splits <= max_row_splits (the capacity of AttnArgs::part).
 template <typename CacheT>
 int AttentionSplits(const AttnArgs& a, const CacheDev& cache, int64_t n, int sms, int max_splits,
                     int64_t max_row_splits);

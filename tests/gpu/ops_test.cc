@@ -645,7 +645,8 @@ std::vector<SeqSpec> VerifyRows() { return {{0, 6, 2094}, {1, 6, 611}}; }
 // then the ring) and the compressed entries (all visible for HCA, the selected ones for CSA), with the sink in
 // the denominator, then the output de-rotated by the query position. Keys are values (MQA). Run unsplit, with
 // 7 and 40 key splits (more than a warp of splits: the combine's second half) and with the splits
-// AttentionSplits picks on a 132-SM GPU. `plan_mma`: the tensor-core kernel must be the one chosen.
+// AttentionSplits picks on a 132-SM GPU (as CudaModel asks: part for 16 x 16 row-splits). `plan_mma`: the
+// tensor-core kernel must be the one chosen.
 //
 // Bounds per output, with w_j the reference's softmax weights (sink included) and M = Σ_j w_j |v_j| (the pair
 // of de-roped dims shares the sum of both dims' M):
@@ -755,7 +756,9 @@ void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_
     for (int h = 0; h < c.heads; ++h) {
       const float* qh = &q[static_cast<size_t>(r * ld + h * c.hd)];
       std::vector<double> qerr(static_cast<size_t>(c.hd));
-      for (int i = 0; i < c.hd; ++i) qerr[static_cast<size_t>(i)] = std::fabs(static_cast<double>(qh[i]) - Bf16Exact(qh[i]));
+      for (int i = 0; i < c.hd; ++i) {
+        qerr[static_cast<size_t>(i)] = std::fabs(static_cast<double>(qh[i]) - Bf16Exact(qh[i]));
+      }
       std::vector<double> s(keys.size());
       double m = sink[static_cast<size_t>(h)], dmax = 0;
       for (size_t j = 0; j < keys.size(); ++j) {
@@ -796,8 +799,19 @@ void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_
     }
   }
 
-  const int chosen = cuda::AttentionSplits<CacheT>(a, dc.dev, n, 132, 16, 16 * 16);
-  for (int splits : {1, 7, 40, chosen}) {
+  // The queries also as CudaModel hands them to the tensor-core kernel in bf16 mode: rounded to bf16 by
+  // NormRope (round to nearest even, as the kernel rounds q itself), so the same bound holds.
+  std::vector<float> q_rounded(q.size());
+  for (size_t i = 0; i < q.size(); ++i) q_rounded[i] = Bf16Exact(q[i]);
+  const std::vector<CacheT> q16_host = ToCache<CacheT>(q_rounded);
+  Dev<CacheT> dq16(q16_host.size());
+  dq16.Put(q16_host);
+  const int chosen =
+      cuda::AttentionSplits<CacheT>(a, dc.dev, n, 132, static_cast<int>(cuda::kAttnMaxSplits), 16 * 16);
+  for (int run = 0; run < (plan.mma ? 8 : 4); ++run) {
+    const int splits = std::array<int, 4>{1, 7, 40, chosen}[static_cast<size_t>(run % 4)];
+    a.q16 = run >= 4 ? dq16.p : nullptr;
+    const std::string how = std::to_string(splits) + " splits" + (run >= 4 ? ", bf16 queries given" : "");
     Guarded out(static_cast<size_t>(n * ld));
     Dev<float> part(static_cast<size_t>(n * c.heads * splits * (c.hd + 2)));
     a.out = out.out();
@@ -806,7 +820,7 @@ void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_
     cuda::Attention<CacheT>(a, step.dev, dc.dev, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> all = out.All();
-    ASSERT_TRUE(GuardsIntact(all)) << what << ", " << splits << " splits";
+    ASSERT_TRUE(GuardsIntact(all)) << what << ", " << how;
     int bad = 0;
     double worst = 0;  // the largest error as a share of its bound
     for (int64_t i = 0; i < n * ld; ++i) {
@@ -817,14 +831,14 @@ void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_
       const double err = std::fabs(all[static_cast<size_t>(kGuard + i)] - ref[static_cast<size_t>(i)]);
       worst = std::max(worst, err / bound);
       if (!(err <= bound) && bad++ < 5) {
-        ADD_FAILURE() << what << ", " << splits << " splits: row " << i / ld << " head " << (i % ld) / c.hd
+        ADD_FAILURE() << what << ", " << how << ": row " << i / ld << " head " << (i % ld) / c.hd
                       << " dim " << i % c.hd << ": " << all[static_cast<size_t>(kGuard + i)] << " vs "
                       << ref[static_cast<size_t>(i)] << " (bound " << bound << ")";
       }
     }
-    EXPECT_EQ(bad, 0) << what << ", " << splits << " splits";
-    std::printf("attention %s (%s kernel), %d splits: worst error %.3g of the bound\n", what.c_str(),
-                plan.mma ? "tensor-core" : "fp32", splits, worst);
+    EXPECT_EQ(bad, 0) << what << ", " << how;
+    std::printf("attention %s (%s kernel), %s: worst error %.3g of the bound\n", what.c_str(),
+                plan.mma ? "tensor-core" : "fp32", how.c_str(), worst);
   }
 }
 

@@ -763,17 +763,31 @@ __global__ void __launch_bounds__(kMmaThreads, 1) AttnMmaKernel(AttnArgs a, Step
     const __nv_bfloat16* kt = ks + (t & 1) * KT * kMmaHd;
     const int jn = static_cast<int>(min(static_cast<int64_t>(KT), je - (jb + static_cast<int64_t>(t) * KT)));
     {  // scores of heads hrow.. x keys wn·16..
-      float sc[2][4];
+      // Two sets of accumulators (even and odd k-steps, added at the end): four independent mma chains per
+      // warp instead of two, the score pass being a chain of 32 dependent k-steps otherwise.
+      float sc[2][4], sd[2][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+      for (int nt = 0; nt < 2; ++nt) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+        sd[nt][0] = sd[nt][1] = sd[nt][2] = sd[nt][3] = 0.0f;
+      }
       const int arow = hrow + (mi & 1) * 8 + mr, brow = wn * 16 + (mi >> 1) * 8 + mr;
-#pragma unroll 8
-      for (int kk = 0; kk < kMmaHd / 16; ++kk) {
-        uint32_t af[4], bf[4];
+#pragma unroll 4
+      for (int kk = 0; kk < kMmaHd / 16; kk += 2) {
+        uint32_t af[4], bf[4], ag[4], bg[4];
         Ldmatrix4(af, qs + Swz(arow, 2 * kk + (mi >> 1)));
         Ldmatrix4(bf, kt + Swz(brow, 2 * kk + (mi & 1)));
+        Ldmatrix4(ag, qs + Swz(arow, 2 * kk + 2 + (mi >> 1)));
+        Ldmatrix4(bg, kt + Swz(brow, 2 * kk + 2 + (mi & 1)));
         Mma(sc[0], af[0], af[1], af[2], af[3], bf[0], bf[1]);
         Mma(sc[1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+        Mma(sd[0], ag[0], ag[1], ag[2], ag[3], bg[0], bg[1]);
+        Mma(sd[1], ag[0], ag[1], ag[2], ag[3], bg[2], bg[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] += sd[nt][e];
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {

@@ -976,7 +976,7 @@ void LaunchMma(const AttnArgs& a, const StepDev& s, const CacheDev& cache, int s
 }  // namespace
 
 template <typename CacheT>
-AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache) {
+AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache, int64_t rows) {
   AttnPlan p;
   // The tensor-core kernel: bf16 caches of head_dim 512, whole groups of 32 heads, every row it copies with
   // 16-byte accesses aligned, and its tiles (147 KiB at 64 heads, 181 KiB at 32) in the block's shared memory
@@ -989,7 +989,8 @@ AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache) {
                    Aligned16(a.q) && a.ldq % 4 == 0 && Aligned16(a.q16) && Aligned16(a.kv_new) &&
                    a.ring_off % 16 == 0 &&
                    Aligned16(cache.fixed) && cache.slot_bytes % 16 == 0 && Aligned16(cache.pages) &&
-                   cache.page_elems % 8 == 0 && a.page_off % 8 == 0 && smem <= BlockSmemOptin();
+                   cache.page_elems % 8 == 0 && a.page_off % 8 == 0 && rows >= kAttnMmaMinRows &&
+                   smem <= BlockSmemOptin();
   if (mma) {
     p.mma = true;
     p.heads_per_block = hb;
@@ -1006,7 +1007,7 @@ template <typename CacheT>
 int AttentionSplits(const AttnArgs& a, const CacheDev& cache, int64_t n, int sms, int max_splits,
                     int64_t max_row_splits) {
   if (n <= 0) return 1;
-  const AttnPlan p = PlanAttention<CacheT>(a, cache);
+  const AttnPlan p = PlanAttention<CacheT>(a, cache, n);
   const int64_t blocks = n * (a.heads / p.heads_per_block);
   if (!p.mma) {
     // The fp32 kernel: passes of up to max_row_splits / kSimtMaxSplits rows (decode), enough blocks to fill the
@@ -1027,7 +1028,7 @@ template <typename CacheT>
 void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream) {
   if (s.n <= 0) return;
   const int splits = a.part != nullptr ? std::clamp(a.splits, 1, static_cast<int>(kAttnMaxSplits)) : 1;
-  const AttnPlan plan = PlanAttention<CacheT>(a, cache);
+  const AttnPlan plan = PlanAttention<CacheT>(a, cache, s.n);
   if (plan.mma) {
     if (plan.heads_per_block == 64) {
       LaunchMma<64>(a, s, cache, splits, stream);
@@ -1054,7 +1055,7 @@ void RingUpdate(const CacheT* kv_new, int hd, int window, int64_t ring_off, cons
 }
 
 #define NUMOE_INSTANTIATE(T)                                                                                   \
-  template AttnPlan PlanAttention<T>(const AttnArgs&, const CacheDev&);                                       \
+  template AttnPlan PlanAttention<T>(const AttnArgs&, const CacheDev&, int64_t);                              \
   template int AttentionSplits<T>(const AttnArgs&, const CacheDev&, int64_t, int, int, int64_t);             \
   template void CompressStep<T>(const CompArgs&, const StepDev&, const CacheDev&, int, cudaStream_t);         \
   template void IndexTopK<T>(const IndexArgs&, const StepDev&, const CacheDev&, int64_t, int64_t, int64_t,     \

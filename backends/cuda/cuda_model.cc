@@ -195,7 +195,7 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   aa.bidir = d.draft;
   if (!d.draft) {
     // Few rows: split each row's keys so that the blocks fill the GPU (as many as attn_part holds).
-    aa.splits = AttentionSplits<T>(aa, cache, n, r.sms, static_cast<int>(kAttnMaxSplits),
+    aa.splits = AttentionSplits<T>(aa, cache, n, r.sms, static_cast<int>(kMaxSplits),
                                    std::min(rows_cap_, kSplitRows) * kMaxSplits);
     aa.part = aa.splits > 1 ? s.attn_part : nullptr;
   }

@@ -2,8 +2,8 @@
 // and BF16 weights on the GEMV, narrow and wide tensor-core kernels, fp32 SIMT; 1, 16, 17, 64 and 640 rows; shapes
 // with tails; split-K; grouped projections; strided x and y), and the row kernels (RMSNorm, SwiGLU, argmax), each
 // with a stated error bound and guard bytes around every output; attention (sliding, CSA, HCA; split and unsplit
-// keys; the fp32 kernel and the tensor-core one at 1, 8 and 32 decode rows, verify and prefill rows) and the
-// indexer's scores and top-k on caches laid out as the backend lays them out; and the routed
+// keys; the fp32 kernel and the tensor-core one at 4, 8 and 32 decode rows, verify and prefill rows) and
+// the indexer's scores and top-k on caches laid out as the backend lays them out; and the routed
 // experts of a prefill step on the worker's packed layout (PackedMoe) against a float64 reference from the
 // checkpoint-format weights. Skips without a device, and compiles to a skip in a build without CUDA.
 #include <gtest/gtest.h>
@@ -724,7 +724,7 @@ void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_
   a.rope_dim = c.rope_dim;
   a.inv_freq = dinv.p;
   a.ldo = ld;
-  const cuda::AttnPlan plan = cuda::PlanAttention<CacheT>(a, dc.dev);
+  const cuda::AttnPlan plan = cuda::PlanAttention<CacheT>(a, dc.dev, n);
   int dev = 0, major = 0;
   CUDA_OK(cudaGetDevice(&dev));
   CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -806,8 +806,7 @@ void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_
   const std::vector<CacheT> q16_host = ToCache<CacheT>(q_rounded);
   Dev<CacheT> dq16(q16_host.size());
   dq16.Put(q16_host);
-  const int chosen =
-      cuda::AttentionSplits<CacheT>(a, dc.dev, n, 132, static_cast<int>(cuda::kAttnMaxSplits), 16 * 16);
+  const int chosen = cuda::AttentionSplits<CacheT>(a, dc.dev, n, 132, 16, 16 * 16);
   for (int run = 0; run < (plan.mma ? 8 : 4); ++run) {
     const int splits = std::array<int, 4>{1, 7, 40, chosen}[static_cast<size_t>(run % 4)];
     a.q16 = run >= 4 ? dq16.p : nullptr;
@@ -857,15 +856,16 @@ TEST(CudaOpsTest, AttentionEveryTypeSplitAndUnsplitAgainstTheCpu) {
 }
 
 // The tensor-core kernel (bf16 caches, head_dim 512): 64 local heads (one block per row and split) and 32
-// (TP=2: the 32-head block), every attention type, on decode passes of 1, 8 and 32 rows, a verify pass and
-// mixed prefill rows; fp32 caches of the same shape take the fp32 kernel and meet its tighter bound.
+// (TP=2: the 32-head block), every attention type, on decode passes of 4, 8 and 32 rows (1 row: the fp32
+// kernel), a verify pass and mixed prefill rows; fp32 caches of the same shape take the fp32 kernel and meet its tighter bound.
 TEST(CudaOpsTest, AttentionTensorCoresAgainstTheCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   for (int heads : {64, 32}) {
     for (const AttnCase& c : {AttnCase{0, heads, 512, 64, 128, 0, 0}, AttnCase{1, heads, 512, 64, 128, 4, 512},
                               AttnCase{2, heads, 512, 64, 128, 128, 0}}) {
-      CheckAttention<__nv_bfloat16>(c, DecodeRows(1), false, true);
-      CheckAttention<__nv_bfloat16>(c, DecodeRows(1), true, true);
+      // One row takes the fp32 kernel (kAttnMmaMinRows); four are the fewest on tensor cores.
+      CheckAttention<__nv_bfloat16>(c, DecodeRows(1), false, false);
+      CheckAttention<__nv_bfloat16>(c, DecodeRows(4), true, true);
       CheckAttention<__nv_bfloat16>(c, DecodeRows(8), false, true);
       CheckAttention<__nv_bfloat16>(c, VerifyRows(), false, true);
       CheckAttention<__nv_bfloat16>(c, MixedRows(), true, true);

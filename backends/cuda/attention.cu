@@ -1,10 +1,12 @@
 // KV compressors, the lightning indexer (scores + exact top-k) and the attention core (window + compressed
-// entries + sinks, online softmax), mirroring backends/cpu/{compressor,cpu_model}.cc
-// (docs/dsv4-architecture.md §2.6-2.9).
+// entries + sinks, online softmax; fp32 SIMT, and bf16 tensor cores for bf16 caches of head_dim 512),
+// mirroring backends/cpu/{compressor,cpu_model}.cc (docs/dsv4-architecture.md §2.6-2.9).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/kernels.h"
@@ -311,6 +313,44 @@ __global__ void __launch_bounds__(256) TopKKernel(const float* scores, int64_t l
 
 // ---- attention -------------------------------------------------------------------------------------------
 
+// The keys (= values, MQA) row r attends to, in order: the window (ring entries, then this pass's rows; for
+// DSpark draft blocks the ring before the sequence and all of its rows) and the compressed entries (all
+// visible ones for HCA, the selected ones for CSA). Both attention kernels take their keys from here.
+template <typename CacheT>
+struct RowKeys {
+  const CacheT* ring;
+  const CacheT* kv_new;
+  StepSeq sq;
+  int64_t p, nring, nwin, nk;
+
+  __device__ __forceinline__ RowKeys(const AttnArgs& a, const StepDev& s, const CacheDev& cache, int64_t r) {
+    p = s.pos[r];
+    sq = s.seqs[s.seq[r]];
+    nring = a.bidir ? min(static_cast<int64_t>(a.window), static_cast<int64_t>(sq.start_pos)) : 0;
+    nwin = a.bidir ? nring + (sq.end - sq.begin) : min(static_cast<int64_t>(a.window), p + 1);
+    int64_t ncomp = 0;
+    if (a.type == 2) ncomp = (p + 1) / a.rate;
+    if (a.type == 1) ncomp = min(static_cast<int64_t>(a.topk), (p + 1) / a.rate);
+    nk = nwin + ncomp;
+    ring = SlotPtr<CacheT>(cache, sq.slot, a.ring_off);
+    kv_new = static_cast<const CacheT*>(a.kv_new);
+  }
+  // Key j < nk of row r.
+  __device__ __forceinline__ const CacheT* Ptr(const AttnArgs& a, const CacheDev& cache, int64_t r, int64_t j) const {
+    const int hd = a.hd;
+    if (a.bidir) {
+      return j < nring ? ring + ((sq.start_pos - nring + j) % a.window) * hd : kv_new + (sq.begin + j - nring) * hd;
+    }
+    if (j < nwin) {
+      const int64_t kpos = p - nwin + 1 + j;
+      return kpos >= sq.start_pos ? kv_new + (sq.begin + (kpos - sq.start_pos)) * hd : ring + (kpos % a.window) * hd;
+    }
+    const int64_t jj = j - nwin;
+    const int64_t e = a.type == 2 ? jj : a.sel[r * a.topk + jj];
+    return EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, hd, e);
+  }
+};
+
 constexpr int kKT = 64;      // keys per tile
 constexpr int kMaxHG = 8;    // heads per block
 constexpr int kAttnThreads = 256;
@@ -364,14 +404,8 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   const int64_t r = blockIdx.x;
   const int h0 = blockIdx.y * HG;
   const int z = blockIdx.z;
-  const int64_t p = s.pos[r];
-  const StepSeq sq = s.seqs[s.seq[r]];
-  const int64_t nring = a.bidir ? min(static_cast<int64_t>(a.window), static_cast<int64_t>(sq.start_pos)) : 0;
-  const int64_t nwin = a.bidir ? nring + (sq.end - sq.begin) : min(static_cast<int64_t>(a.window), p + 1);
-  int64_t ncomp = 0;
-  if (a.type == 2) ncomp = (p + 1) / a.rate;
-  if (a.type == 1) ncomp = min(static_cast<int64_t>(a.topk), (p + 1) / a.rate);
-  const int64_t nk = nwin + ncomp;
+  const RowKeys<CacheT> rk(a, s, cache, r);
+  const int64_t p = rk.p, nk = rk.nk;
   const int64_t per = (nk + splits - 1) / splits;
   const int64_t jb = min(nk, z * per), je = min(nk, jb + per);
   const int hd = a.hd;
@@ -388,26 +422,11 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   float acc[kMaxHG][2];
 #pragma unroll
   for (int h = 0; h < kMaxHG; ++h) acc[h][0] = acc[h][1] = 0.0f;
-  const CacheT* ring = SlotPtr<CacheT>(cache, sq.slot, a.ring_off);
-  const CacheT* kv_new = static_cast<const CacheT*>(a.kv_new);
   __syncthreads();
   for (int64_t j0 = jb; j0 < je; j0 += kKT) {
     if (tid < kKT) {
       const int64_t j = j0 + tid;
-      const CacheT* ptr = nullptr;
-      if (j < je) {
-        if (a.bidir) {
-          ptr = j < nring ? ring + ((sq.start_pos - nring + j) % a.window) * hd : kv_new + (sq.begin + j - nring) * hd;
-        } else if (j < nwin) {
-          const int64_t kpos = p - nwin + 1 + j;
-          ptr = kpos >= sq.start_pos ? kv_new + (sq.begin + (kpos - sq.start_pos)) * hd : ring + (kpos % a.window) * hd;
-        } else {
-          const int64_t jj = j - nwin;
-          const int64_t e = a.type == 2 ? jj : a.sel[r * a.topk + jj];
-          ptr = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, hd, e);
-        }
-      }
-      kp[tid] = ptr;
+      kp[tid] = j < je ? rk.Ptr(a, cache, r, j) : nullptr;
     }
     __syncthreads();
     const int jn = static_cast<int>(min(static_cast<int64_t>(kKT), je - j0));
@@ -570,6 +589,7 @@ __global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float
     float o0 = 0.0f, o1 = 0.0f;
     for (int z = 0; z < splits; ++z) {
       const float w = w_s[z];  // exp(-inf) = 0 for empty splits
+      if (w == 0.0f) continue;  // nothing to add (the tensor-core kernel leaves empty splits' sums unwritten)
       o0 = fmaf(w, base_p[z * stride + 2 + d], o0);
       o1 = fmaf(w, base_p[z * stride + 3 + d], o1);
     }
@@ -588,6 +608,302 @@ __global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float
   }
 }
 
+// ---- attention on tensor cores (bf16 caches, head_dim 512) ------------------------------------------------
+//
+// One block per (row, group of HB = 64 or 32 heads, key split), 8 warps: each key tile is read from memory
+// once per HB heads (once per row at 64 local heads). Per tile of KT keys, double-buffered with cp.async:
+//   scores  S[HB, KT] = Q·Kᵀ · scale   (mma m16n8k16: Q rounded to bf16 once, K bf16 as cached, fp32 sums)
+//   online softmax per head, the probabilities rounded to bf16 (their sum is taken of the rounded values)
+//   output  O[HB, 512] += P·V          (V = K: the same shared tile, read transposed by ldmatrix)
+// Warp (wm, wn) owns heads wm·16.. in both passes, keys wn·16.. of the score tile and output dims wn·DW...
+// The shared tiles are [rows][512] bf16 with the 16-byte chunk index XOR (row & 7), so the 8 row addresses
+// of an ldmatrix fall in distinct banks. Splits and the sink follow AttnKernel (AttnCombineKernel merges).
+constexpr int kMmaHd = 512;
+constexpr int kMmaThreads = 256;
+constexpr int kMmaChunks = kMmaHd / 8;  // 16-byte chunks per bf16 row
+constexpr int kMmaGroupTiles = 8;        // key tiles whose addresses are looked up together
+
+template <int HB>
+struct MmaAttnShape {
+  static constexpr int WM = HB / 16;             // warps along the heads
+  static constexpr int WN = kMmaThreads / 32 / WM;  // warps along the tile's keys (scores) and dims (output)
+  static constexpr int KT = 16 * WN;             // keys per tile: 16 per warp in the score pass
+  static constexpr int DW = kMmaHd / WN;         // output dims per warp
+  static constexpr int NT = DW / 8;              // mma n-tiles per warp in the value pass
+  static constexpr int SLD = KT + 4;             // fp32 stride of the score tile
+  static constexpr int PLD = KT + 8;             // bf16 stride of the probability tile (80 or 144 bytes)
+  static constexpr int TPH = kMmaThreads / HB;   // softmax threads per head (one warp's consecutive lanes)
+  static constexpr int KPT = KT / TPH;           // keys per softmax thread
+  static constexpr size_t kQ = static_cast<size_t>(HB) * kMmaHd * 2;
+  static constexpr size_t kK = static_cast<size_t>(KT) * kMmaHd * 2;
+  static constexpr size_t kS = static_cast<size_t>(HB) * SLD * 4;
+  static constexpr size_t kP = static_cast<size_t>(HB) * PLD * 2;
+  static constexpr size_t kSmem = kQ + 2 * kK + kS + kP;  // dynamic
+  static constexpr size_t kStatic = 2 * kMmaGroupTiles * KT * sizeof(void*) + 3 * HB * sizeof(float);
+  static_assert(HB == 32 || HB == 64, "16 heads per warp row, 8 warps");
+  static_assert(KPT == 8, "a softmax thread writes its probabilities as one 16-byte store");
+  static_assert(NT % 2 == 0, "value fragments are loaded for two n-tiles at a time");
+};
+
+// Element offset of (row, 16-byte chunk) in a swizzled [rows][512] bf16 tile.
+__device__ __forceinline__ int Swz(int row, int chunk) { return row * kMmaHd + ((chunk ^ (row & 7)) << 3); }
+
+template <int HB>
+__global__ void __launch_bounds__(kMmaThreads, 1) AttnMmaKernel(AttnArgs a, StepDev s, CacheDev cache, int splits,
+                                                                float* part) {
+  using Sh = MmaAttnShape<HB>;
+  constexpr int KT = Sh::KT;
+  extern __shared__ float4 smem4[];
+  char* smem = reinterpret_cast<char*>(smem4);
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(smem + Sh::kQ);  // [2][KT][512]
+  float* ss = reinterpret_cast<float*>(smem + Sh::kQ + 2 * Sh::kK);
+  __nv_bfloat16* ps = reinterpret_cast<__nv_bfloat16*>(smem + Sh::kQ + 2 * Sh::kK + Sh::kS);
+  // Key addresses, a group of kMmaGroupTiles tiles at a time, double-buffered: every thread looks up its
+  // share of a group at once (the selection and page-table reads of 256 or 512 keys in flight together, a
+  // group ahead), instead of one warp stalling the block on them every tile.
+  constexpr int GK = kMmaGroupTiles * KT;
+  __shared__ const __nv_bfloat16* kp[2][GK];
+  __shared__ float m_s[HB], l_s[HB], al_s[HB];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % Sh::WM, wn = warp / Sh::WM;
+  const int g = lane >> 2, tq = lane & 3;   // mma fragment row / column pair
+  const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: which matrix this lane addresses, and its row
+  const int64_t r = blockIdx.x;
+  const int h0 = blockIdx.y * HB;
+  const int z = blockIdx.z;
+  const RowKeys<__nv_bfloat16> rk(a, s, cache, r);
+  const int64_t nk = rk.nk;
+  const int64_t per = ((nk + splits - 1) / splits + KT - 1) / KT * KT;  // whole tiles per split
+  const int64_t jb = min(nk, z * per), je = min(nk, jb + per);
+  const int ntiles = static_cast<int>((je - jb + KT - 1) / KT);
+  if (ntiles == 0) {  // an empty split (short rows): weight 0 in the combine, which then skips its accumulator
+    if (tid < HB) {
+      float* dst = part + ((r * a.heads + h0 + tid) * splits + z) * (kMmaHd + 2);
+      dst[0] = -INFINITY;
+      dst[1] = 0.0f;
+    }
+    return;
+  }
+  auto lookup = [&](int group) {
+#pragma unroll
+    for (int i = tid; i < GK; i += kMmaThreads) {
+      const int64_t j = jb + static_cast<int64_t>(group) * GK + i;
+      kp[group & 1][i] = j < je ? rk.Ptr(a, cache, r, j) : nullptr;
+    }
+  };
+  lookup(0);
+  if (tid < HB) {
+    m_s[tid] = splits == 1 ? a.sink[h0 + tid] : -INFINITY;  // unsplit: the sink folded in up front
+    l_s[tid] = splits == 1 ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  const __nv_bfloat16* zsrc = rk.kv_new;  // a valid address for the zero-filled copies past the last key
+  auto load_tile = [&](int t) {
+    __nv_bfloat16* dst = ks + (t & 1) * KT * kMmaHd;
+    const __nv_bfloat16* const* ptrs = kp[(t / kMmaGroupTiles) & 1] + (t % kMmaGroupTiles) * KT;
+#pragma unroll
+    for (int i = tid; i < KT * kMmaChunks; i += kMmaThreads) {
+      const int key = i / kMmaChunks, c = i % kMmaChunks;
+      const __nv_bfloat16* src = ptrs[key];
+      CpAsync16(dst + Swz(key, c), src != nullptr ? src + c * 8 : zsrc, src != nullptr);
+    }
+  };
+  // Commit groups: tile 0, tile 1, then one per iteration t (tile t + 2, or empty); waiting for all but the
+  // newest leaves tile t complete at iteration t.
+  const bool q16 = a.q16 != nullptr;
+  if (q16) {  // the queries already in bf16: copied with tile 0
+    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(a.q16) + r * a.heads * kMmaHd +
+                               static_cast<int64_t>(h0) * kMmaHd;
+#pragma unroll
+    for (int i = tid; i < HB * kMmaChunks; i += kMmaThreads) {
+      const int h = i / kMmaChunks, c = i % kMmaChunks;
+      CpAsync16(qs + Swz(h, c), src + h * kMmaHd + c * 8, true);
+    }
+  }
+  load_tile(0);
+  CpAsyncCommit();
+  if (ntiles > 1) load_tile(1);
+  CpAsyncCommit();
+  if (!q16) {  // this block's queries, rounded to bf16 once, while the first tiles are in flight (8 rows of
+               // 16-byte loads per thread in flight)
+    const float* src = a.q + r * a.ldq + static_cast<int64_t>(h0) * kMmaHd;
+    constexpr int kPer = HB * kMmaChunks / kMmaThreads;  // chunks per thread: 16 or 8
+    constexpr int kBatch = kPer < 8 ? kPer : 8;
+#pragma unroll
+    for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+      float4 x[kBatch][2];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = tid + (b0 + b) * kMmaThreads, h = i / kMmaChunks, c = i % kMmaChunks;
+        x[b][0] = *reinterpret_cast<const float4*>(src + h * kMmaHd + c * 8);
+        x[b][1] = *reinterpret_cast<const float4*>(src + h * kMmaHd + c * 8 + 4);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = tid + (b0 + b) * kMmaThreads, h = i / kMmaChunks, c = i % kMmaChunks;
+        *reinterpret_cast<uint4*>(qs + Swz(h, c)) =
+            make_uint4(PackBf16(x[b][0].x, x[b][0].y), PackBf16(x[b][0].z, x[b][0].w), PackBf16(x[b][1].x, x[b][1].y),
+                       PackBf16(x[b][1].z, x[b][1].w));
+      }
+    }
+  }
+  float acc[Sh::NT][4];
+#pragma unroll
+  for (int nt = 0; nt < Sh::NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  const int hrow = wm * 16;  // this warp's first head (in the block)
+  for (int t = 0; t < ntiles; ++t) {
+    // The next group's addresses: its first tile is issued at the end of iteration t + kMmaGroupTiles - 2;
+    // the buffer's previous group was last read at the end of iteration t - 3.
+    if (t % kMmaGroupTiles == 0 && (t / kMmaGroupTiles + 1) * kMmaGroupTiles < ntiles) {
+      lookup(t / kMmaGroupTiles + 1);
+    }
+    CpAsyncWait1();
+    __syncthreads();  // tile t (and, the first time, the queries) visible to every warp
+    const __nv_bfloat16* kt = ks + (t & 1) * KT * kMmaHd;
+    const int jn = static_cast<int>(min(static_cast<int64_t>(KT), je - (jb + static_cast<int64_t>(t) * KT)));
+    {  // scores of heads hrow.. x keys wn·16..
+      // Two sets of accumulators (even and odd k-steps, added at the end): four independent mma chains per
+      // warp instead of two, the score pass being a chain of 32 dependent k-steps otherwise.
+      float sc[2][4], sd[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+        sd[nt][0] = sd[nt][1] = sd[nt][2] = sd[nt][3] = 0.0f;
+      }
+      const int arow = hrow + (mi & 1) * 8 + mr, brow = wn * 16 + (mi >> 1) * 8 + mr;
+#pragma unroll 4
+      for (int kk = 0; kk < kMmaHd / 16; kk += 2) {
+        uint32_t af[4], bf[4], ag[4], bg[4];
+        Ldmatrix4(af, qs + Swz(arow, 2 * kk + (mi >> 1)));
+        Ldmatrix4(bf, kt + Swz(brow, 2 * kk + (mi & 1)));
+        Ldmatrix4(ag, qs + Swz(arow, 2 * kk + 2 + (mi >> 1)));
+        Ldmatrix4(bg, kt + Swz(brow, 2 * kk + 2 + (mi & 1)));
+        Mma(sc[0], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+        Mma(sc[1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+        Mma(sd[0], ag[0], ag[1], ag[2], ag[3], bg[0], bg[1]);
+        Mma(sd[1], ag[0], ag[1], ag[2], ag[3], bg[2], bg[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] += sd[nt][e];
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int col = wn * 16 + nt * 8 + 2 * tq;
+        float* s0 = ss + (hrow + g) * Sh::SLD + col;
+        float* s1 = s0 + 8 * Sh::SLD;
+        s0[0] = col < jn ? sc[nt][0] * a.scale : -INFINITY;
+        s0[1] = col + 1 < jn ? sc[nt][1] * a.scale : -INFINITY;
+        s1[0] = col < jn ? sc[nt][2] * a.scale : -INFINITY;
+        s1[1] = col + 1 < jn ? sc[nt][3] * a.scale : -INFINITY;
+      }
+    }
+    __syncthreads();
+    {  // online softmax: Sh::TPH threads per head, Sh::KPT keys each
+      const int hh = tid / Sh::TPH, q = tid % Sh::TPH;
+      const float* srow = ss + hh * Sh::SLD + q * Sh::KPT;
+      float v[Sh::KPT];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < Sh::KPT; ++k) {
+        v[k] = srow[k];
+        mx = fmaxf(mx, v[k]);
+      }
+#pragma unroll
+      for (int o = 1; o < Sh::TPH; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = m_s[hh];
+      const float m_new = fmaxf(m_old, mx);
+      const float ms = m_new == -INFINITY ? 0.0f : m_new;  // no (-inf) - (-inf) when nothing is visible yet
+      uint32_t pk[Sh::KPT / 2];
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < Sh::KPT / 2; ++k) {
+        pk[k] = PackBf16(expf(v[2 * k] - ms), expf(v[2 * k + 1] - ms));
+        const float2 pr = Bf16PairToF32(pk[k]);
+        sum += pr.x + pr.y;
+      }
+      *reinterpret_cast<uint4*>(ps + hh * Sh::PLD + q * Sh::KPT) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+#pragma unroll
+      for (int o = 1; o < Sh::TPH; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (q == 0) {
+        const float alpha = expf(m_old - ms);
+        al_s[hh] = alpha;
+        l_s[hh] = l_s[hh] * alpha + sum;
+        m_s[hh] = m_new;
+      }
+    }
+    __syncthreads();
+    {  // O[heads hrow.., dims wn·DW..] = alpha · O + P · V
+      const float al0 = al_s[hrow + g], al1 = al_s[hrow + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < Sh::NT; ++nt) {
+        acc[nt][0] *= al0;
+        acc[nt][1] *= al0;
+        acc[nt][2] *= al1;
+        acc[nt][3] *= al1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        uint32_t pf[4];
+        Ldmatrix4(pf, ps + (hrow + (mi & 1) * 8 + mr) * Sh::PLD + kk * 16 + (mi >> 1) * 8);
+        const int vrow = kk * 16 + (mi & 1) * 8 + mr;
+#pragma unroll
+        for (int np = 0; np < Sh::NT / 2; ++np) {
+          uint32_t vf[4];
+          Ldmatrix4Trans(vf, kt + Swz(vrow, (wn * Sh::DW + np * 16) / 8 + (mi >> 1)));
+          Mma(acc[2 * np], pf[0], pf[1], pf[2], pf[3], vf[0], vf[1]);
+          Mma(acc[2 * np + 1], pf[0], pf[1], pf[2], pf[3], vf[2], vf[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with tile t's buffer and the score tile
+    if (t + 2 < ntiles) load_tile(t + 2);
+    CpAsyncCommit();
+  }
+  const int ha = hrow + g, hb = ha + 8;  // this thread's two heads (in the block)
+  if (splits > 1) {
+    const int64_t stride = kMmaHd + 2;
+    float* da = part + ((r * a.heads + h0 + ha) * splits + z) * stride + 2;
+    float* db = part + ((r * a.heads + h0 + hb) * splits + z) * stride + 2;
+#pragma unroll
+    for (int nt = 0; nt < Sh::NT; ++nt) {
+      const int d = wn * Sh::DW + nt * 8 + 2 * tq;
+      da[d] = acc[nt][0];
+      da[d + 1] = acc[nt][1];
+      db[d] = acc[nt][2];
+      db[d + 1] = acc[nt][3];
+    }
+    if (tid < HB) {
+      float* dst = part + ((r * a.heads + h0 + tid) * splits + z) * stride;
+      dst[0] = m_s[tid];
+      dst[1] = l_s[tid];
+    }
+    return;
+  }
+  const float inva = 1.0f / l_s[ha], invb = 1.0f / l_s[hb];
+  const int base = kMmaHd - a.rope_dim;
+  float* oa = a.out + r * a.ldo + static_cast<int64_t>(h0 + ha) * kMmaHd;
+  float* ob = a.out + r * a.ldo + static_cast<int64_t>(h0 + hb) * kMmaHd;
+#pragma unroll
+  for (int nt = 0; nt < Sh::NT; ++nt) {
+    const int d = wn * Sh::DW + nt * 8 + 2 * tq;
+    float a0 = acc[nt][0] * inva, a1 = acc[nt][1] * inva, b0 = acc[nt][2] * invb, b1 = acc[nt][3] * invb;
+    if (d >= base) {  // de-rotate by the query position: angle -> -angle
+      const float ang = static_cast<float>(rk.p) * a.inv_freq[(d - base) / 2];
+      const float cs = cosf(ang), sn = sinf(ang);
+      const float ta0 = a0 * cs + a1 * sn, ta1 = a1 * cs - a0 * sn;
+      const float tb0 = b0 * cs + b1 * sn, tb1 = b1 * cs - b0 * sn;
+      a0 = ta0, a1 = ta1, b0 = tb0, b1 = tb1;
+    }
+    oa[d] = a0;
+    oa[d + 1] = a1;
+    ob[d] = b0;
+    ob[d + 1] = b1;
+  }
+}
+
 template <typename CacheT>
 __global__ void RingUpdateKernel(const CacheT* kv_new, int hd, int window, int64_t ring_off, StepDev s,
                                  CacheDev cache) {
@@ -597,6 +913,8 @@ __global__ void RingUpdateKernel(const CacheT* kv_new, int hd, int window, int64
   CacheT* dst = SlotPtr<CacheT>(cache, sq.slot, ring_off) + (s.pos[r] % window) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = kv_new[r * hd + d];
 }
+
+constexpr int64_t kSimtMaxSplits = 16;  // the fp32 kernel's key splits per row at most
 
 int HeadsPerBlock(int heads) {
   for (int hg = kMaxHG; hg > 1; hg /= 2) {
@@ -633,14 +951,96 @@ void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int6
                                                                    use_smem);
 }
 
+namespace {
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Shared memory one block of the current device may opt into (bytes; 0 when the query fails).
+size_t BlockSmemOptin() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    return 0;
+  }
+  return static_cast<size_t>(bytes);
+}
+
+template <int HB>
+void LaunchMma(const AttnArgs& a, const StepDev& s, const CacheDev& cache, int splits, cudaStream_t stream) {
+  constexpr size_t smem = MmaAttnShape<HB>::kSmem;
+  cudaFuncSetAttribute(AttnMmaKernel<HB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / HB), static_cast<unsigned>(splits));
+  AttnMmaKernel<HB><<<grid, kMmaThreads, smem, stream>>>(a, s, cache, splits, a.part);
+}
+
+}  // namespace
+
+template <typename CacheT>
+AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache, int64_t rows) {
+  AttnPlan p;
+  // The tensor-core kernel: bf16 caches of head_dim 512, whole groups of 32 heads, every row it copies with
+  // 16-byte accesses aligned, and its tiles (147 KiB at 64 heads, 181 KiB at 32) in the block's shared memory
+  // (sm_90: 227 KiB; sm_80: 163 KiB; sm_86: 99 KiB, so the fp32 kernel there). fp32 caches keep the fp32 kernel
+  // (bf16 queries would lose their exactness).
+  const int hb = a.heads % 64 == 0 ? 64 : 32;
+  const size_t smem = hb == 64 ? MmaAttnShape<64>::kSmem + MmaAttnShape<64>::kStatic
+                               : MmaAttnShape<32>::kSmem + MmaAttnShape<32>::kStatic;
+  const bool mma = std::is_same_v<CacheT, __nv_bfloat16> && a.hd == kMmaHd && a.heads % 32 == 0 &&
+                   Aligned16(a.q) && a.ldq % 4 == 0 && Aligned16(a.q16) && Aligned16(a.kv_new) &&
+                   a.ring_off % 16 == 0 &&
+                   Aligned16(cache.fixed) && cache.slot_bytes % 16 == 0 && Aligned16(cache.pages) &&
+                   cache.page_elems % 8 == 0 && a.page_off % 8 == 0 && rows >= kAttnMmaMinRows &&
+                   smem <= BlockSmemOptin();
+  if (mma) {
+    p.mma = true;
+    p.heads_per_block = hb;
+    p.blocks_per_sm = 1;
+  } else {
+    p.mma = false;
+    p.heads_per_block = HeadsPerBlock(a.heads);
+    p.blocks_per_sm = 2;
+  }
+  return p;
+}
+
+template <typename CacheT>
+int AttentionSplits(const AttnArgs& a, const CacheDev& cache, int64_t n, int sms, int max_splits,
+                    int64_t max_row_splits) {
+  if (n <= 0) return 1;
+  const AttnPlan p = PlanAttention<CacheT>(a, cache, n);
+  const int64_t blocks = n * (a.heads / p.heads_per_block);
+  if (!p.mma) {
+    // The fp32 kernel: passes of up to max_row_splits / kSimtMaxSplits rows (decode), enough blocks to fill the
+    // GPU about twice over, at most kSimtMaxSplits ways.
+    if (n * kSimtMaxSplits > max_row_splits) return 1;
+    const int64_t want = (static_cast<int64_t>(sms) * p.blocks_per_sm + blocks - 1) / blocks;
+    return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(max_splits, kSimtMaxSplits)));
+  }
+  // The tensor-core kernel: one wave (rounding down: a second, nearly empty wave costs a whole block's time).
+  // A split takes whole tiles, so at few rows the later splits are empty (they exit at once and the combine
+  // skips them).
+  const int64_t want = (static_cast<int64_t>(sms) * p.blocks_per_sm) / blocks;
+  const int64_t cap = std::min<int64_t>({static_cast<int64_t>(max_splits), kAttnMaxSplits, max_row_splits / n});
+  return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
+}
+
 template <typename CacheT>
 void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream) {
   if (s.n <= 0) return;
-  const int hg = HeadsPerBlock(a.heads);
-  const int splits = a.part != nullptr ? std::max(1, a.splits) : 1;
-  const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / hg), static_cast<unsigned>(splits));
-  const size_t smem = static_cast<size_t>(AttnScoreOffset(hg, a.hd) + kMaxHG * kKT) * sizeof(float);
-  AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg, splits, a.part);
+  const int splits = a.part != nullptr ? std::clamp(a.splits, 1, static_cast<int>(kAttnMaxSplits)) : 1;
+  const AttnPlan plan = PlanAttention<CacheT>(a, cache, s.n);
+  if (plan.mma) {
+    if (plan.heads_per_block == 64) {
+      LaunchMma<64>(a, s, cache, splits, stream);
+    } else {
+      LaunchMma<32>(a, s, cache, splits, stream);
+    }
+  } else {
+    const int hg = plan.heads_per_block;
+    const dim3 grid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads / hg), static_cast<unsigned>(splits));
+    const size_t smem = static_cast<size_t>(AttnScoreOffset(hg, a.hd) + kMaxHG * kKT) * sizeof(float);
+    AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg, splits, a.part);
+  }
   if (splits > 1) {
     const dim3 cgrid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads));
     AttnCombineKernel<<<cgrid, 128, 0, stream>>>(a, s, splits, a.part);
@@ -655,6 +1055,8 @@ void RingUpdate(const CacheT* kv_new, int hd, int window, int64_t ring_off, cons
 }
 
 #define NUMOE_INSTANTIATE(T)                                                                                   \
+  template AttnPlan PlanAttention<T>(const AttnArgs&, const CacheDev&, int64_t);                              \
+  template int AttentionSplits<T>(const AttnArgs&, const CacheDev&, int64_t, int, int, int64_t);             \
   template void CompressStep<T>(const CompArgs&, const StepDev&, const CacheDev&, int, cudaStream_t);         \
   template void IndexTopK<T>(const IndexArgs&, const StepDev&, const CacheDev&, int64_t, int64_t, int64_t,     \
                              float*, int64_t, int32_t*, cudaStream_t);                                         \

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "common/log.h"
 #include "backends/cuda/cuda_model_internal.h"
@@ -122,8 +123,9 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   }
   NormRope<T>(s.qa, n, 1, static_cast<int>(qr), s.qa_ld, L.q_norm, true, eps, 0, nullptr, pos, nullptr, r.stream);
   Gemm(r, L.wq_b, s.qa, s.qa_ld, n, s.q, Hl_ * hd_);
+  T* const q16 = std::is_same_v<T, __nv_bfloat16> ? static_cast<T*>(s.q16) : nullptr;
   NormRope<T>(s.q, n, static_cast<int>(Hl_), static_cast<int>(hd_), Hl_ * hd_, nullptr, true, eps, rd, inv, pos,
-              nullptr, r.stream);
+              q16, r.stream);
   NormRope<T>(s.qa + qr, n, 1, static_cast<int>(hd_), s.qa_ld, L.kv_norm, true, eps, rd, inv, pos,
               static_cast<T*>(s.kvT), r.stream);
 
@@ -173,6 +175,7 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   AttnArgs aa;
   aa.q = s.q;
   aa.ldq = Hl_ * hd_;
+  aa.q16 = q16;
   aa.heads = static_cast<int>(Hl_);
   aa.hd = static_cast<int>(hd_);
   aa.kv_new = s.kvT;
@@ -191,12 +194,10 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   aa.out = s.o;
   aa.ldo = Hl_ * hd_;
   aa.bidir = d.draft;
-  if (n <= kSplitRows && !d.draft) {
-    // Few rows: split each row's keys so that the blocks fill the GPU about twice over.
-    int hg = 8;
-    while (hg > 1 && Hl_ % hg != 0) hg /= 2;
-    const int64_t blocks = n * (Hl_ / hg);
-    aa.splits = static_cast<int>(std::clamp<int64_t>((2 * r.sms + blocks - 1) / blocks, 1, kMaxSplits));
+  if (!d.draft) {
+    // Few rows: split each row's keys so that the blocks fill the GPU (as many as attn_part holds).
+    aa.splits = AttentionSplits<T>(aa, cache, n, r.sms, static_cast<int>(kMaxSplits),
+                                   std::min(rows_cap_, kSplitRows) * kMaxSplits);
     aa.part = aa.splits > 1 ? s.attn_part : nullptr;
   }
   Attention<T>(aa, step, cache, r.stream);

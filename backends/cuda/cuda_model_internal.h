@@ -96,13 +96,16 @@ struct Scratch {
   float *routed = nullptr, *logits = nullptr, *hsel = nullptr;
   float* attn_part = nullptr;  // attention key-split partials for up to kSplitRows rows
   void* kvT = nullptr;
+  void* q16 = nullptr;  // bf16 mode: q in bf16 for the tensor-core attention (AttnArgs::q16)
   int32_t *sel = nullptr, *ids = nullptr, *meta = nullptr;
   unsigned long long* greedy = nullptr;  // packed argmax keys (ArgmaxRows)
   int64_t qa_ld = 0, kv_ld = 0, shg_ld = 0;
   int64_t score_rows = 0, score_ld = 0;  // indexer scores buffer [score_rows, score_ld]
 };
 
-// Attention splits keys across blocks for passes of at most kSplitRows rows (decode), up to kMaxSplits ways.
+// attn_part holds key-split partials of kSplitRows rows x kMaxSplits splits: a pass splits its rows' keys
+// up to kMaxSplits ways while rows x splits fits (AttentionSplits; 64 splits at one row made the combine
+// cost more than the splits saved, H200).
 constexpr int64_t kSplitRows = 16;
 constexpr int64_t kMaxSplits = 16;
 

@@ -690,6 +690,7 @@ Status CudaModel::AllocScratch(Rank& r) {
       {reinterpret_cast<void**>(&s.logits), LR * c.vocab_size * f},
       {reinterpret_cast<void**>(&s.attn_part), std::min(NR, kSplitRows) * Hl_ * kMaxSplits * (hd_ + 2) * f},
       {&s.kvT, NR * hd_ * tsize},
+      {&s.q16, tsize == 2 ? NR * Hl_ * hd_ * tsize : 0},
       {reinterpret_cast<void**>(&s.sel), NR * std::max<int64_t>(c.index_topk, 1) * 4},
       {reinterpret_cast<void**>(&s.ids), NR * c.num_experts_per_tok * 4},
       {reinterpret_cast<void**>(&s.meta), static_cast<int64_t>(StepMeta::Bytes(NR))},

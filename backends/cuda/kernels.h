@@ -238,6 +238,9 @@ void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int6
 struct AttnArgs {
   const float* q = nullptr;  // [n, heads·hd] (local heads)
   int64_t ldq = 0;
+  // Optional: q rounded to CacheT, [n, heads·hd] contiguous (NormRope's copy_out). The tensor-core kernel then
+  // copies it as is instead of reading and rounding q.
+  const void* q16 = nullptr;
   int heads = 0, hd = 0;
   const void* kv_new = nullptr;  // CacheT [n, hd]: this pass's keys (= values)
   int64_t ring_off = 0;          // bytes in the slot: CacheT [window, hd]
@@ -254,8 +257,8 @@ struct AttnArgs {
   const float* inv_freq = nullptr;
   float* out = nullptr;  // [n, heads·hd], de-roped
   int64_t ldo = 0;
-  // Key splits per (row, head group): > 1 spreads few rows over many blocks (decode); `part` holds
-  // [n, heads, splits, hd + 2] floats of partial results.
+  // Key splits per (row, head group), at most kAttnMaxSplits: > 1 spreads few rows over many blocks (decode;
+  // AttentionSplits sizes it); `part` holds [n, heads, splits, hd + 2] floats of partial results.
   int splits = 1;
   float* part = nullptr;
   // DSpark draft blocks (type 0, splits 1): each row sees the ring entries before its sequence's first row
@@ -263,6 +266,28 @@ struct AttnArgs {
   // directions; nothing is written to the ring.
   bool bidir = false;
 };
+// The combine merges at most this many key splits of a (row, head).
+inline constexpr int64_t kAttnMaxSplits = 64;
+// Which kernel Attention<CacheT> runs for these arguments and a pass of `rows` rows (chosen here, in one
+// place): the tensor-core one (mma) for bf16 caches of head_dim 512 with heads a multiple of 32, 16-byte
+// aligned rows and at least kAttnMmaMinRows rows, a block per 64 (or 32) heads; else the fp32 SIMT kernel, a
+// block per up to 8 heads. blocks_per_sm: how many of its blocks one multiprocessor holds at once.
+// Measured on the H200 (V4-Flash, 4K context, per decode step): 1 row 722 + 222 us (fp32 kernel + combine)
+// against 1000 + 222 (tensor cores), 32 rows 6862 against 1855; the tensor-core block's fixed cost
+// (~20 us) does not pay at one row.
+inline constexpr int64_t kAttnMmaMinRows = 4;
+struct AttnPlan {
+  bool mma = false;
+  int heads_per_block = 1;
+  int blocks_per_sm = 1;
+};
+template <typename CacheT>
+AttnPlan PlanAttention(const AttnArgs& a, const CacheDev& cache, int64_t rows);
+// Key splits for a pass of n rows on `sms` multiprocessors under that plan: enough blocks to fill the GPU,
+// at most max_splits per row and n·splits <= max_row_splits (the capacity of AttnArgs::part).
+template <typename CacheT>
+int AttentionSplits(const AttnArgs& a, const CacheDev& cache, int64_t n, int sms, int max_splits,
+                    int64_t max_row_splits);
 template <typename CacheT>
 void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaStream_t stream);
 // ring[pos % window] = kv_new[r] for each sequence's last `window` rows.

@@ -2,7 +2,8 @@
 // and BF16 weights on the GEMV, narrow and wide tensor-core kernels, fp32 SIMT; 1, 16, 17, 64 and 640 rows; shapes
 // with tails; split-K; grouped projections; strided x and y), and the row kernels (RMSNorm, SwiGLU, argmax), each
 // with a stated error bound and guard bytes around every output; attention (sliding, CSA, HCA; split and unsplit
-// keys) and the indexer's scores and top-k on caches laid out as the backend lays them out; and the routed
+// keys; the fp32 kernel and the tensor-core one at 4, 8 and 32 decode rows, verify and prefill rows) and
+// the indexer's scores and top-k on caches laid out as the backend lays them out; and the routed
 // experts of a prefill step on the worker's packed layout (PackedMoe) against a float64 reference from the
 // checkpoint-format weights. Skips without a device, and compiles to a skip in a build without CUDA.
 #include <gtest/gtest.h>
@@ -626,27 +627,60 @@ struct AttnCase {
   int heads, hd, rope_dim, window, rate, topk;
 };
 
-// Attention of every row against the host reference: softmax over the window keys (this pass's rows, then
-// the ring) and the compressed entries (all visible for HCA, the selected ones for CSA), with the sink in the
-// denominator, then the output de-rotated by the query position. Keys are values (MQA). Run unsplit and with
-// 7 and 40 key splits (more than a warp of splits: the combine's second half). Bound per output:
-// 2e-5 · Σ p|v| + 1e-6 (fp32 accumulation over a few hundred keys).
+// The rows of one attention pass: a decode row deep in its context (slot 1; CSA: more entries visible than
+// the top-k), a 5-row prefill chunk (slot 0) and the first 3 rows of a sequence (slot 2: fewer keys than the
+// window, no compressed entry yet).
+std::vector<SeqSpec> MixedRows() { return {{1, 1, 2100}, {0, 5, 333}, {2, 3, 0}}; }
+// `rows` decode rows, one per sequence (slot), at scattered positions up to ~2200 (key counts that end in
+// every kind of partial tile).
+std::vector<SeqSpec> DecodeRows(int rows) {
+  std::vector<SeqSpec> v;
+  for (int i = 0; i < rows; ++i) v.push_back({i, 1, 2100 - 61 * i + (i % 3) * 7});
+  return v;
+}
+// A verify step: two sequences of 6 rows each (the drafted tokens and the one before them) sharing their keys.
+std::vector<SeqSpec> VerifyRows() { return {{0, 6, 2094}, {1, 6, 611}}; }
+
+// Attention of every row against a float64 host reference: softmax over the window keys (this pass's rows,
+// then the ring) and the compressed entries (all visible for HCA, the selected ones for CSA), with the sink in
+// the denominator, then the output de-rotated by the query position. Keys are values (MQA). Run unsplit, with
+// 7 and 40 key splits (more than a warp of splits: the combine's second half) and with the splits
+// AttentionSplits picks on a 132-SM GPU (as CudaModel asks: part for 16 x 16 row-splits). `plan_mma`: the
+// tensor-core kernel must be the one chosen.
+//
+// Bounds per output, with w_j the reference's softmax weights (sink included) and M = Σ_j w_j |v_j| (the pair
+// of de-roped dims shares the sum of both dims' M):
+//   fp32 kernel: 2e-5 · M + 1e-6 (fp32 accumulation over a few hundred keys).
+//   tensor-core kernel: (exp(2δ + 2.01u) - 1 + 1e-5) · M + 1e-6, u = 2^-9 (bf16 rounding), where
+//   δ = scale · max_j (Σ_i |q_i - bf16(q_i)| · |k_ji| + hd · 2^-24 · 1.01 · Σ_i |q_i k_ji|) bounds the score
+//   error from rounding the query to bf16 (keys are bf16 in the cache already) and from summing the hd products
+//   in fp32. A score off by at most δ moves each softmax weight by a
+//   factor within exp(±2δ); each probability is then rounded to bf16 (relative u) and the sum is taken of the
+//   rounded values (another factor (1 ± u)). With queries that are bf16-exact (q_exact) δ is only the fp32
+//   term and the bound ~0.4% of M; with random fp32 queries of a head_dim of 512 it is ~2% of M.
 template <typename CacheT>
-void CheckAttention(const AttnCase& c) {
+void CheckAttention(const AttnCase& c, const std::vector<SeqSpec>& rows, bool q_exact = false,
+                    bool plan_mma = false) {
   const std::string what = std::string(std::is_same_v<CacheT, float> ? "fp32" : "bf16") + " cache, type " +
-                           std::to_string(c.type) + ", " + std::to_string(c.heads) + " heads x " + std::to_string(c.hd);
+                           std::to_string(c.type) + ", " + std::to_string(c.heads) + " heads x " +
+                           std::to_string(c.hd) + ", " + std::to_string(rows.size()) + " sequences" +
+                           (q_exact ? ", bf16-exact queries" : "");
+  SCOPED_TRACE(what);
   std::mt19937 rng(11 + c.type);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  // A decode row deep in its context (slot 1; CSA: more entries visible than the top-k), a 5-row prefill chunk (slot 0) and the first 3 rows of a
-  // sequence (slot 2: fewer keys than the window, no compressed entry yet).
-  Step step({{1, 1, 2100}, {0, 5, 333}, {2, 3, 0}});
+  Step step(rows);
+  int64_t slots = 0, max_pos = 0;
+  for (const SeqSpec& q : rows) {
+    slots = std::max<int64_t>(slots, q.slot + 1);
+    max_pos = std::max<int64_t>(max_pos, q.start_pos + q.rows);
+  }
   const int64_t n = step.dev.n, ld = static_cast<int64_t>(c.heads) * c.hd;
-  const int64_t max_entries = c.rate > 0 ? 2200 / c.rate + 1 : 1;
-  const Caches caches = MakeCaches(3, c.window, c.hd, max_entries, 16, rng);
+  const int64_t max_entries = c.rate > 0 ? max_pos / c.rate + 1 : 1;
+  const Caches caches = MakeCaches(slots, c.window, c.hd, max_entries, 16, rng);
   DevCaches<CacheT> dc(caches);
   std::vector<float> q(static_cast<size_t>(n * ld)), kv_new(static_cast<size_t>(n * c.hd)), sink(c.heads),
       inv_freq(static_cast<size_t>(c.rope_dim / 2));
-  for (float& v : q) v = u(rng);
+  for (float& v : q) v = q_exact ? Bf16Exact(u(rng)) : u(rng);
   for (float& v : kv_new) v = Bf16Exact(u(rng));
   for (float& v : sink) v = u(rng);
   for (int i = 0; i < c.rope_dim / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / c.rope_dim);
@@ -670,14 +704,41 @@ void CheckAttention(const AttnCase& c) {
   dkv.Put(kv_dev);
   dsel.Put(sel);
 
-  // The host reference.
+  cuda::AttnArgs a;
+  a.q = dq.p;
+  a.ldq = ld;
+  a.heads = c.heads;
+  a.hd = c.hd;
+  a.kv_new = dkv.p;
+  a.ring_off = 0;
+  a.window = c.window;
+  a.type = c.type;
+  a.rate = c.rate;
+  a.page_off = 0;
+  a.epp = static_cast<int32_t>(caches.epp);
+  a.sel = c.type == 1 ? dsel.p : nullptr;
+  a.topk = c.topk;
+  a.sink = dsink.p;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-  std::vector<double> ref(static_cast<size_t>(n * ld)), mag(static_cast<size_t>(n * ld));
+  a.scale = scale;
+  a.rope_dim = c.rope_dim;
+  a.inv_freq = dinv.p;
+  a.ldo = ld;
+  const cuda::AttnPlan plan = cuda::PlanAttention<CacheT>(a, dc.dev, n);
+  int dev = 0, major = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major >= 9) {  // sm_90 holds both block shapes' tiles; smaller parts may take the fp32 kernel
+    EXPECT_EQ(plan.mma, plan_mma);
+  }
+
+  // The host reference.
+  std::vector<double> ref(static_cast<size_t>(n * ld)), mag(static_cast<size_t>(n * ld)),
+      delta(static_cast<size_t>(n * c.heads), 0.0);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t p = step.pos[static_cast<size_t>(r)];
     const cuda::StepSeq& sq = step.seqs[static_cast<size_t>(step.seq[static_cast<size_t>(r)])];
     std::vector<const float*> keys;
-    std::vector<std::vector<float>> store;
     const int64_t nwin = std::min<int64_t>(c.window, p + 1);
     for (int64_t kpos = p - nwin + 1; kpos <= p; ++kpos) {
       if (kpos >= sq.start_pos) {
@@ -694,14 +755,24 @@ void CheckAttention(const AttnCase& c) {
     }
     for (int h = 0; h < c.heads; ++h) {
       const float* qh = &q[static_cast<size_t>(r * ld + h * c.hd)];
+      std::vector<double> qerr(static_cast<size_t>(c.hd));
+      for (int i = 0; i < c.hd; ++i) {
+        qerr[static_cast<size_t>(i)] = std::fabs(static_cast<double>(qh[i]) - Bf16Exact(qh[i]));
+      }
       std::vector<double> s(keys.size());
-      double m = sink[static_cast<size_t>(h)];
+      double m = sink[static_cast<size_t>(h)], dmax = 0;
       for (size_t j = 0; j < keys.size(); ++j) {
-        double d = 0;
-        for (int i = 0; i < c.hd; ++i) d += static_cast<double>(qh[i]) * keys[j][i];
+        double d = 0, e = 0, sa = 0;
+        for (int i = 0; i < c.hd; ++i) {
+          d += static_cast<double>(qh[i]) * keys[j][i];
+          e += qerr[static_cast<size_t>(i)] * std::fabs(keys[j][i]);
+          sa += std::fabs(static_cast<double>(qh[i]) * keys[j][i]);
+        }
         s[j] = d * scale;
+        dmax = std::max(dmax, (e + c.hd * std::ldexp(1.0, -24) * 1.01 * sa) * scale);
         m = std::max(m, s[j]);
       }
+      delta[static_cast<size_t>(r * c.heads + h)] = dmax;
       double L = std::exp(sink[static_cast<size_t>(h)] - m);
       for (double& v : s) L += (v = std::exp(v - m));
       std::vector<double> o(static_cast<size_t>(c.hd), 0.0), om(static_cast<size_t>(c.hd), 0.0);
@@ -728,57 +799,81 @@ void CheckAttention(const AttnCase& c) {
     }
   }
 
-  for (int splits : {1, 7, 40}) {
+  // The queries also as CudaModel hands them to the tensor-core kernel in bf16 mode: rounded to bf16 by
+  // NormRope (round to nearest even, as the kernel rounds q itself), so the same bound holds.
+  std::vector<float> q_rounded(q.size());
+  for (size_t i = 0; i < q.size(); ++i) q_rounded[i] = Bf16Exact(q[i]);
+  const std::vector<CacheT> q16_host = ToCache<CacheT>(q_rounded);
+  Dev<CacheT> dq16(q16_host.size());
+  dq16.Put(q16_host);
+  const int chosen = cuda::AttentionSplits<CacheT>(a, dc.dev, n, 132, 16, 16 * 16);
+  for (int run = 0; run < (plan.mma ? 8 : 4); ++run) {
+    const int splits = std::array<int, 4>{1, 7, 40, chosen}[static_cast<size_t>(run % 4)];
+    a.q16 = run >= 4 ? dq16.p : nullptr;
+    const std::string how = std::to_string(splits) + " splits" + (run >= 4 ? ", bf16 queries given" : "");
     Guarded out(static_cast<size_t>(n * ld));
     Dev<float> part(static_cast<size_t>(n * c.heads * splits * (c.hd + 2)));
-    cuda::AttnArgs a;
-    a.q = dq.p;
-    a.ldq = ld;
-    a.heads = c.heads;
-    a.hd = c.hd;
-    a.kv_new = dkv.p;
-    a.ring_off = 0;
-    a.window = c.window;
-    a.type = c.type;
-    a.rate = c.rate;
-    a.page_off = 0;
-    a.epp = static_cast<int32_t>(caches.epp);
-    a.sel = c.type == 1 ? dsel.p : nullptr;
-    a.topk = c.topk;
-    a.sink = dsink.p;
-    a.scale = scale;
-    a.rope_dim = c.rope_dim;
-    a.inv_freq = dinv.p;
     a.out = out.out();
-    a.ldo = ld;
     a.splits = splits;
     a.part = splits > 1 ? part.p : nullptr;
     cuda::Attention<CacheT>(a, step.dev, dc.dev, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> all = out.All();
-    ASSERT_TRUE(GuardsIntact(all)) << what << ", " << splits << " splits";
+    ASSERT_TRUE(GuardsIntact(all)) << what << ", " << how;
     int bad = 0;
+    double worst = 0;  // the largest error as a share of its bound
     for (int64_t i = 0; i < n * ld; ++i) {
-      const double got = all[static_cast<size_t>(kGuard + i)], bound = 2e-5 * mag[static_cast<size_t>(i)] + 1e-6;
-      if (!(std::fabs(got - ref[static_cast<size_t>(i)]) <= bound) && bad++ < 5) {
-        ADD_FAILURE() << what << ", " << splits << " splits: row " << i / ld << " head " << (i % ld) / c.hd
-                      << " dim " << i % c.hd << ": " << got << " vs " << ref[static_cast<size_t>(i)];
+      const double M = mag[static_cast<size_t>(i)];
+      const double dl = delta[static_cast<size_t>((i / ld) * c.heads + (i % ld) / c.hd)];
+      const double bound = plan.mma ? (std::expm1(2 * dl + 2.01 * std::ldexp(1.0, -9)) + 1e-5) * M + 1e-6
+                                    : 2e-5 * M + 1e-6;
+      const double err = std::fabs(all[static_cast<size_t>(kGuard + i)] - ref[static_cast<size_t>(i)]);
+      worst = std::max(worst, err / bound);
+      if (!(err <= bound) && bad++ < 5) {
+        ADD_FAILURE() << what << ", " << how << ": row " << i / ld << " head " << (i % ld) / c.hd
+                      << " dim " << i % c.hd << ": " << all[static_cast<size_t>(kGuard + i)] << " vs "
+                      << ref[static_cast<size_t>(i)] << " (bound " << bound << ")";
       }
     }
-    EXPECT_EQ(bad, 0) << what << ", " << splits << " splits";
+    EXPECT_EQ(bad, 0) << what << ", " << how;
+    std::printf("attention %s (%s kernel), %s: worst error %.3g of the bound\n", what.c_str(),
+                plan.mma ? "tensor-core" : "fp32", how.c_str(), worst);
   }
 }
 
 TEST(CudaOpsTest, AttentionEveryTypeSplitAndUnsplitAgainstTheCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   // V4-Flash's attention shape (head_dim 512, rope 64, window 128, CSA rate 4 / top-k 512, HCA rate 128) with
-  // 8 local heads, and tiny-v4's (4 heads of 64, rope 16, window 8, top-k 3).
+  // 8 local heads (the fp32 kernel for either cache: fewer than 32 heads), and tiny-v4's (4 heads of 64, rope
+  // 16, window 8, top-k 3).
   for (const AttnCase& c : {AttnCase{0, 8, 512, 64, 128, 0, 0}, AttnCase{1, 8, 512, 64, 128, 4, 512},
                             AttnCase{2, 8, 512, 64, 128, 128, 0}, AttnCase{0, 4, 64, 16, 8, 0, 0},
                             AttnCase{1, 4, 64, 16, 8, 4, 3}, AttnCase{2, 4, 64, 16, 8, 128, 0},
                             AttnCase{1, 6, 64, 16, 8, 4, 3}}) {  // 6 heads: two blocks of 2 heads (HeadsPerBlock)
-    CheckAttention<float>(c);
-    CheckAttention<__nv_bfloat16>(c);
+    CheckAttention<float>(c, MixedRows());
+    CheckAttention<__nv_bfloat16>(c, MixedRows());
+  }
+}
+
+// The tensor-core kernel (bf16 caches, head_dim 512): 64 local heads (one block per row and split) and 32
+// (TP=2: the 32-head block), every attention type, on decode passes of 4, 8 and 32 rows (1 row: the fp32
+// kernel), a verify pass and mixed prefill rows; fp32 caches of the same shape take the fp32 kernel and meet its tighter bound.
+TEST(CudaOpsTest, AttentionTensorCoresAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  for (int heads : {64, 32}) {
+    for (const AttnCase& c : {AttnCase{0, heads, 512, 64, 128, 0, 0}, AttnCase{1, heads, 512, 64, 128, 4, 512},
+                              AttnCase{2, heads, 512, 64, 128, 128, 0}}) {
+      // One row takes the fp32 kernel (kAttnMmaMinRows); four are the fewest on tensor cores.
+      CheckAttention<__nv_bfloat16>(c, DecodeRows(1), false, false);
+      CheckAttention<__nv_bfloat16>(c, DecodeRows(4), true, true);
+      CheckAttention<__nv_bfloat16>(c, DecodeRows(8), false, true);
+      CheckAttention<__nv_bfloat16>(c, VerifyRows(), false, true);
+      CheckAttention<__nv_bfloat16>(c, MixedRows(), true, true);
+      if (heads == 64) {
+        CheckAttention<__nv_bfloat16>(c, DecodeRows(32), false, true);
+        CheckAttention<float>(c, DecodeRows(8), false, false);
+      }
+    }
   }
 }
 
@@ -892,6 +987,7 @@ TEST(CudaOpsTest, GemmEveryPathAgainstTheCpu) { GTEST_SKIP() << "numoe was built
 TEST(CudaOpsTest, RowKernelsAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, PackedMoeAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, AttentionEveryTypeSplitAndUnsplitAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, AttentionTensorCoresAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 
 #endif

@@ -96,14 +96,6 @@ std::string Cat(const T&... v) {
 
 // ---- device helpers ----------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int size = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(size) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void CpAsyncWait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
 __device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], const void* smem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -326,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) PackedGemmKernel(GemmParams p) {
   for (int s = 0; s < p.supers; ++s) {
     if (s + 1 < p.supers) load(s + 1, (s + 1) & 1);
     CpAsyncCommit();
-    CpAsyncWait1();
+    CpAsyncWait<1>();
     __syncthreads();
     if (active) {
       const uint8_t* A = As + (s & 1) * kAStage;

@@ -416,20 +416,30 @@ bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan) {
   const int64_t kspan_max = (optin - stages * stage) / xk / C * C;
   if (kspan_max < C) return false;
   const int64_t tiles = CeilDiv(w.out, TileRows(nf));
-  // Split K until k fits the x buffer and the tiles (times groups and splits) give every SM a block.
-  const int64_t chunks = w.in / C;
-  int64_t ksplit = CeilDiv(w.in, kspan_max);
-  const int64_t want = CeilDiv(sms, tiles * c.groups);
-  ksplit = std::min(std::max(ksplit, want), chunks);
+  // Split K (ks ranges of whole chunks) and spread each range's tiles over `per` blocks, one block per SM
+  // (the ring and x take most of its shared memory): pick the split whose slowest block streams the fewest
+  // chunks, counting one chunk for the pipeline's fill and one for the memset and atomics of a split.
+  const int64_t chunks = w.in / C, slots = sms;
+  const int64_t ks_min = CeilDiv(w.in, kspan_max);
   const bool dense_y = c.groups == 1 ? c.ldy == w.out : (c.y_group_cols == w.out && c.ldy == w.out * c.groups);
-  if (ksplit > 1 && !dense_y) {
-    if (CeilDiv(w.in, kspan_max) > 1) return false;  // k does not fit without a split: the older kernels
-    ksplit = 1;
+  if (ks_min > 1 && !dense_y) return false;  // k does not fit x's buffer and y cannot take atomics
+  int64_t best_cost = INT64_MAX, ksplit = 1, kspan = 0, per = 1;
+  const int64_t ks_max = dense_y ? std::min<int64_t>(chunks, 4 * slots) : 1;
+  for (int64_t ks = ks_min; ks <= ks_max; ++ks) {
+    const int64_t span = CeilDiv(chunks, ks), real_ks = CeilDiv(chunks, span);
+    if (real_ks != ks) continue;  // the same split as a smaller ks
+    const int64_t p = std::clamp<int64_t>(slots / (ks * c.groups), 1, tiles);
+    const int64_t waves = CeilDiv(p * ks * c.groups, slots);
+    const int64_t cost = waves * CeilDiv(tiles, p) * span + 1 + (ks > 1 ? 1 : 0);
+    if (cost < best_cost) {
+      best_cost = cost;
+      ksplit = ks;
+      kspan = span * C;
+      per = p;
+    }
   }
-  const int64_t kspan = CeilDiv(chunks, ksplit) * C;
-  ksplit = CeilDiv(w.in, kspan);
-  const int64_t per_group_split = std::max<int64_t>(1, CeilDiv(sms, ksplit * c.groups));
-  plan->blocks = static_cast<int>(std::min(tiles, per_group_split));
+  if (kspan == 0) return false;
+  plan->blocks = static_cast<int>(per);
   plan->ksplit = static_cast<int>(ksplit);
   plan->kspan = kspan;
   plan->groups = c.groups;

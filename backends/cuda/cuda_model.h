@@ -8,9 +8,7 @@
 //   fp32 = true   fp32 activations and caches; dense weights kept exactly as stored (FP8 blocks, BF16, F32),
 //                 fp32 SIMT GEMMs. Matches the transformers goldens within 1e-3 (measured ~5e-6).
 //   fp32 = false  ("bf16 mode", the default) bf16 tensor-core GEMMs with fp32 accumulation (activations
-//                 split into bf16 hi + lo unless split_activations = false, except in the weight-streaming
-//                 FP8 GEMM of 2-64 rows, which keeps the codes exact and rounds x once: the same 2^-9 bound
-//                 as rounding scale·code); norms, softmaxes, mHC, router and
+//                 split into bf16 hi + lo unless split_activations = false); norms, softmaxes, mHC, router and
 //                 indexer scores in fp32. Greedy tokens equal the goldens, logits within 5e-2.
 //   bf16_cache    (bf16 mode only) stores the window ring, compressed entries and indexer keys in bf16: half
 //                 the cache memory and cache reads, but the ~2^-9 rounding moves indexer scores enough to flip

@@ -13,9 +13,12 @@
 // Numbers: FP8 codes become bf16 exactly (sign and 7 magnitude bits moved into place give the code times
 // 2^-120, one bf16x2 multiply by 2^120 rebases it, subnormal codes included: the same instructions on sm_80,
 // sm_86 and sm_90, so the H200 times the Ampere path); the block scale multiplies each 128-k chunk's fp32
-// partial sums. x is rounded to bf16 once (2^-9 relative): the same bound as the older kernels, which round
-// scale·code to bf16 and split x into hi/lo. With BF16 weights (exact) x keeps the hi/lo split when
-// GemmCall::split_x asks for it (2^-17; two mma per k step). fp32 accumulation; split-K adds with atomics.
+// partial sums, so the weights are exact. x is a bf16 hi/lo pair (2^-17, two mma per k step) when
+// GemmCall::split_x asks for it, else one bf16 (2^-9). The hi/lo split is needed for the goldens: the
+// checkpoints' block scales are powers of two (E8M0), so the older kernels' bf16 scale·code was exact too and
+// their only error was x's 2^-17; with x rounded once, tiny-v4's bf16-mode goldens with FP8 weights failed
+// (logits off by 0.9 at prefill, 5.9 after steps, against 5e-2) and the hidden states drifted 2.5x as far.
+// fp32 accumulation; split-K adds with atomics.
 //
 // The k order inside a lane's run is permuted the same way for weights and x, as in sm80_gemm_mma.cu: lane
 // (g = lane/4, t = lane%4) reads bytes [32t, 32t + 32) of rows g and g + 8 of a 16-row tile, and k step s
@@ -280,6 +283,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) GemmStreamKernel(StreamArgs
           for (int f = 0; f < NF; ++f) {
             if constexpr (WT == WType::kFP8) {
               Mma(part[j][f], a0, a1, a2, a3, b[f][0], b[f][1]);
+              if constexpr (SPLIT) Mma(part[j][f], a0, a1, a2, a3, b[f][2], b[f][3]);
             } else {
               Mma(acc[j][f], a0, a1, a2, a3, b[f][0], b[f][1]);
               if constexpr (SPLIT) Mma(acc[j][f], a0, a1, a2, a3, b[f][2], b[f][3]);
@@ -404,7 +408,7 @@ bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan) {
     if (w.scale == nullptr || w.bi % C != 0 || w.col_base % C != 0 || w.bo % 16 != 0 || w.row_base % 16 != 0) return false;
     if (c.groups > 1 && w.out % 16 != 0) return false;
   }
-  const bool split = w.type == WType::kBF16 && c.split_x;
+  const bool split = c.split_x;
   const int nf = Frags(c.n);
   const int64_t stage = static_cast<int64_t>(TileRows(nf)) * kRowBytes;
   const int64_t optin = SmemOptin();
@@ -466,7 +470,9 @@ cudaError_t GemmStream(const GemmCall& c, const StreamPlan& plan, cudaStream_t s
   a.stages = plan.stages;
   a.x_vec = c.ldx % 4 == 0 && c.x_group_cols % 4 == 0 && reinterpret_cast<uintptr_t>(c.x) % 16 == 0;
   a.atomic = plan.ksplit > 1;
-  if (a.w.type == WType::kFP8) return DispatchNf<WType::kFP8, false>(a, plan, stream);
+  if (a.w.type == WType::kFP8) {
+    return plan.split ? DispatchNf<WType::kFP8, true>(a, plan, stream) : DispatchNf<WType::kFP8, false>(a, plan, stream);
+  }
   if (plan.split) return DispatchNf<WType::kBF16, true>(a, plan, stream);
   return DispatchNf<WType::kBF16, false>(a, plan, stream);
 }

@@ -59,8 +59,7 @@ struct GemmCall {
   int64_t x_group_cols = 0;
   int64_t y_group_cols = 0;
   // Tensor-core path: multiply x as a bf16 (hi, lo) pair, two products per step (~16 mantissa bits of x
-  // instead of 8). The older kernels round FP8 weights times their scale to bf16 (2^-9), so they split x
-  // for FP8 too; the weight-streaming kernel keeps FP8 codes exact and splits x for BF16 weights only.
+  // instead of 8; the weights are exact in bf16: BF16, and FP8 codes times power-of-two block scales).
   bool split_x = true;
 };
 void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream);
@@ -96,7 +95,7 @@ struct StreamPlan {
   int tiles = 0;   // output tiles per group
   int frags = 1;   // 8-row fragments of x: 1, 2, 4 or 8
   int stages = 0;  // weight buffers in the ring
-  bool split = false;  // x as a bf16 hi/lo pair (BF16 weights with GemmCall::split_x)
+  bool split = false;  // x as a bf16 hi/lo pair (GemmCall::split_x)
   int smem_bytes = 0;
 };
 bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan);

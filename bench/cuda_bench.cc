@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -339,25 +340,93 @@ std::vector<KernelRecordGroup> GroupKernels(const std::vector<cuda::KernelRecord
   return out;
 }
 
+// Prints one profiled step's kernels (largest first) and returns them as JSON rows.
+nlohmann::json KernelTable(const std::vector<KernelRecordGroup>& groups, double copy_gbps, bool json) {
+  double total_us = 0;
+  for (const auto& g : groups) total_us += g.us;
+  if (!json) {
+    std::printf("%9s %6s %7s %9s %9s %7s  %s\n", "us/step", "share", "calls", "us/call", "GB/s", "of_copy",
+                "kernel [what it moves]");
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const KernelRecordGroup& g = groups[i];
+    const double gbps = g.bytes > 0 ? static_cast<double>(g.bytes) / (g.us * 1e3) : 0;
+    if (!json && (i < 60 || g.us >= 0.005 * total_us)) {
+      char gb[32] = "-", of[32] = "-";
+      if (gbps > 0) {
+        std::snprintf(gb, sizeof(gb), "%.0f", gbps);
+        std::snprintf(of, sizeof(of), "%.0f%%", 100.0 * gbps / copy_gbps);
+      }
+      std::printf("%9.1f %5.1f%% %7lld %9.2f %9s %7s  %s%s%s%s\n", g.us, 100.0 * g.us / total_us,
+                  static_cast<long long>(g.calls), g.us / static_cast<double>(g.calls), gb, of, g.kernel.c_str(),
+                  g.what.empty() ? "" : " [", g.what.c_str(), g.what.empty() ? "" : "]");
+    }
+    rows.push_back({{"kernel", g.kernel}, {"what", g.what}, {"calls", g.calls}, {"us", g.us}, {"bytes", g.bytes}});
+  }
+  return rows;
+}
+
+// Runs `step` four times (three warm-ups), profiling the last: its kernels grouped, and its gpu_ms.
+StatusOr<std::pair<std::vector<KernelRecordGroup>, double>> ProfileFourth(CudaBackend& m,
+                                                                          const std::function<Status(int)>& step) {
+  std::vector<KernelRecordGroup> groups;
+  double gpu_ms = 0;
+  for (int it = 0; it < 4; ++it) {
+    m.set_collect_stats(it == 3);
+    if (it == 3) RETURN_IF_ERROR(cuda::StartKernelProfile());
+    Status st = step(it);
+    if (it == 3) {
+      auto records = cuda::StopKernelProfile();
+      RETURN_IF_ERROR(st);
+      if (!records.ok()) return records.status();
+      groups = GroupKernels(*records);
+      gpu_ms = m.last_stats().gpu_ms;
+    }
+    RETURN_IF_ERROR(st);
+  }
+  return std::make_pair(std::move(groups), gpu_ms);
+}
+
 // --kernels: one decode step per batch with every kernel launched on its own (graphs off, so each launch keeps
 // its CUPTI correlation and the GEMM launcher's note), recorded, and grouped by kernel and note.
+// --kernels-prefill N: also one prefill step of a new sequence feeding N prompt tokens at once.
 StatusOr<nlohmann::json> ProfileKernels(const ModelConfig& cfg, const std::string& fmt, const std::string& cache,
                                         int device, int tp, const std::vector<int64_t>& batches, int64_t context,
-                                        double copy_gbps, int64_t layers, bool json) {
+                                        int64_t prefill_rows, double copy_gbps, int64_t layers, bool json) {
   const int64_t max_b = *std::max_element(batches.begin(), batches.end());
   CudaOptions opt;
   opt.bf16_cache = cache == "bf16";
   opt.device = device;
   opt.tp = tp;
   opt.fp8_weights = fmt == "fp8";
-  opt.max_sequences = max_b;
-  opt.max_context = context + 16;
-  opt.max_step_tokens = std::max<int64_t>(max_b, 16);
+  opt.max_sequences = max_b + 1;
+  opt.max_context = std::max(context, prefill_rows) + 16;
+  opt.max_step_tokens = std::max<int64_t>({max_b, prefill_rows, 16});
   opt.graphs = false;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> model, CreateSyntheticCudaBackend(cfg, opt, 42));
   CudaBackend& m = *model;
   ZeroExperts zero(cfg.hidden_size);
   nlohmann::json out = nlohmann::json::array();
+  auto report = [&](const std::vector<KernelRecordGroup>& groups, double gpu_ms, const std::string& title,
+                    nlohmann::json entry) {
+    double total_us = 0;
+    int64_t launches = 0;
+    for (const auto& g : groups) total_us += g.us, launches += g.calls;
+    if (!json) {
+      std::printf("\n[kernels of %s: %s weights, %s cache, %lld layers; launched one by one] %lld launches, %.3f ms "
+                  "of kernels, step gpu_ms %.3f\n",
+                  title.c_str(), fmt.c_str(), cache.c_str(), static_cast<long long>(layers),
+                  static_cast<long long>(launches), total_us / 1e3, gpu_ms);
+    }
+    entry["weights"] = fmt;
+    entry["cache"] = cache;
+    entry["kernel_us"] = total_us;
+    entry["launches"] = launches;
+    entry["eager_gpu_ms"] = gpu_ms;
+    entry["rows"] = KernelTable(groups, copy_gbps, json);
+    out.push_back(std::move(entry));
+  };
   for (int64_t B : batches) {
     std::vector<SequenceId> seqs;
     for (int64_t i = 0; i < B; ++i) {
@@ -366,57 +435,41 @@ StatusOr<nlohmann::json> ProfileKernels(const ModelConfig& cfg, const std::strin
       RETURN_IF_ERROR(m.FillRandomContext(s, context, 1000 + static_cast<uint64_t>(i)));
     }
     std::vector<int32_t> toks(static_cast<size_t>(B), 5), next;
-    std::vector<KernelRecordGroup> groups;
-    double eager_gpu_ms = 0;
-    for (int it = 0; it < 4; ++it) {  // three warm-up steps, then the profiled one
+    auto got = ProfileFourth(m, [&](int) {
       std::vector<SequenceStep> step(static_cast<size_t>(B));
       for (int64_t i = 0; i < B; ++i) {
         step[static_cast<size_t>(i)].seq = seqs[static_cast<size_t>(i)];
         step[static_cast<size_t>(i)].tokens = std::span<const int32_t>(&toks[static_cast<size_t>(i)], 1);
       }
-      m.set_collect_stats(it == 3);
-      if (it == 3) RETURN_IF_ERROR(cuda::StartKernelProfile());
       Status st = m.ForwardGreedy(step, &zero, &next);
-      if (it == 3) {
-        auto records = cuda::StopKernelProfile();
-        RETURN_IF_ERROR(st);
-        if (!records.ok()) return records.status();
-        groups = GroupKernels(*records);
-        eager_gpu_ms = m.last_stats().gpu_ms;
-      }
-      RETURN_IF_ERROR(st);
-      toks = next;
-    }
+      if (st.ok()) toks = next;
+      return st;
+    });
     for (SequenceId s : seqs) (void)m.ReleaseSequence(s);
-    double total_us = 0;
-    int64_t launches = 0;
-    for (const auto& g : groups) total_us += g.us, launches += g.calls;
-    if (!json) {
-      std::printf("\n[kernels of one decode step: %s weights, %s cache, batch %lld, context %lld, %lld layers; "
-                  "launched one by one] %lld launches, %.3f ms of kernels, step gpu_ms %.3f\n",
-                  fmt.c_str(), cache.c_str(), static_cast<long long>(B), static_cast<long long>(context),
-                  static_cast<long long>(layers), static_cast<long long>(launches), total_us / 1e3, eager_gpu_ms);
-      std::printf("%9s %6s %7s %9s %9s %7s  %s\n", "us/step", "share", "calls", "us/call", "GB/s", "of_copy",
-                  "kernel [what it moves]");
-    }
-    nlohmann::json rows = nlohmann::json::array();
-    for (size_t i = 0; i < groups.size(); ++i) {
-      const KernelRecordGroup& g = groups[i];
-      const double gbps = g.bytes > 0 ? static_cast<double>(g.bytes) / (g.us * 1e3) : 0;
-      if (!json && (i < 60 || g.us >= 0.005 * total_us)) {
-        char gb[32] = "-", of[32] = "-";
-        if (gbps > 0) {
-          std::snprintf(gb, sizeof(gb), "%.0f", gbps);
-          std::snprintf(of, sizeof(of), "%.0f%%", 100.0 * gbps / copy_gbps);
-        }
-        std::printf("%9.1f %5.1f%% %7lld %9.2f %9s %7s  %s%s%s%s\n", g.us, 100.0 * g.us / total_us,
-                    static_cast<long long>(g.calls), g.us / static_cast<double>(g.calls), gb, of, g.kernel.c_str(),
-                    g.what.empty() ? "" : " [", g.what.c_str(), g.what.empty() ? "" : "]");
-      }
-      rows.push_back({{"kernel", g.kernel}, {"what", g.what}, {"calls", g.calls}, {"us", g.us}, {"bytes", g.bytes}});
-    }
-    out.push_back({{"batch", B}, {"context", context}, {"weights", fmt}, {"cache", cache}, {"kernel_us", total_us},
-                   {"launches", launches}, {"eager_gpu_ms", eager_gpu_ms}, {"rows", rows}});
+    if (!got.ok()) return got.status();
+    char title[96];
+    std::snprintf(title, sizeof(title), "one decode step: batch %lld, context %lld", static_cast<long long>(B),
+                  static_cast<long long>(context));
+    report(got->first, got->second, title, {{"batch", B}, {"context", context}});
+  }
+  if (prefill_rows > 0) {
+    std::vector<int32_t> prompt(static_cast<size_t>(prefill_rows));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(5 + i % 1000);
+    auto got = ProfileFourth(m, [&](int) -> Status {
+      ASSIGN_OR_RETURN(SequenceId s, m.CreateSequence());
+      SequenceStep step;
+      step.seq = s;
+      step.tokens = prompt;
+      std::vector<int32_t> next;
+      Status st = m.ForwardGreedy(std::span<const SequenceStep>(&step, 1), &zero, &next);
+      (void)m.ReleaseSequence(s);
+      return st;
+    });
+    if (!got.ok()) return got.status();
+    char title[96];
+    std::snprintf(title, sizeof(title), "one prefill step: %lld prompt tokens of a new sequence",
+                  static_cast<long long>(prefill_rows));
+    report(got->first, got->second, title, {{"prefill_rows", prefill_rows}});
   }
   if (!json) {
     std::printf("\nGB/s: bytes the launcher says it moves (weights and their scales once, activations in and out) "
@@ -529,6 +582,11 @@ int RunCudaBench(int argc, char** argv) {
                  "every kernel's device time, what it moves, GB/s and share of the step (needs libcupti; NUMOE_CUPTI "
                  "names it)",
                  &kernels);
+  int64_t kernels_prefill = 0;
+  parser.AddInt("kernels-prefill", "N",
+                "with --kernels, also profile one prefill step of a new sequence feeding N prompt tokens (routed "
+                "experts zero, as in the decode steps); 0 = off",
+                &kernels_prefill, 0, 1 << 20);
   parser.AddFlag("json", "print only the JSON summary line", &json);
   int rc = 0;
   if (!parser.ParseOrExit(argc, argv, &rc)) return rc;
@@ -739,7 +797,7 @@ int RunCudaBench(int argc, char** argv) {
   if (kernels) {
     const auto& [fmt, cache] = configs.front();
     auto p = ProfileKernels(*cfg, fmt, cache, static_cast<int>(device), static_cast<int>(tp), *batches,
-                            contexts->front(), *bw, layers, json);
+                            contexts->front(), kernels_prefill, *bw, layers, json);
     if (!p.ok()) {
       std::fprintf(stderr, "--kernels: %s\n", std::string(p.status().message()).c_str());
       return 1;

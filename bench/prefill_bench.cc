@@ -17,11 +17,17 @@
 //      uploads every layer's experts (packed bytes of the checkpoint's shapes), so a prompt of n tokens in
 //      passes of p rows (min(n, --prefill-chunk, --max-step-tokens, --pass-rows)) costs
 //      ceil(n / p) x expert bytes / the host-to-device bandwidth measured here (pinned memory, rank 0's GPU).
+//   5. --decode-streams N: each length once more with N greedy decode streams (short prompts) running beside the
+//      prompt: their aggregate tok/s over --decode-window seconds before it is sent and from its send to its first
+//      token, i.e. what a long prompt costs the streams already running.
 // The last line is one JSON object: {"prompt_len", "ttft_s", "prefill_tok_s", "bound_tok_s", "ratio",
 // "peak_tflops", "peak_isa", "flops_per_token", "skipped"} (lists per prompt length; medians over --runs; those
 // of the first --gpu-prefill mode), "gpu_prefill" (the modes) and "modes" ({mode: {"ttft_s", "prefill_tok_s"}}),
+// ("beside_decode": [{"prompt_len", "ttft_s", "decode_tok_s_alone", "decode_tok_s_beside"}] with --decode-streams),
 // and with cuda "h2d_gbps", "expert_bytes_per_pass", "pass_rows" and "h2d_bound_tok_s" (per prompt length).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -72,11 +78,57 @@ StatusOr<Peak> MeasurePeak(const WorkerPlacement& w) {
   return peak;
 }
 
+// One long prompt sent while `streams` greedy decode streams run: their aggregate tok/s over `window` seconds
+// before the prompt is sent, and from its send to its first token.
+struct BesideDecode {
+  double ttft_s = 0, alone_tok_s = 0, beside_tok_s = 0;
+};
+StatusOr<BesideDecode> PrefillBesideDecode(int port, int64_t n, const std::vector<int32_t>& prompt, int64_t streams,
+                                           double window, const ModelConfig& cfg, double timeout_s) {
+  std::atomic<bool> stop{false};
+  std::vector<StreamResult> results(static_cast<size_t>(streams));
+  std::vector<std::thread> threads;
+  const int64_t max_tokens = std::max<int64_t>(16, std::min<int64_t>(cfg.max_position_embeddings - 64, 1 << 20));
+  for (int64_t i = 0; i < streams; ++i) {
+    threads.emplace_back([&, i] {
+      results[static_cast<size_t>(i)] =
+          StreamCompletion(port, RandomPrompt(32, 50000 + static_cast<uint64_t>(i), cfg.vocab_size), max_tokens,
+                           timeout_s, "", &stop);
+    });
+  }
+  // Every stream must be decoding before the window opens: give their prompts time, then measure.
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::max(2.0, window / 2)));
+  const auto a0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(window));
+  const StreamResult r = StreamCompletion(port, prompt, 1, timeout_s);
+  stop = true;
+  for (auto& t : threads) t.join();
+  if (!r.status.ok()) return Status(r.status.code(), absl::StrCat("prompt of ", n, " tokens beside decode: ", r.status.message()));
+  if (r.events.empty()) return absl::DataLossError(absl::StrCat("prompt of ", n, " tokens beside decode: no token"));
+  const auto first = r.events.front().first;
+  BesideDecode out;
+  out.ttft_s = Since(r.sent, first);
+  int64_t alone = 0, beside = 0;
+  for (const StreamResult& s : results) {
+    if (!s.status.ok()) return Status(s.status.code(), absl::StrCat("decode stream: ", s.status.message()));
+    for (const auto& [t, k] : s.events) {
+      if (t >= a0 && t < r.sent) alone += k;
+      if (t >= r.sent && t < first) beside += k;
+    }
+  }
+  if (alone == 0) return absl::DeadlineExceededError("no decode stream produced a token in the window before the prompt");
+  out.alone_tok_s = static_cast<double>(alone) / Since(a0, r.sent);
+  out.beside_tok_s = static_cast<double>(beside) / out.ttft_s;
+  return out;
+}
+
 }  // namespace
 
 int RunPrefillBench(int argc, char** argv) {
   std::string model, lens_text = "1024,4096,16384,32768", backend = "cpu";
   int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1, max_step_tokens = 0, pass_rows_flag = 0;
+  int64_t decode_streams = 0;
+  double decode_window = 3.0;
   std::string modes_text;
   ServeBenchFlags common;
   ArgParser p(argv[0],
@@ -100,6 +152,13 @@ int RunPrefillBench(int argc, char** argv) {
               "GPU prefill modes to run, in order: off (--gpu-prefill-threshold 0), on (1: every pass), auto (-1: "
               "calibrated); default off,on with --backend cuda, off with cpu",
               &modes_text);
+  p.AddInt("decode-streams", "N",
+           "after the prompts alone, prompt each length once more with N decode streams running beside it (short "
+           "prompts, greedy): their tok/s in the --decode-window before the prompt and while it prefills "
+           "(send to first token); 0 = off",
+           &decode_streams, 0, 256);
+  p.AddDouble("decode-window", "S", "--decode-streams: seconds of decode alone measured before the prompt is sent",
+              &decode_window, 0.5, 600);
   AddServeBenchFlags(p, &common, "give up on a prompt after this long");
   p.AddEpilog(
       "\nExample (six full-width V4-Flash layers with all 256 experts, ~22 GB; each layer costs what a real one does):\n"
@@ -197,6 +256,7 @@ int RunPrefillBench(int argc, char** argv) {
   // 4. The served stack, once per GPU prefill mode.
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_mode;  // mode -> (ttft, tok/s)
   std::vector<double> ttft_med, tok_s_med, ratios;
+  std::map<std::string, nlohmann::json> out_beside;  // mode -> [{prompt_len, ttft_s, decode_tok_s_alone, ...}]
   for (const std::string& mode : modes) {
     const std::string& log_dir = common.MakeLogDir("prefill");
     ServeSpec spec{.model = model, .backend = backend, .spec = "none", .log_dir = log_dir, .workers = workers,
@@ -261,6 +321,20 @@ int RunPrefillBench(int argc, char** argv) {
       }
       say(absl::StrCat("  GPU prefill ", mode, ", prompt ", n, " tokens: first token after ", Fmt(t, 3), " s (median of ",
                        runs, "), ", Fmt(rate, 1), " prefill tok/s", bounds));
+      if (decode_streams > 0) {
+        auto beside = PrefillBesideDecode(port, n, RandomPrompt(n, 1000 * (li + 1) + 999, cfg.vocab_size),
+                                          decode_streams, decode_window, cfg, common.request_timeout);
+        if (!beside.ok()) return fail(beside.status());
+        say(absl::StrCat("  GPU prefill ", mode, ", prompt ", n, " tokens beside ", decode_streams,
+                         " decode streams: first token after ", Fmt(beside->ttft_s, 3), " s; decode ",
+                         Fmt(beside->alone_tok_s, 1), " tok/s before it, ", Fmt(beside->beside_tok_s, 1),
+                         " while it prefilled (", Fmt(100.0 * (1.0 - beside->beside_tok_s / beside->alone_tok_s), 1),
+                         "% lost)"));
+        out_beside[mode].push_back({{"prompt_len", n},
+                                    {"ttft_s", beside->ttft_s},
+                                    {"decode_tok_s_alone", beside->alone_tok_s},
+                                    {"decode_tok_s_beside", beside->beside_tok_s}});
+      }
     }
     serve.Stop(30.0);
   }
@@ -271,6 +345,7 @@ int RunPrefillBench(int argc, char** argv) {
                               {"skipped", skipped},         {"backend", backend}};
   out["gpu_prefill"] = modes;
   for (const auto& [mode, v] : by_mode) out["modes"][mode] = {{"ttft_s", v.first}, {"prefill_tok_s", v.second}};
+  for (const auto& [mode, v] : out_beside) out["modes"][mode]["beside_decode"] = v;
   if (backend == "cuda") {
     out["h2d_gbps"] = h2d_gbps;
     out["expert_bytes_per_pass"] = expert_bytes_per_pass;

@@ -161,7 +161,7 @@ void SseClient::Close() {
 }
 
 StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s,
-                              const std::string& response_format) {
+                              const std::string& response_format, const std::atomic<bool>* stop) {
   StreamResult r;
   json body = {{"prompt", prompt},   {"max_tokens", max_tokens}, {"ignore_eos", true},
                {"temperature", 0.0}, {"stream", true},           {"return_token_ids", true},
@@ -173,6 +173,10 @@ StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int6
   r.status = client.Open(port, "/v1/completions", body.dump(), deadline);
   if (!r.status.ok()) return r;
   for (;;) {
+    if (stop != nullptr && stop->load()) {
+      client.Close();
+      return r;
+    }
     auto next = client.Next(deadline);
     if (!next.ok()) {
       r.status = next.status();

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -81,9 +82,10 @@ struct StreamResult {
   std::vector<int32_t> token_ids;                  // every token id received, in order
   int64_t prompt_tokens = -1, cached_tokens = -1;  // from the usage chunk, when it has them
 };
-// `response_format`: a JSON object to send as the request's response_format ("" = none).
+// `response_format`: a JSON object to send as the request's response_format ("" = none). `stop`: when set, the
+// stream is closed (and the result returned, status OK) at the first event after *stop becomes true.
 StreamResult StreamCompletion(int port, const std::vector<int32_t>& prompt, int64_t max_tokens, double timeout_s,
-                              const std::string& response_format = "");
+                              const std::string& response_format = "", const std::atomic<bool>* stop = nullptr);
 
 // The router's workers (GET /health: worker_list[].address).
 StatusOr<std::vector<std::string>> WorkerAddresses(int port);

@@ -31,8 +31,9 @@ void CudaModel::PhaseDrafterFeed(Rank& r, const PassDims& d) {
                 step.pos, static_cast<T*>(s.kvT), r.stream);
     if (d.spec) {
       const int64_t tsize = sizeof(T);
-      SaveSpecRows(s.kvT, hd_ * tsize, hd_ * tsize, n, s.meta + 8 * rows_cap_, static_cast<int32_t>(spec_tokens_),
-                   static_cast<char*>(r.spec_log.get()) + S.st.log_kv_off, spec_slot_bytes_, hd_ * tsize, r.stream);
+      SaveSpecRows(s.kvT, hd_ * tsize, hd_ * tsize, n, StepMeta::At(s.meta, rows_cap_).spec_map,
+                   static_cast<int32_t>(spec_tokens_), static_cast<char*>(r.spec_log.get()) + S.st.log_kv_off,
+                   spec_slot_bytes_, hd_ * tsize, r.stream);
     }
     RingUpdate<T>(static_cast<const T*>(s.kvT), static_cast<int>(hd_), static_cast<int>(c.sliding_window),
                   S.st.ring_off, step, cache, r.stream);
@@ -59,12 +60,7 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
   const int L = static_cast<int>(c.num_hidden_layers);
   // Rows: each request's block [next_token, noise...] at positions position .. position + depth - 1.
   int32_t* meta = meta_h_.as<int32_t>();
-  int32_t* token = meta;
-  int32_t* pos = meta + NR;
-  int32_t* seqi = meta + 2 * NR;
-  int32_t* seqv = meta + 3 * NR;
-  int32_t* lrows = meta + 7 * NR;
-  int32_t* spec_map = meta + 8 * NR;
+  const StepMeta rows = StepMeta::At(meta, NR);
   std::vector<int64_t> begin(requests.size());
   int64_t n = 0, max_depth = 0;
   std::set<SequenceId> seen;
@@ -87,16 +83,13 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
     }
     begin[i] = n;
     for (int64_t t = 0; t < q.depth; ++t) {
-      token[n + t] = t == 0 ? q.next_token : noise_token_;
-      pos[n + t] = static_cast<int32_t>(p0 + t);
-      seqi[n + t] = static_cast<int32_t>(i);
-      lrows[n + t] = static_cast<int32_t>(n + t);
-      spec_map[n + t] = -1;
+      rows.token[n + t] = t == 0 ? q.next_token : noise_token_;
+      rows.pos[n + t] = static_cast<int32_t>(p0 + t);
+      rows.seq[n + t] = static_cast<int32_t>(i);
+      rows.logit_rows[n + t] = static_cast<int32_t>(n + t);
+      rows.spec_map[n + t] = -1;
     }
-    seqv[4 * i] = it->second.slot;
-    seqv[4 * i + 1] = static_cast<int32_t>(n);
-    seqv[4 * i + 2] = static_cast<int32_t>(n + q.depth);
-    seqv[4 * i + 3] = static_cast<int32_t>(p0);
+    rows.SetSeq(static_cast<int64_t>(i), it->second.slot, n, n + q.depth, p0);
     n += q.depth;
     max_depth = std::max(max_depth, q.depth);
   }
@@ -110,9 +103,9 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
   Rank& r = *ranks_[0];
   Scratch& s = r.sc;
   NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
-  NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.meta, meta, static_cast<size_t>(9 * NR) * sizeof(int32_t),
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.meta, meta, StepMeta::Bytes(NR),
                                              cudaMemcpyHostToDevice, r.stream));
-  Embed(r.embed, s.meta, n, static_cast<int>(hc_), s.X, r.stream);
+  Embed(r.embed, StepMeta::At(s.meta, rows_cap_).token, n, static_cast<int>(hc_), s.X, r.stream);
   MoeRequest req;
   req.rows = n;
   req.top_k = c.num_experts_per_tok;

@@ -23,10 +23,11 @@ namespace numoe::cuda {
 
 StepDev CudaModel::StepOf(const Rank& r, const PassDims& d) const {
   StepDev s;
-  s.token = r.sc.meta;
-  s.pos = r.sc.meta + rows_cap_;
-  s.seq = r.sc.meta + 2 * rows_cap_;
-  s.seqs = reinterpret_cast<const StepSeq*>(r.sc.meta + 3 * rows_cap_);
+  const StepMeta m = StepMeta::At(r.sc.meta, rows_cap_);
+  s.token = m.token;
+  s.pos = m.pos;
+  s.seq = m.seq;
+  s.seqs = reinterpret_cast<const StepSeq*>(m.seqs);
   s.n = static_cast<int32_t>(d.n);
   s.num_seqs = static_cast<int32_t>(d.num_seqs);
   return s;
@@ -129,15 +130,15 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   if (d.spec && !d.draft) {
     // Speculative rows: keep what the window ring is built from (Rollback replays it).
     const int64_t tsize = sizeof(T);
-    SaveSpecRows(s.kvT, hd_ * tsize, hd_ * tsize, n, s.meta + 8 * rows_cap_, static_cast<int32_t>(spec_tokens_),
-                 static_cast<char*>(r.spec_log.get()) + L.st.log_kv_off, spec_slot_bytes_, hd_ * tsize, r.stream);
+    SaveSpecRows(s.kvT, hd_ * tsize, hd_ * tsize, n, StepMeta::At(s.meta, rows_cap_).spec_map,
+                 static_cast<int32_t>(spec_tokens_), static_cast<char*>(r.spec_log.get()) + L.st.log_kv_off, spec_slot_bytes_, hd_ * tsize, r.stream);
   }
 
   if (L.type != AttnType::kSliding) {
     Gemm(r, L.comp, s.xn, D_, n, s.comp, L.comp_width);
     if (d.spec) {
       // ... and what the compressor states are built from.
-      SaveSpecRows(s.comp, L.comp_width * 4, L.st.log_comp_w * 4, n, s.meta + 8 * rows_cap_,
+      SaveSpecRows(s.comp, L.comp_width * 4, L.st.log_comp_w * 4, n, StepMeta::At(s.meta, rows_cap_).spec_map,
                    static_cast<int32_t>(spec_tokens_), static_cast<char*>(r.spec_log.get()) + L.st.log_comp_off,
                    spec_slot_bytes_, L.st.log_comp_w * 4, r.stream);
     }
@@ -324,7 +325,7 @@ void CudaModel::PhaseHead(Rank& r, const PassDims& d, int64_t row0, int64_t rows
   const int64_t V = c.vocab_size;
   if (row0 == 0) {
     HcPreStep(r, d.n, r.hc_head_fn, r.hc_head_base, r.hc_head_scale, r.norm, /*head=*/true);
-    GatherRows(s.xn, D_, s.meta + 7 * rows_cap_, d.logit_rows, s.hsel, r.stream);
+    GatherRows(s.xn, D_, StepMeta::At(s.meta, rows_cap_).logit_rows, d.logit_rows, s.hsel, r.stream);
   }
   Gemm(r, r.head, s.hsel + row0 * D_, D_, rows, s.logits, V);
   if (d.greedy) {
@@ -354,7 +355,7 @@ template <typename T>
 void CudaModel::EnqueueSegment(Rank& r, int seg, const PassDims& d) {
   const int L = static_cast<int>(cfg_.num_hidden_layers);
   if (seg == 0) {
-    Embed(r.embed, r.sc.meta, d.n, static_cast<int>(hc_), r.sc.X, r.stream);
+    Embed(r.embed, StepMeta::At(r.sc.meta, rows_cap_).token, d.n, static_cast<int>(hc_), r.sc.X, r.stream);
   } else {
     PhaseAddRouted(r, seg - 1, d);  // the shared expert ran during the expert hop (EnqueueTail)
     PhaseFfnPost(r, d);
@@ -428,7 +429,9 @@ Status CudaModel::RunSegment(int seg, const PassDims& d, bool use_graph) {
       }
     };
     if (seg == 0) {
-      each([&](Rank& r) { Embed(r.embed, r.sc.meta, d.n, static_cast<int>(hc_), r.sc.X, r.stream); });
+      each([&](Rank& r) {
+        Embed(r.embed, StepMeta::At(r.sc.meta, rows_cap_).token, d.n, static_cast<int>(hc_), r.sc.X, r.stream);
+      });
     } else {
       each([&](Rank& r) { PhaseAddRouted(r, seg - 1, d); });
       RETURN_IF_ERROR(AllReduce(&Scratch::sh, d.n * D_));
@@ -600,12 +603,7 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
   const int L = static_cast<int>(c.num_hidden_layers);
   const int64_t NR = rows_cap_, V = c.vocab_size;
   int32_t* meta = meta_h_.as<int32_t>();
-  int32_t* token = meta;
-  int32_t* pos = meta + NR;
-  int32_t* seqi = meta + 2 * NR;
-  int32_t* seqv = meta + 3 * NR;
-  int32_t* lrows = meta + 7 * NR;
-  int32_t* spec_map = meta + 8 * NR;  // row -> slot·spec_tokens_ + index within the step, or -1
+  const StepMeta m = StepMeta::At(meta, NR);
   // Logit row j of this pass goes to (step, row within the step's logits).
   std::vector<std::pair<size_t, int64_t>> dest;
   PassDims d;
@@ -615,16 +613,13 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
     const PassSeq& ps = pass[i];
     const int64_t start = ps.seq->position;
     for (int64_t t = 0; t < ps.count; ++t) {
-      token[row + t] = ps.tokens[t];
-      pos[row + t] = static_cast<int32_t>(start + t);
-      seqi[row + t] = static_cast<int32_t>(i);
-      spec_map[row + t] = ps.spec ? static_cast<int32_t>(ps.seq->slot * spec_tokens_ + ps.offset + t) : -1;
+      m.token[row + t] = ps.tokens[t];
+      m.pos[row + t] = static_cast<int32_t>(start + t);
+      m.seq[row + t] = static_cast<int32_t>(i);
+      m.spec_map[row + t] = ps.spec ? static_cast<int32_t>(ps.seq->slot * spec_tokens_ + ps.offset + t) : -1;
     }
     d.spec = d.spec || ps.spec;
-    seqv[4 * i] = ps.seq->slot;
-    seqv[4 * i + 1] = static_cast<int32_t>(row);
-    seqv[4 * i + 2] = static_cast<int32_t>(row + ps.count);
-    seqv[4 * i + 3] = static_cast<int32_t>(start);
+    m.SetSeq(static_cast<int64_t>(i), ps.seq->slot, row, row + ps.count, start);
     const int64_t end = start + ps.count;
     if (c.csa_rate > 0) {
       d.max_windows_csa = std::max<int>(d.max_windows_csa, static_cast<int>(end / c.csa_rate - start / c.csa_rate));
@@ -635,11 +630,11 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
     }
     if (ps.logits_all) {
       for (int64_t t = 0; t < ps.count; ++t) {
-        lrows[d.logit_rows++] = static_cast<int32_t>(row + t);
+        m.logit_rows[d.logit_rows++] = static_cast<int32_t>(row + t);
         dest.push_back({ps.step, ps.offset + t});
       }
     } else if (ps.logits_last) {
-      lrows[d.logit_rows++] = static_cast<int32_t>(row + ps.count - 1);
+      m.logit_rows[d.logit_rows++] = static_cast<int32_t>(row + ps.count - 1);
       dest.push_back({ps.step, 0});
     }
     decode = decode && ps.count == 1 && ps.logits_last && !ps.logits_all;
@@ -660,7 +655,7 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
   }
   for (auto& r : ranks_) {
     NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r->device));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->sc.meta, meta, static_cast<size_t>(9 * NR) * sizeof(int32_t),
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r->sc.meta, meta, StepMeta::Bytes(NR),
                                                cudaMemcpyHostToDevice, r->stream));
   }
   if (use_graph && graphs_.find({d.n, d.greedy}) == graphs_.end()) {
@@ -1089,31 +1084,27 @@ Status CudaModel::EnqueueReplay(Rank& r, const std::vector<Seq*>& pending) {
   for (const auto& chunk : chunks) {
     if (chunk.empty()) continue;
     PassDims d;
-    int32_t* spec_map = meta + 8 * NR;
+    const StepMeta m = StepMeta::At(meta, NR);
     int csa_windows = 0, hca_windows = 0;
     for (size_t i = 0; i < chunk.size(); ++i) {
       const Piece& p = chunk[i];
       const int64_t start = p.s->spec_start + p.t0, end = start + p.n;
       for (int64_t t = 0; t < p.n; ++t) {
-        meta[NR + d.n + t] = static_cast<int32_t>(start + t);  // pos
-        meta[2 * NR + d.n + t] = static_cast<int32_t>(i);      // sequence index
-        spec_map[d.n + t] = static_cast<int32_t>(p.s->slot * spec_tokens_ + p.t0 + t);
+        m.pos[d.n + t] = static_cast<int32_t>(start + t);
+        m.seq[d.n + t] = static_cast<int32_t>(i);
+        m.spec_map[d.n + t] = static_cast<int32_t>(p.s->slot * spec_tokens_ + p.t0 + t);
       }
-      StepSeq* sq = reinterpret_cast<StepSeq*>(meta + 3 * NR) + i;
-      sq->slot = p.s->slot;
-      sq->begin = static_cast<int32_t>(d.n);
-      sq->end = static_cast<int32_t>(d.n + p.n);
-      sq->start_pos = static_cast<int32_t>(start);
+      m.SetSeq(static_cast<int64_t>(i), p.s->slot, d.n, d.n + p.n, start);
       auto closing = [&](int64_t rate) { return rate > 0 ? static_cast<int>(end / rate - start / rate) : 0; };
       csa_windows = std::max(csa_windows, closing(cfg_.csa_rate));
       hca_windows = std::max(hca_windows, closing(cfg_.hca_rate));
       d.n += p.n;
     }
     d.num_seqs = static_cast<int64_t>(chunk.size());
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.sc.meta, meta, static_cast<size_t>(9 * NR) * sizeof(int32_t),
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(r.sc.meta, meta, StepMeta::Bytes(NR),
                                                cudaMemcpyHostToDevice, r.stream));
     const StepDev step = StepOf(r, d);
-    const int32_t* map = r.sc.meta + 8 * NR;
+    const int32_t* map = StepMeta::At(r.sc.meta, NR).spec_map;
     T* kv = static_cast<T*>(r.sc.kvT);
     const int64_t kv_bytes = hd_ * static_cast<int64_t>(sizeof(T));
     auto ring = [&](const LayerDev& L) {

@@ -60,6 +60,33 @@ struct LayerDev {
   LayerState st;
 };
 
+// The step metadata: one int32 block per pass, filled on the host (meta_h_) and copied whole to the device
+// (Scratch::meta), kWords x rows_cap words. One layout for both copies and every pass (decode, prefill,
+// verify, replay, draft).
+template <typename I>  // int32_t (the host copy) or const int32_t
+struct StepMetaOf {
+  static constexpr int64_t kWords = 9;
+  I* token;       // [rows_cap] token id of each row
+  I* pos;         // [rows_cap] position of each row
+  I* seq;         // [rows_cap] index of each row's sequence in `seqs`
+  I* seqs;        // [rows_cap][4] per sequence of the pass: StepSeq {slot, begin row, end row, start position}
+  I* logit_rows;  // [rows_cap] the rows whose logits are computed, in output order
+  I* spec_map;    // [rows_cap] row -> slot * spec_tokens + index within the step (speculative rows), or -1
+  static StepMetaOf At(I* base, int64_t rows_cap) {
+    return {base, base + rows_cap, base + 2 * rows_cap, base + 3 * rows_cap, base + 7 * rows_cap,
+            base + 8 * rows_cap};
+  }
+  static constexpr size_t Bytes(int64_t rows_cap) { return static_cast<size_t>(kWords * rows_cap) * sizeof(int32_t); }
+  // Sequence i's entry of `seqs`.
+  void SetSeq(int64_t i, int32_t slot, int64_t begin, int64_t end, int64_t start_pos) const {
+    seqs[4 * i] = slot;
+    seqs[4 * i + 1] = static_cast<int32_t>(begin);
+    seqs[4 * i + 2] = static_cast<int32_t>(end);
+    seqs[4 * i + 3] = static_cast<int32_t>(start_pos);
+  }
+};
+using StepMeta = StepMetaOf<int32_t>;
+
 // Device scratch for up to `rows` rows per pass (fixed addresses: CUDA graphs capture them).
 struct Scratch {
   float *X = nullptr, *xn = nullptr, *y = nullptr, *mix = nullptr, *inv = nullptr, *post = nullptr, *comb = nullptr;

@@ -692,7 +692,7 @@ Status CudaModel::AllocScratch(Rank& r) {
       {&s.kvT, NR * hd_ * tsize},
       {reinterpret_cast<void**>(&s.sel), NR * std::max<int64_t>(c.index_topk, 1) * 4},
       {reinterpret_cast<void**>(&s.ids), NR * c.num_experts_per_tok * 4},
-      {reinterpret_cast<void**>(&s.meta), 9 * NR * 4},
+      {reinterpret_cast<void**>(&s.meta), static_cast<int64_t>(StepMeta::Bytes(NR))},
       {reinterpret_cast<void**>(&s.greedy), NR * 8},
   };
   int64_t total = 0;
@@ -719,7 +719,7 @@ Status CudaModel::AllocScratch(Rank& r) {
 Status CudaModel::AllocStaging() {
   const ModelConfig& c = cfg_;
   const int64_t NR = rows_cap_, K = c.num_experts_per_tok;
-  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(static_cast<size_t>(9 * NR) * sizeof(int32_t), "step metadata"));
+  ASSIGN_OR_RETURN(meta_h_, PinnedMem::Alloc(StepMeta::Bytes(NR), "step metadata"));
   ASSIGN_OR_RETURN(y_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE input staging"));
   ASSIGN_OR_RETURN(routed_h_, PinnedMem::Alloc(static_cast<size_t>(NR * D_) * sizeof(float), "MoE output staging"));
   ASSIGN_OR_RETURN(ids_h_, PinnedMem::Alloc(static_cast<size_t>(NR * K) * sizeof(int32_t), "expert ids"));

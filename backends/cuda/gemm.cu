@@ -1,5 +1,6 @@
-// y = x · Wᵀ on the GPU: the fp32 SIMT path (fp32 mode, F32 weights) and the dispatcher that picks the
-// tensor-core path (sm80_gemm_mma.cu) and the split-K factor.
+// y = x · Wᵀ on the GPU: the fp32 SIMT path (fp32 mode, F32 weights) and the one dispatcher that picks the
+// path: the GEMV (gemv.cu) for one row, the weight-streaming mma kernel (gemm_stream.cu) for 2-64 rows where
+// it applies, else the older tensor-core kernels (sm80_gemm_mma.cu) with a split-K factor.
 #include <algorithm>
 #include <string>
 
@@ -115,6 +116,24 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
     Gemv(c, stream);
     return;
   }
+  // What a launch moves: the weights (and FP8 block scales) once, x and y once per group.
+  const int64_t scale_bytes =
+      w.type == WType::kFP8 ? CeilDiv(w.out, w.bo) * CeilDiv(w.in, w.bi) * static_cast<int64_t>(sizeof(float)) : 0;
+  const int64_t bytes = c.groups * (w.data_bytes() + scale_bytes + c.n * (w.in + w.out) * 4);
+  auto note = [&](int64_t ksplit, const char* path) {
+    std::string s = std::string(WTypeName(w.type)) + " " + std::to_string(w.out) + "x" + std::to_string(w.in);
+    if (c.groups > 1) s += " x" + std::to_string(c.groups) + " groups";
+    s += ", " + std::to_string(c.n) + (c.n == 1 ? " row" : " rows");
+    if (ksplit > 1) s += ", split-k " + std::to_string(ksplit);
+    return s + ", " + path;
+  };
+  StreamPlan plan;
+  if (mma && PlanGemmStream(c, sms, &plan)) {
+    const LaunchNote launch_note(bytes, [&] { return note(plan.ksplit, plan.split ? "stream hi/lo" : "stream"); });
+    if (plan.ksplit > 1) cudaMemsetAsync(c.y, 0, static_cast<size_t>(c.n * c.ldy) * sizeof(float), stream);
+    GemmStream(c, plan, stream);
+    return;
+  }
   // Tiles of the output; when they cannot fill the GPU twice over, split the reduction dimension and
   // accumulate with atomics (only when y is dense, so one memset zeroes it).
   const bool wide = mma && c.n > kMmaNarrowRows;
@@ -134,18 +153,7 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   int64_t kspan = CeilDiv(CeilDiv(w.in, ksplit), k_chunk) * k_chunk;
   ksplit = CeilDiv(w.in, kspan);
   if (ksplit > 1) cudaMemsetAsync(c.y, 0, static_cast<size_t>(c.n * c.ldy) * sizeof(float), stream);
-  // What this launch moves: the weights (and FP8 block scales) once, x and y once per group.
-  const int64_t scale_bytes =
-      w.type == WType::kFP8 ? CeilDiv(w.out, w.bo) * CeilDiv(w.in, w.bi) * static_cast<int64_t>(sizeof(float)) : 0;
-  const int64_t bytes = c.groups * (w.data_bytes() + scale_bytes + c.n * (w.in + w.out) * 4);
-  const LaunchNote launch_note(bytes, [&] {
-    std::string note = std::string(WTypeName(w.type)) + " " + std::to_string(w.out) + "x" + std::to_string(w.in);
-    if (c.groups > 1) note += " x" + std::to_string(c.groups) + " groups";
-    note += ", " + std::to_string(c.n) + (c.n == 1 ? " row" : " rows");
-    if (ksplit > 1) note += ", split-k " + std::to_string(ksplit);
-    note += mma ? (wide ? ", mma wide" : ", mma narrow") : ", simt";
-    return note;
-  });
+  const LaunchNote launch_note(bytes, [&] { return note(ksplit, mma ? (wide ? "mma wide" : "mma narrow") : "simt"); });
   if (mma) {
     GemmMma(c, static_cast<int>(ksplit), stream);
   } else {

@@ -1,5 +1,5 @@
-// Host-callable launchers of the CUDA backend's kernels (gemm.cu, sm80_gemm_mma.cu, ops.cu, attention.cu,
-// moe_experts.cu, packed_moe.cu).
+// Host-callable launchers of the CUDA backend's kernels (gemm.cu, gemv.cu, gemm_stream.cu, sm80_gemm_mma.cu,
+// ops.cu, attention.cu, moe_experts.cu, packed_moe.cu).
 //
 // Conventions: row-major; a weight is [out, in] as in the checkpoint, so a linear layer is
 // y[n, out] = x[n, in] · Wᵀ. Activations are fp32 in device memory; caches (window ring, compressed
@@ -59,7 +59,7 @@ struct GemmCall {
   int64_t x_group_cols = 0;
   int64_t y_group_cols = 0;
   // Tensor-core path: multiply x as a bf16 (hi, lo) pair, two products per step (~16 mantissa bits of x
-  // instead of 8; weights are exact in bf16 either way). Decode is bandwidth-bound, so this costs nothing.
+  // instead of 8; the weights are exact in bf16: BF16, and FP8 codes times power-of-two block scales).
   bool split_x = true;
 };
 void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream);
@@ -79,6 +79,27 @@ void GemmMma(const GemmCall& c, int ksplit, cudaStream_t stream);
 inline constexpr int64_t kMmaNarrowRows = 16;
 inline constexpr int64_t kMmaWideOutTile = 128;
 inline constexpr int64_t MmaWideRowTile(int64_t n) { return n <= 32 ? 32 : 64; }
+
+// Decode-sized passes (kStreamMinRows..kStreamMaxRows rows) on FP8/BF16 weights: the weight-streaming
+// tensor-core GEMM (gemm_stream.cu; weights as the mma's A operand, a cp.async ring of weight tiles, x in
+// shared memory once per block, split-K to fill the GPU). PlanGemmStream says whether it applies (whole
+// 128-k FP8 / 64-k BF16 chunks, 16-byte aligned weights, FP8 scale blocks that hold a chunk and a 16-row
+// tile; NUMOE_GEMM_STREAM=0 turns it off) and how it is launched; with plan.ksplit > 1, y must be zeroed first.
+inline constexpr int64_t kStreamMinRows = 2;
+inline constexpr int64_t kStreamMaxRows = 64;
+struct StreamPlan {
+  int blocks = 0;  // per k range and group (each walks tiles blocks apart)
+  int ksplit = 1;
+  int64_t kspan = 0;
+  int groups = 1;
+  int tiles = 0;   // output tiles per group
+  int frags = 1;   // 8-row fragments of x: 1, 2, 4 or 8
+  int stages = 0;  // weight buffers in the ring
+  bool split = false;  // x as a bf16 hi/lo pair (GemmCall::split_x)
+  int smem_bytes = 0;
+};
+bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan);
+cudaError_t GemmStream(const GemmCall& c, const StreamPlan& plan, cudaStream_t stream);
 
 // ---- step metadata ---------------------------------------------------------------------------------------
 

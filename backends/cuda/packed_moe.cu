@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kThreads) PackedGemmKernel(GemmParams p) {
   for (int s = 0; s < p.supers; ++s) {
     if (s + 1 < p.supers) load(s + 1, (s + 1) & 1);
     CpAsyncCommit();
-    CpAsyncWait1();
+    CpAsyncWait<1>();
     __syncthreads();
     if (active) {
       const uint8_t* A = As + (s & 1) * kAStage;

@@ -175,8 +175,8 @@ int RunExpertsBench(int argc, char** argv) {
                 &prefill_min_rows, -1, 1 << 20);
   parser.AddInt("prefetch", "BYTES", "int8 kernels' software prefetch distance, 0 = none (default: MoeCompute's)",
                 &prefetch, -1, 1 << 20);
-  parser.AddInt("gate-up-chunk", "N", "tile pairs per gate/up work unit (default: MoeCompute's automatic choice)",
-                &gate_up_chunk, 0, 1 << 16);
+  parser.AddInt("gate-up-chunk", "N", "tile pairs per gate/up work unit (default: MoeCompute's)", &gate_up_chunk, 0,
+                1 << 16);
   parser.AddInt("down-chunk", "N", "tiles per down work unit (default: MoeCompute's)", &down_chunk, 0, 1 << 16);
   parser.AddInt("huge-pages", "0|1", "pack the weights on 2 MB pages when the system allows (default 1)", &huge_pages,
                 0, 1);
@@ -352,19 +352,14 @@ int RunExpertsBench(int argc, char** argv) {
                 HugePageBytes() / 1e9, pack_s);
     std::printf("isa %s, precision %s, %d threads on CPUs", IsaName(isa), precision_name.c_str(), pool.size());
     for (int c : pool.cpus()) std::printf(" %d", c);
-    const int64_t pairs = std::min(tokens * preset->top_k, preset->experts) * (preset->inter / experts::kTileRows);
-    std::printf(", tokens %ld; kernel %s, prefetch %ld bytes ahead (%s), units of %s gate/up tile pairs and %ld "
+    std::printf(", tokens %ld; kernel %s, prefetch %ld bytes ahead (%s), units of %ld gate/up tile pairs and %ld "
                 "down tiles\n",
                 tokens, MoeCompute(&pool, isa, moe_options).OpsFor(std::min<int64_t>(tokens, 8), false).name,
                 moe_options.prefetch_bytes,
                 moe_options.prefetch_page_lines > 0
                     ? absl::StrCat("the first ", moe_options.prefetch_page_lines, " line(s) of each 4 KiB page").c_str()
                     : "every line",
-                moe_options.gate_up_chunk > 0
-                    ? absl::StrCat(moe_options.gate_up_chunk).c_str()
-                    : absl::StrCat(AutoGateUpChunk(pairs, pool.size()), " (automatic, for about ", pairs, " pairs)")
-                          .c_str(),
-                moe_options.down_chunk);
+                moe_options.gate_up_chunk, moe_options.down_chunk);
   }
 
   double peak_tflops = 0;  // in the JSON when --peak measured it

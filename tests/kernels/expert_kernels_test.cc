@@ -621,16 +621,5 @@ TEST(ExpertLayerPack, V4FlashExpertBytes) {
   EXPECT_EQ(shape.data_bytes(), 13369344);
 }
 
-// Gate/up units: the largest of 8, 4, 2 pairs that leaves every thread 12 units or more.
-TEST(AutoGateUpChunk, LargestUnitThatStillBalances) {
-  const int64_t pairs = 6 * 128;        // a V4-Flash decode step of one token: 6 experts of 128 tile pairs
-  EXPECT_EQ(AutoGateUpChunk(pairs, 2), 8);
-  EXPECT_EQ(AutoGateUpChunk(pairs, 8), 8);   // 96 units
-  EXPECT_EQ(AutoGateUpChunk(pairs, 16), 4);  // 8 would be 96 < 192 units, 4 gives 192
-  EXPECT_EQ(AutoGateUpChunk(pairs, 64), 2);
-  EXPECT_EQ(AutoGateUpChunk(24 * 128, 16), 8);
-  EXPECT_EQ(AutoGateUpChunk(0, 2), 2);
-}
-
 }  // namespace
 }  // namespace numoe

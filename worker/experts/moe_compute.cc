@@ -26,17 +26,6 @@ inline float Silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 }  // namespace
 
-int64_t AutoGateUpChunk(int64_t pairs, int threads) {
-  for (int64_t chunk : {8, 4}) {
-    if (pairs / chunk >= 12 * static_cast<int64_t>(threads)) return chunk;
-  }
-  return 2;
-}
-
-namespace {
-
-}  // namespace
-
 // A 64-byte aligned byte buffer that only grows.
 class MoeCompute::Buffer {
  public:
@@ -155,6 +144,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
   const int64_t hidden_p = shape.gate_up().padded_cols(), inter_p = shape.down().padded_cols();
   const int64_t inter_tiles = shape.gate_up().tiles(), hidden_tiles = shape.down().tiles();
   const int64_t ldh = inter_tiles * kTileRows;
+  const int64_t gate_up_chunk = std::max<int64_t>(1, options_.gate_up_chunk);
   const int64_t down_chunk = std::max<int64_t>(1, options_.down_chunk);
 
   // Group routes by expert (counting sort), merging a row's duplicate ids into one route.
@@ -194,9 +184,6 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
     plans_.push_back(p);
     pos += counts_[e];
   }
-  const int64_t gate_up_chunk =
-      options_.gate_up_chunk > 0 ? options_.gate_up_chunk
-                                 : AutoGateUpChunk(static_cast<int64_t>(plans_.size()) * inter_tiles, pool_->size());
   route_row_.resize(routes);
   route_weight_.resize(routes);
   x_rows_.resize(routes);

@@ -114,25 +114,13 @@ struct MoeComputeOptions {
   // > 0: the software prefetch touches only the first this many lines of each 4 KiB page, prefetch_bytes
   // ahead (the L2 streamer, which stops at page boundaries, fetches the rest); 0: every line.
   int64_t prefetch_page_lines = 1;
-  // Work units: gate/up tile pairs per unit (one expert, contiguous; 0 = AutoGateUpChunk), down tiles per unit
-  // (of every used expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of
-  // a step when there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2
-  // threads 0.67 -> 0.73 (Emerald Rapids host, the kernel of one tile at a time). Gate/up units of 2 pairs
-  // instead of 4 there: 0.75 / 0.79 at 2 / 16 threads against 0.75 / 0.88. With the four-tile kernel on the
-  // 2-vCPU VM (numoe-bench experts --compare-gate-up-chunk 2,8 --compare-down-chunk 2,8, 5 runs interleaved,
-  // medians of ratios, 2 threads): T=1 gate/up units of 2 / 4 / 8 pairs 0.838 / 0.845 / 0.886, down units
-  // of 2 / 4 / 8 tiles 0.825 / 0.845 / 0.852; T=4 gate/up 2 / 4 / 8: 0.796 / 0.790 / 0.810, down 8: 0.802.
-  // A unit of 8 pairs is 557 KB streamed in one piece (fewer stream starts for the L2 streamer), but at
-  // 16 threads one unit is ~90 us of a ~0.8 ms step, so the last expert's gate/up tail would hold up its
-  // down tiles: hence the automatic choice.
-  int64_t gate_up_chunk = 0;
+  // Work units: gate/up tile pairs per unit (one expert, contiguous), down tiles per unit (of every used
+  // expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of a step when
+  // there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2 threads 0.67 ->
+  // 0.73. Gate/up units of 2 pairs instead of 4: 0.75 / 0.79 at 2 / 16 threads against 0.75 / 0.88.
+  int64_t gate_up_chunk = 4;
   int64_t down_chunk = 4;
 };
-
-// Gate/up tile pairs per work unit for a step of `pairs` tile pairs in all on `threads` threads: the
-// largest of 8, 4, 2 that still gives every thread 12 units or more (2 when none does): 8 for V4-Flash
-// decode steps at 2-8 threads, 4 at 16 threads and T=1 (6 experts, 768 pairs).
-int64_t AutoGateUpChunk(int64_t pairs, int threads);
 
 class MoeCompute {
  public:

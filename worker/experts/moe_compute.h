@@ -118,6 +118,13 @@ struct MoeComputeOptions {
   // expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of a step when
   // there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2 threads 0.67 ->
   // 0.73. Gate/up units of 2 pairs instead of 4: 0.75 / 0.79 at 2 / 16 threads against 0.75 / 0.88.
+  // With the four-tile kernel on the 2-vCPU VM (numoe-bench experts --compare-gate-up-chunk / -down-chunk,
+  // interleaved runs, medians of ratios, 2 threads; the main setting and a variant of the same setting
+  // differ by up to 0.015 there): T=1, 15 runs, gate/up units of 4 / 8 pairs 0.796 (again, as a variant:
+  // 0.811) / 0.802; shorter runs of 5-7 had given 8 pairs 0.886 / 0.830 / 0.813 against 0.845 / 0.802 /
+  // 0.813, 16 pairs 0.801, 2 pairs 0.838 (against 0.845); down units of 2 / 8 tiles 0.825 / 0.852
+  // against 0.845, and 0.808 against 0.813. No size measurably better than 4 at 2 threads, and 4 is the
+  // best measured at 16: kept.
   int64_t gate_up_chunk = 4;
   int64_t down_chunk = 4;
 };

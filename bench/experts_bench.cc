@@ -15,7 +15,10 @@
 //   whose two activation levels (int8 or bf16) each take an instruction, 1 with low: the share of the peak
 //   that the kernel's instructions use). "precision" names the activation precision; "read_bound_tflops" is
 //   what the steps would reach if they streamed their weights at read_gbps (tflops / ratio): no kernel can
-//   pass it.
+//   pass it. "step_ms" is the median step, "step_handoff_us" the part of it outside the threads' work
+//   (MoeCompute::handoff_seconds), "empty_job_{started,finished}_us" the pool's hand-off on an empty job (submit
+//   to the last thread starting / to the call returning, workers spinning) and "idle_job_*" the same after
+//   2 ms without work (workers asleep).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,9 +29,12 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench/commands.h"
 #include "bench/read_bandwidth.h"
 #include "common/args.h"
@@ -99,6 +105,44 @@ double InCacheGbps(const experts::KernelOps& ops, const ExpertLayer& layer, int6
   return static_cast<double>(calls * tiles * tile_bytes) / s / 1e9;
 }
 
+// Bytes of this process's memory on transparent or hugetlb 2 MB pages (0 when it cannot tell).
+double HugePageBytes() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  std::string key;
+  double total = 0;
+  for (double kb; f >> key;) {
+    if (key == "AnonHugePages:" || key == "Shared_Hugetlb:" || key == "Private_Hugetlb:") {
+      if (f >> kb) total += kb * 1024;
+    }
+  }
+  return total;
+}
+
+// The pool's hand-off on an empty job: from submitting it to the last thread starting, and to the call
+// returning, in microseconds (medians of `jobs`), either back to back (the workers still spinning) or after
+// `idle_us` without work (longer than the pool's spin: they have gone to sleep).
+struct Handoff {
+  double started_us = 0, finished_us = 0;
+};
+Handoff EmptyJobHandoff(ThreadPool& pool, int jobs, int idle_us) {
+  std::vector<double> started, finished;
+  struct alignas(kCacheLine) Slot {
+    Clock::time_point t;
+  };
+  std::vector<Slot> starts(pool.size());
+  for (int j = 0; j < jobs; ++j) {
+    if (idle_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(idle_us));
+    const auto t0 = Clock::now();
+    pool.RunOnAll([&](int t) { starts[t].t = Clock::now(); });
+    const auto t1 = Clock::now();
+    Clock::time_point last = t0;
+    for (const Slot& s : starts) last = std::max(last, s.t);
+    started.push_back(std::chrono::duration<double, std::micro>(last - t0).count());
+    finished.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  return {Median(started), Median(finished)};
+}
+
 }  // namespace
 
 int RunExpertsBench(int argc, char** argv) {
@@ -109,8 +153,10 @@ int RunExpertsBench(int argc, char** argv) {
   int64_t prefetch = -1, gate_up_chunk = 0, down_chunk = 0, huge_pages = 1, read_trials = 3, spin_us = -1, vbmi = 1,
           page_lines = -1;
   double seconds = 1.0, max_ratio = 1.05;
-  bool json = false, peak = false, in_cache = false, compare_vbmi = false;
+  bool json = false, peak = false, in_cache = false, compare_vbmi = false, compare_huge_pages = false;
   std::vector<int> compare_prefetch, compare_streams, compare_page_lines, compare_prefill_min_rows;
+  std::vector<int> compare_gate_up_chunk, compare_down_chunk;
+  std::string compare_set;
   parser.AddString("preset", "NAME", "expert shapes: v4-flash (4096x2048, 256 experts, top-6) or small", &preset_name);
   parser.AddInt("tokens", "T", "tokens per step (each routed to top-k random experts per layer)", &tokens, 1, 1 << 20);
   parser.AddInt("threads", "N", "kernel threads, pinned to the first N CPUs of NUMA node 0 (default: all)", &threads,
@@ -156,6 +202,24 @@ int RunExpertsBench(int argc, char** argv) {
                     "also run the kernel with the AVX-512 prefill path from these many rows per expert on (0 = "
                     "never), interleaved the same way",
                     &compare_prefill_min_rows);
+  parser.AddIntList("compare-gate-up-chunk", "LIST",
+                    "also run the kernel with gate/up work units of these many tile pairs (per-thread slicing), "
+                    "interleaved the same way",
+                    &compare_gate_up_chunk);
+  parser.AddIntList("compare-down-chunk", "LIST",
+                    "also run the kernel with down work units of these many tiles, interleaved the same way",
+                    &compare_down_chunk);
+  parser.AddString("compare-set", "SPECS",
+                   "also run these variants, interleaved the same way: ';'-separated, each a ','-separated list of "
+                   "KEY=VALUE that changes several settings at once (keys: prefetch, page-lines, streams, "
+                   "gate-up-chunk, down-chunk, vbmi, prefill-min-rows), e.g. "
+                   "'streams=1,page-lines=0,prefetch=2048;gate-up-chunk=8'",
+                   &compare_set);
+  parser.AddFlag("compare-huge-pages",
+                 "pack every other layer on 4 KiB pages (the rest as --huge-pages says) and run the main setting "
+                 "on each half, interleaved the same way (each half is read by its own variant, so each sees "
+                 "twice the LLC share of a full run)",
+                 &compare_huge_pages);
   parser.AddFlag("compare-vbmi", "also run the main setting without the VBMI decode, interleaved the same way",
                  &compare_vbmi);
   parser.AddInt("spin-us", "US", "how long idle pool threads poll for the next job (default: the pool's)", &spin_us,
@@ -233,6 +297,7 @@ int RunExpertsBench(int argc, char** argv) {
     const int64_t want = std::max<int64_t>(20 * llc, int64_t{2} << 30);
     layers = preset->experts >= 64 ? std::max<int64_t>(1, (want + layer_bytes - 1) / layer_bytes) : 1;
   }
+  if (compare_huge_pages && layers % 2 != 0) ++layers;  // as many layers on each page size
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
   constexpr int kSources = 8;
   struct Source {
@@ -269,7 +334,7 @@ int RunExpertsBench(int argc, char** argv) {
     for (int64_t l = 0; l < layers; ++l) {
       auto layer = ExpertLayer::Pack(preset->hidden, preset->inter, refs, isa,
                                      {.numa_node = placement->front().nodes.front(),
-                                      .huge_pages = huge_pages != 0,
+                                      .huge_pages = huge_pages != 0 && !(compare_huge_pages && l % 2 == 1),
                                       .pool = &pack_pool});
       if (!layer.ok()) return fail(layer.status());
       packed.push_back(std::move(*layer));
@@ -280,9 +345,11 @@ int RunExpertsBench(int argc, char** argv) {
   const double weight_gb = static_cast<double>(layer_bytes) * layers / 1e9;
   if (!json) {
     std::printf("preset %s: hidden %ld, inter %ld, %ld experts/layer, top-%ld; %ld layer(s), %.2f GB of packed "
-                "weights (LLC %.0f MiB), %s pages, packed in %.1f s\n",
+                "weights (LLC %.0f MiB), %s pages%s (%.2f GB of this process on 2 MB pages), packed in %.1f s\n",
                 preset->name, preset->hidden, preset->inter, preset->experts, preset->top_k, layers, weight_gb,
-                llc / 1048576.0, packed[0]->page_mode().c_str(), pack_s);
+                llc / 1048576.0, packed[0]->page_mode().c_str(),
+                compare_huge_pages ? absl::StrCat(" (odd layers: ", packed[1]->page_mode(), ")").c_str() : "",
+                HugePageBytes() / 1e9, pack_s);
     std::printf("isa %s, precision %s, %d threads on CPUs", IsaName(isa), precision_name.c_str(), pool.size());
     for (int c : pool.cpus()) std::printf(" %d", c);
     std::printf(", tokens %ld; kernel %s, prefetch %ld bytes ahead (%s), units of %ld gate/up tile pairs and %ld "
@@ -324,9 +391,57 @@ int RunExpertsBench(int argc, char** argv) {
     std::string name;
     std::unique_ptr<MoeCompute> moe;
     std::vector<double> kernel_gbps, ratios;
+    std::vector<const ExpertLayer*> layers;  // cycled through by its steps (default: all)
   };
   std::vector<Variant> variants;
   variants.push_back({"main", std::make_unique<MoeCompute>(&pool, isa, moe_options), {}, {}});
+  if (compare_huge_pages) {
+    variants.push_back({absl::StrCat("main on ", packed[1]->page_mode(), " pages"),
+                        std::make_unique<MoeCompute>(&pool, isa, moe_options), {}, {}});
+    for (int64_t l = 0; l < layers; ++l) variants[l % 2].layers.push_back(packed[l].get());
+  }
+  for (int n : compare_gate_up_chunk) {
+    MoeComputeOptions o = moe_options;
+    o.gate_up_chunk = n;
+    variants.push_back({absl::StrCat("gate/up units of ", n), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  for (int n : compare_down_chunk) {
+    MoeComputeOptions o = moe_options;
+    o.down_chunk = n;
+    variants.push_back({absl::StrCat("down units of ", n), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  for (absl::string_view spec : absl::StrSplit(compare_set, ';', absl::SkipWhitespace())) {
+    MoeComputeOptions o = moe_options;
+    for (absl::string_view kv : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+      const std::vector<std::string> parts = absl::StrSplit(kv, '=');
+      int64_t v = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &v) || v < 0) {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("--compare-set: '", kv, "' is not KEY=VALUE with a non-negative integer VALUE")));
+      }
+      const std::string& key = parts[0];
+      if (key == "prefetch") {
+        o.prefetch_bytes = v;
+      } else if (key == "page-lines") {
+        o.prefetch_page_lines = v;
+      } else if (key == "streams") {
+        o.max_streams = v;
+      } else if (key == "gate-up-chunk" && v > 0) {
+        o.gate_up_chunk = v;
+      } else if (key == "down-chunk" && v > 0) {
+        o.down_chunk = v;
+      } else if (key == "vbmi" && v <= 1) {
+        o.avx512_without_vbmi = v == 0;
+      } else if (key == "prefill-min-rows") {
+        o.int8_prefill_min_rows = v;
+      } else {
+        return fail(absl::InvalidArgumentError(absl::StrCat("--compare-set: unknown key or bad value in '", kv,
+                                                            "' (keys: prefetch, page-lines, streams, gate-up-chunk, "
+                                                            "down-chunk, vbmi 0|1, prefill-min-rows)")));
+      }
+    }
+    variants.push_back({std::string(spec), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
   for (int pf : compare_prefetch) {
     MoeComputeOptions o = moe_options;
     o.prefetch_bytes = pf;
@@ -351,6 +466,11 @@ int RunExpertsBench(int argc, char** argv) {
     MoeComputeOptions o = moe_options;
     o.avx512_without_vbmi = true;
     variants.push_back({"without vbmi", std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  for (Variant& v : variants) {
+    if (v.layers.empty()) {
+      for (const auto& l : packed) v.layers.push_back(l.get());
+    }
   }
   MoeCompute& moe = *variants[0].moe;
   std::vector<float> x(tokens * preset->hidden), out(tokens * preset->hidden), w(tokens * preset->top_k);
@@ -385,6 +505,15 @@ int RunExpertsBench(int argc, char** argv) {
     std::printf("read loops (median of %ld passes each): %s; using %s\n", read_trials, choice.Summary().c_str(),
                 reader.name);
   }
+  // The pool's own hand-off, on an empty job: back to back, and after 2 ms idle (the workers asleep).
+  const Handoff warm_handoff = EmptyJobHandoff(pool, 200, 0);
+  const Handoff idle_handoff = EmptyJobHandoff(pool, 50, 2000);
+  if (!json) {
+    std::printf("pool hand-off, empty job (medians): back to back, all %d threads started %.1f us, returned %.1f us "
+                "after submit; after 2 ms idle %.1f / %.1f us\n",
+                pool.size(), warm_handoff.started_us, warm_handoff.finished_us, idle_handoff.started_us,
+                idle_handoff.finished_us);
+  }
   // Warm up the kernel's scratch.
   route();
   if (Status st = moe.Run(*packed[0], 10.0f, MoeBatch{tokens, preset->top_k, x.data(), ids.data(), w.data(), out.data()});
@@ -410,7 +539,7 @@ int RunExpertsBench(int argc, char** argv) {
       int64_t steps = 0;
       const double handoff0 = vm.handoff_seconds();
       while (steps < 3 || kernel_s < seconds) {
-        const ExpertLayer& layer = *packed[steps % layers];
+        const ExpertLayer& layer = *variants[v].layers[steps % variants[v].layers.size()];
         const int64_t unique = route();
         const auto t0 = Clock::now();
         Status st =
@@ -464,9 +593,12 @@ int RunExpertsBench(int argc, char** argv) {
   }
   const int levels = moe_options.precision == ActivationPrecision::kHigh ? 2 : 1;
   std::printf("{\"isa\":\"%s\",\"precision\":\"%s\",\"tokens\":%ld,\"threads\":%d,\"kernel_gbps\":%.3f,"
-              "\"read_gbps\":%.3f,\"ratio\":%.4f,\"tflops\":%.5f,\"read_bound_tflops\":%.5f,\"read_method\":\"%s\"%s}\n",
+              "\"read_gbps\":%.3f,\"ratio\":%.4f,\"tflops\":%.5f,\"read_bound_tflops\":%.5f,\"read_method\":\"%s\","
+              "\"step_ms\":%.4f,\"step_handoff_us\":%.2f,\"empty_job_started_us\":%.2f,\"empty_job_finished_us\":%.2f,"
+              "\"idle_job_started_us\":%.2f,\"idle_job_finished_us\":%.2f%s}\n",
               IsaName(isa), precision_name.c_str(), tokens, pool.size(), k, r, k / r, Median(tflops),
-              Median(tflops) * r / k, reader.name,
+              Median(tflops) * r / k, reader.name, Median(step_ms), Median(handoff_us), warm_handoff.started_us,
+              warm_handoff.finished_us, idle_handoff.started_us, idle_handoff.finished_us,
               peak_tflops > 0 ? absl::StrFormat(",\"peak_tflops\":%.4f,\"tflops_ratio\":%.4f,\"issued_ratio\":%.4f",
                                                 peak_tflops, Median(tflops) / peak_tflops,
                                                 levels * Median(tflops) / peak_tflops).c_str()

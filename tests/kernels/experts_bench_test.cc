@@ -35,7 +35,7 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
     const RunResult r = RunBench(args);
     ASSERT_EQ(r.rc, 0) << r.out;
     const auto j = nlohmann::json::parse(LastLine(r.out));
-    ASSERT_EQ(j.size(), 10u) << j.dump();
+    ASSERT_EQ(j.size(), 16u) << j.dump();
     EXPECT_EQ(j["precision"], "high");
     EXPECT_TRUE(j["read_method"].is_string() && !j["read_method"].get<std::string>().empty()) << j.dump();
     EXPECT_TRUE(j["isa"].is_string());
@@ -51,7 +51,32 @@ TEST(ExpertsBench, LastLineIsTheJsonObject) {
     EXPECT_NEAR(ratio, k / rd, 1e-3 * ratio + 1e-3);
     // From the printed (rounded) figures: tflops at the read's GB/s instead of the kernel's.
     EXPECT_NEAR(j["read_bound_tflops"].get<double>(), tflops * rd / k, 1e-2 * tflops * rd / k + 1e-4);
+    // The hand-off figures: a step's share outside the threads' work, and the pool's on an empty job (the
+    // last thread starts before the call returns).
+    EXPECT_GT(j["step_ms"].get<double>(), 0.0);
+    EXPECT_GE(j["step_handoff_us"].get<double>(), 0.0);
+    EXPECT_LT(j["step_handoff_us"].get<double>(), 1e3 * j["step_ms"].get<double>());
+    for (const char* job : {"empty_job", "idle_job"}) {
+      const double started = j[std::string(job) + "_started_us"], finished = j[std::string(job) + "_finished_us"];
+      EXPECT_GE(started, 0.0) << job;
+      EXPECT_LE(started, finished) << job;
+    }
   }
+}
+
+// Every --compare-* variant runs and prints its medians; --compare-set names a bad key.
+TEST(ExpertsBench, CompareVariantsRun) {
+  const RunResult r = RunBench(
+      "--preset small --tokens 2 --threads 1 --runs 1 --seconds 0.01 --compare-gate-up-chunk 2 --compare-down-chunk 8 "
+      "--compare-huge-pages --compare-set 'streams=1,prefetch=0;gate-up-chunk=1'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (const char* name : {"compared, gate/up units of 2:", "compared, down units of 8:", "compared, main on 4k pages:",
+                           "compared, streams=1,prefetch=0:", "compared, gate-up-chunk=1:"}) {
+    EXPECT_NE(r.out.find(name), std::string::npos) << name << "\n" << r.out;
+  }
+  const RunResult bad = RunBench("--preset small --runs 1 --seconds 0.01 --compare-set 'streams=1;nope=3'");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE((bad.out + bad.err).find("nope=3"), std::string::npos) << bad.out << bad.err;
 }
 
 // --peak adds the instruction's peak, the share of it reached and the share the issued instructions use

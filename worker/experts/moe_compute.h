@@ -71,7 +71,11 @@ struct MoeComputeOptions {
   // Such a step is ~10 us or less on one core (weights in cache), while a hand-off costs 1-2 us to a
   // spinning worker and tens to hundreds to a sleeping or descheduled one (shared 2-core AVX-512 VM,
   // 1-row steps: tiny-v4 shapes 2.9 us inline vs p90 235 us through a sleeping 1-thread pool; demo-v4
-  // shapes, 209 KB, 8.5 us either way at the median but a heavier tail through the pool).
+  // shapes, 209 KB, 8.5 us either way at the median but a heavier tail through the pool). numoe-bench
+  // experts prints the pool's hand-off on an empty job (2 pinned threads on the 2-vCPU VM, medians): all
+  // threads started 1.7-2.2 us after submit and the call back 3.4-4.3 us when they are spinning, 37-52 /
+  // 39-55 us after 2 ms idle (asleep); a V4-Flash decode step's own hand-off (handoff_seconds) is 8-9 us of
+  // a 4.3 ms step at T=1 (0.2%) and 20-24 us of 16.6 ms at T=4: not where the missing bandwidth goes.
   int64_t inline_max_bytes = 256 << 10;
   // Software prefetch of the int8 (AVX2/AVX-512) kernels into L2: bytes ahead of the super-block being read
   // (0 = none). Measured with numoe-bench experts on the Emerald Rapids host (V4-Flash experts, T=1, random
@@ -91,6 +95,15 @@ struct MoeComputeOptions {
   // holds one of the core's 16 L1 fill buffers until DRAM answers, so one per line caps the core near 16
   // lines in flight and stalls its loads; the L2 streamer holds none but stops at each 4 KiB page, so one
   // line per page, ahead, restarts it there without the cap.
+  // Note that "none" (prefetch_bytes 0) and page-start mode still prefetch each line itself just before
+  // its load (TilePassGroup). Measured this session on the VM (T=1, 2 threads, 7 runs interleaved, medians
+  // of ratios), variants not kept: no prefetch instruction at all 0.686 against 0.798 for that own-line
+  // prefetch (and 23.6 against 30.1 GB/s per thread in L2, separate processes); the own-line prefetch
+  // moved 128 / 256 / 512 / 1024 bytes ahead 0.762 / 0.782 / 0.787 / 0.772 against 0.795; the page-start
+  // line 8 KiB ahead 0.782 against 0.809, its first 2 lines 0.815; the first 4 or 16 lines of each stream
+  // of a thread's next kernel call prefetched before the current call (next unit claimed one ahead) 0.793 /
+  // 0.806 against 0.809, and 0.685 against 0.686 in a second run. T=4: every prefetch off but the own line
+  // 0.804 against 0.790, at most 2 tiles at once 0.752.
   int64_t prefetch_bytes = 4096;
   // Tiles the int8 kernels read at once, each its own sequential stream (0: as many as the registers hold
   // for the expert's row count: 4 for 1 row on AVX-512; 1 = one tile after the other). Four tiles give
@@ -105,6 +118,13 @@ struct MoeComputeOptions {
   // expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of a step when
   // there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2 threads 0.67 ->
   // 0.73. Gate/up units of 2 pairs instead of 4: 0.75 / 0.79 at 2 / 16 threads against 0.75 / 0.88.
+  // With the four-tile kernel on the 2-vCPU VM (numoe-bench experts --compare-gate-up-chunk / -down-chunk,
+  // interleaved runs, medians of ratios, 2 threads; the main setting and a variant of the same setting
+  // differ by up to 0.015 there): T=1, 15 runs, gate/up units of 4 / 8 pairs 0.796 (again, as a variant:
+  // 0.811) / 0.802; shorter runs of 5-7 had given 8 pairs 0.886 / 0.830 / 0.813 against 0.845 / 0.802 /
+  // 0.813, 16 pairs 0.801, 2 pairs 0.838 (against 0.845); down units of 2 / 8 tiles 0.825 / 0.852
+  // against 0.845, and 0.808 against 0.813. No size measurably better than 4 at 2 threads, and 4 is the
+  // best measured at 16: kept.
   int64_t gate_up_chunk = 4;
   int64_t down_chunk = 4;
 };

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -324,14 +325,8 @@ bool BothWorkersUp(int port) {
 int64_t ActiveSequences(int port) {
   const HttpResponse r = HttpCall(port, "GET", "/metrics", "", {}, 2s);
   if (r.status != 200) return -1;
-  int64_t sum = 0;
-  const std::string name = "numoe_worker_active_sequences{";
-  for (size_t at = r.body.find(name); at != std::string::npos; at = r.body.find(name, at + 1)) {
-    if (at > 0 && r.body[at - 1] != '\n') continue;
-    const size_t sp = r.body.find("} ", at);
-    if (sp != std::string::npos) sum += std::atoll(r.body.c_str() + sp + 2);
-  }
-  return sum;
+  // No worker line at all counts as none active.
+  return std::max<int64_t>(0, std::llround(MetricSum(r.body, "numoe_worker_active_sequences")));
 }
 
 // Every golden prompt, once streamed and once not, greedy, 32 tokens: the goldens' continuations.

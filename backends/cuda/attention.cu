@@ -758,7 +758,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) AttnMmaKernel(AttnArgs a, Step
     if (t % kMmaGroupTiles == 0 && (t / kMmaGroupTiles + 1) * kMmaGroupTiles < ntiles) {
       lookup(t / kMmaGroupTiles + 1);
     }
-    CpAsyncWait1();
+    CpAsyncWait<1>();
     __syncthreads();  // tile t (and, the first time, the queries) visible to every warp
     const __nv_bfloat16* kt = ks + (t & 1) * KT * kMmaHd;
     const int jn = static_cast<int>(min(static_cast<int64_t>(KT), je - (jb + static_cast<int64_t>(t) * KT)));

@@ -63,16 +63,15 @@ struct LayerDev {
 // The step metadata: one int32 block per pass, filled on the host (meta_h_) and copied whole to the device
 // (Scratch::meta), kWords x rows_cap words. One layout for both copies and every pass (decode, prefill,
 // verify, replay, draft).
-template <typename I>  // int32_t (the host copy) or const int32_t
-struct StepMetaOf {
+struct StepMeta {
   static constexpr int64_t kWords = 9;
-  I* token;       // [rows_cap] token id of each row
-  I* pos;         // [rows_cap] position of each row
-  I* seq;         // [rows_cap] index of each row's sequence in `seqs`
-  I* seqs;        // [rows_cap][4] per sequence of the pass: StepSeq {slot, begin row, end row, start position}
-  I* logit_rows;  // [rows_cap] the rows whose logits are computed, in output order
-  I* spec_map;    // [rows_cap] row -> slot * spec_tokens + index within the step (speculative rows), or -1
-  static StepMetaOf At(I* base, int64_t rows_cap) {
+  int32_t* token;       // [rows_cap] token id of each row
+  int32_t* pos;         // [rows_cap] position of each row
+  int32_t* seq;         // [rows_cap] index of each row's sequence in `seqs`
+  int32_t* seqs;        // [rows_cap][4] per sequence of the pass: StepSeq {slot, begin row, end row, start position}
+  int32_t* logit_rows;  // [rows_cap] the rows whose logits are computed, in output order
+  int32_t* spec_map;    // [rows_cap] row -> slot * spec_tokens + index within the step (speculative rows), or -1
+  static StepMeta At(int32_t* base, int64_t rows_cap) {
     return {base, base + rows_cap, base + 2 * rows_cap, base + 3 * rows_cap, base + 7 * rows_cap,
             base + 8 * rows_cap};
   }
@@ -85,7 +84,6 @@ struct StepMetaOf {
     seqs[4 * i + 3] = static_cast<int32_t>(start_pos);
   }
 };
-using StepMeta = StepMetaOf<int32_t>;
 
 // Device scratch for up to `rows` rows per pass (fixed addresses: CUDA graphs capture them).
 struct Scratch {

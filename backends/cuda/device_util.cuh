@@ -50,7 +50,6 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void CpAsyncWait1() { CpAsyncWait<1>(); }
 
 // ldmatrix of four 8x8 b16 matrices; lanes 8i..8i+7 address the rows of matrix i. The .trans form hands each
 // thread the transposed elements (the B operand of an mma from a k-major tile).

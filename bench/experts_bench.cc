@@ -151,11 +151,11 @@ int RunExpertsBench(int argc, char** argv) {
   std::string preset_name = "v4-flash", isa_name, precision_name = "high";
   int64_t tokens = 1, threads = 0, layers = 0, runs = 5, seed = 1, amx_min_rows = -1, prefill_min_rows = -1;
   int64_t prefetch = -1, gate_up_chunk = 0, down_chunk = 0, huge_pages = 1, read_trials = 3, spin_us = -1, vbmi = 1,
-          page_lines = -1;
+          page_lines = -1, read_ahead = -1, prefetch_l1 = -1;
   double seconds = 1.0, max_ratio = 1.05;
   bool json = false, peak = false, in_cache = false, compare_vbmi = false, compare_huge_pages = false;
   std::vector<int> compare_prefetch, compare_streams, compare_page_lines, compare_prefill_min_rows;
-  std::vector<int> compare_gate_up_chunk, compare_down_chunk;
+  std::vector<int> compare_gate_up_chunk, compare_down_chunk, compare_read_ahead;
   std::string compare_set;
   parser.AddString("preset", "NAME", "expert shapes: v4-flash (4096x2048, 256 experts, top-6) or small", &preset_name);
   parser.AddInt("tokens", "T", "tokens per step (each routed to top-k random experts per layer)", &tokens, 1, 1 << 20);
@@ -184,6 +184,14 @@ int RunExpertsBench(int argc, char** argv) {
                 "int8 kernels: prefetch only the first N lines of each 4 KiB page, 0 = every line (default: "
                 "MoeCompute's)",
                 &page_lines, -1, 64);
+  parser.AddInt("read-ahead", "0-3",
+                "int8 kernels: each thread reads its next work unit's bytes while computing the current one, "
+                "which then computes from L2: 1 with plain loads, 2 prefetcht0, 3 prefetcht1, 0 = off (default: "
+                "MoeCompute's)",
+                &read_ahead, -1, 3);
+  parser.AddInt("prefetch-l1", "0|1",
+                "int8 kernels: software prefetch into L1 (prefetcht0) instead of L2 (default: MoeCompute's)",
+                &prefetch_l1, -1, 1);
   parser.AddInt("vbmi", "0|1",
                 "AVX-512 int8 kernel: decode nibbles with VBMI permutes where the CPU has them (default 1)", &vbmi, 0,
                 1);
@@ -209,10 +217,13 @@ int RunExpertsBench(int argc, char** argv) {
   parser.AddIntList("compare-down-chunk", "LIST",
                     "also run the kernel with down work units of these many tiles, interleaved the same way",
                     &compare_down_chunk);
+  parser.AddIntList("compare-read-ahead", "LIST",
+                    "also run the kernel with these read-ahead modes (0-3, as --read-ahead), interleaved the same way",
+                    &compare_read_ahead);
   parser.AddString("compare-set", "SPECS",
                    "also run these variants, interleaved the same way: ';'-separated, each a ','-separated list of "
                    "KEY=VALUE that changes several settings at once (keys: prefetch, page-lines, streams, "
-                   "gate-up-chunk, down-chunk, vbmi, prefill-min-rows), e.g. "
+                   "gate-up-chunk, down-chunk, vbmi, prefill-min-rows, read-ahead, prefetch-l1), e.g. "
                    "'streams=1,page-lines=0,prefetch=2048;gate-up-chunk=8'",
                    &compare_set);
   parser.AddFlag("compare-huge-pages",
@@ -263,6 +274,8 @@ int RunExpertsBench(int argc, char** argv) {
   if (down_chunk > 0) moe_options.down_chunk = down_chunk;
   moe_options.avx512_without_vbmi = vbmi == 0;
   if (page_lines >= 0) moe_options.prefetch_page_lines = page_lines;
+  if (read_ahead >= 0) moe_options.read_ahead = read_ahead;
+  if (prefetch_l1 >= 0) moe_options.prefetch_l1 = prefetch_l1;
   if (precision_name == "low") {
     moe_options.precision = ActivationPrecision::kLow;
   } else if (precision_name != "high") {
@@ -353,13 +366,13 @@ int RunExpertsBench(int argc, char** argv) {
     std::printf("isa %s, precision %s, %d threads on CPUs", IsaName(isa), precision_name.c_str(), pool.size());
     for (int c : pool.cpus()) std::printf(" %d", c);
     std::printf(", tokens %ld; kernel %s, prefetch %ld bytes ahead (%s), units of %ld gate/up tile pairs and %ld "
-                "down tiles\n",
+                "down tiles, read-ahead %s\n",
                 tokens, MoeCompute(&pool, isa, moe_options).OpsFor(std::min<int64_t>(tokens, 8), false).name,
                 moe_options.prefetch_bytes,
                 moe_options.prefetch_page_lines > 0
                     ? absl::StrCat("the first ", moe_options.prefetch_page_lines, " line(s) of each 4 KiB page").c_str()
                     : "every line",
-                moe_options.gate_up_chunk, moe_options.down_chunk);
+                moe_options.gate_up_chunk, moe_options.down_chunk, moe_options.read_ahead == 0 ? "off" : moe_options.read_ahead == 1 ? "loads" : moe_options.read_ahead == 2 ? "prefetcht0" : "prefetcht1");
   }
 
   double peak_tflops = 0;  // in the JSON when --peak measured it
@@ -434,10 +447,14 @@ int RunExpertsBench(int argc, char** argv) {
         o.avx512_without_vbmi = v == 0;
       } else if (key == "prefill-min-rows") {
         o.int8_prefill_min_rows = v;
+      } else if (key == "read-ahead" && v <= 3) {
+        o.read_ahead = v;
+      } else if (key == "prefetch-l1" && v <= 1) {
+        o.prefetch_l1 = v;
       } else {
         return fail(absl::InvalidArgumentError(absl::StrCat("--compare-set: unknown key or bad value in '", kv,
                                                             "' (keys: prefetch, page-lines, streams, gate-up-chunk, "
-                                                            "down-chunk, vbmi 0|1, prefill-min-rows)")));
+                                                            "down-chunk, vbmi 0|1, prefill-min-rows, read-ahead 0-3, prefetch-l1 0|1)")));
       }
     }
     variants.push_back({std::string(spec), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
@@ -461,6 +478,12 @@ int RunExpertsBench(int argc, char** argv) {
     MoeComputeOptions o = moe_options;
     o.int8_prefill_min_rows = n;
     variants.push_back({absl::StrCat("prefill from ", n, " rows"), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
+  }
+  for (int n : compare_read_ahead) {
+    if (n < 0 || n > 3) return fail(absl::InvalidArgumentError("--compare-read-ahead: each value must be 0-3"));
+    MoeComputeOptions o = moe_options;
+    o.read_ahead = n;
+    variants.push_back({absl::StrCat("read-ahead ", n), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});
   }
   if (compare_vbmi) {
     MoeComputeOptions o = moe_options;

@@ -197,6 +197,23 @@ class ExpertKernelTest : public ::testing::TestWithParam<IsaCase> {
 
 TEST_P(ExpertKernelTest, OneRowDecode) { CheckStep({256, 128, 8, 1, 6}, 1); }
 
+// Every read-ahead mode (MoeComputeOptions::read_ahead; 3, the default, runs in every other test), with
+// the prefetch into L2 or L1, at 1 and 4 rows and with work units small enough that every thread claims
+// several: within the bound, and the pooled run the same bits as the inline one.
+TEST_P(ExpertKernelTest, ReadAheadModes) {
+  for (int64_t mode = 0; mode <= 2; ++mode) {
+    for (int64_t rows : {1, 4}) {
+      SCOPED_TRACE(::testing::Message() << "read_ahead " << mode << ", rows " << rows);
+      MoeComputeOptions o = Options();
+      o.read_ahead = mode;
+      o.prefetch_l1 = mode % 2;
+      o.gate_up_chunk = 1;
+      o.down_chunk = 1;
+      CheckStep({256, 128, 8, rows, 6}, 31 + static_cast<uint32_t>(rows), &o);
+    }
+  }
+}
+
 TEST_P(ExpertKernelTest, ShapesNotMultiplesOfAnyBlock) {
   // hidden 200: partial 32-block, partial 128 super-block, partial 16-row down tile; inter 72 likewise.
   CheckStep({200, 72, 5, 3, 4}, 2);
@@ -376,6 +393,19 @@ TEST_P(ExpertKernelTest, Int8StreamsAndDecodeSameBits) {
       args.ldo = ldo;
       args.prefetch_bytes = 4096;
       ops.tiles(args);
+      // Reading ahead (here: the same tiles once more) and skipping the prefetch (the tiles were read
+      // ahead) or prefetching into L1 change no bits, and the range is read to its end.
+      std::vector<float> ahead_out(m * ldo, std::nanf(""));
+      const experts::ByteRange range{args.tiles, args.tiles + tiles * tile_bytes};
+      experts::ReadAhead ra{nullptr, nullptr, &range, &range + 1, static_cast<int>(m % 3) + 1};
+      experts::TileArgs ar = args;
+      ar.out = ahead_out.data();
+      ar.read_ahead = &ra;
+      ar.tiles_read_ahead = m % 2 == 0;
+      ar.prefetch_l1 = m % 2 == 1;
+      ops.tiles(ar);
+      EXPECT_TRUE(ra.next == ra.last && ra.p == range.end) << "read ahead up to " << (ra.p - range.begin) << " of "
+                                                           << (range.end - range.begin) << " bytes";
       for (int64_t t = 0; t < tiles; ++t) {
         experts::TileArgs a1 = args;
         a1.tiles = layer->expert_data(0) + t * tile_bytes;
@@ -387,6 +417,7 @@ TEST_P(ExpertKernelTest, Int8StreamsAndDecodeSameBits) {
         for (int64_t col = 0; col < 16 * tiles; ++col) {
           const float a = all[i * ldo + col], e = each[i * ldo + col];
           ASSERT_EQ(std::memcmp(&a, &e, 4), 0) << "row " << i << " column " << col << ": " << a << " vs " << e;
+          ASSERT_EQ(std::memcmp(&a, &ahead_out[i * ldo + col], 4), 0) << "read-ahead: row " << i << " column " << col;
         }
       }
     }

@@ -15,6 +15,22 @@
 
 namespace numoe::experts {
 
+// Bytes [begin, end) that a kernel call reads ahead for the caller's next call (MoeComputeOptions::read_ahead).
+struct ByteRange {
+  const uint8_t* begin = nullptr;
+  const uint8_t* end = nullptr;
+};
+
+// The read-ahead state of one thread, advanced by the kernel calls that read its bytes: the range being
+// read is [p, end), then the ranges [next, last) in order.
+struct ReadAhead {
+  const uint8_t* p = nullptr;
+  const uint8_t* end = nullptr;
+  const ByteRange* next = nullptr;
+  const ByteRange* last = nullptr;
+  int mode = 1;  // MoeComputeOptions::read_ahead
+};
+
 struct TileArgs {
   const uint8_t* tiles = nullptr;  // first packed tile (64-byte aligned)
   int64_t num_tiles = 0;           // consecutive tiles, tile_stride bytes apart
@@ -33,6 +49,14 @@ struct TileArgs {
   // > 0: prefetch only the first this many lines of each 4 KiB page, prefetch_bytes ahead, instead of every
   // line (MoeComputeOptions::prefetch_page_lines).
   int64_t prefetch_page_lines = 0;
+  // Non-null: the int8 streaming kernel also loads the lines of *read_ahead (MoeComputeOptions::read_ahead),
+  // one per 64 bytes of tiles it reads, and advances it. Other kernels leave it alone.
+  ReadAhead* read_ahead = nullptr;
+  // The software prefetch goes into L1 (prefetcht0) instead of L2 (MoeComputeOptions::prefetch_l1).
+  bool prefetch_l1 = false;
+  // The tiles were read ahead by the previous call (they are in L2): the int8 kernels skip their software
+  // prefetch.
+  bool tiles_read_ahead = false;
 };
 
 struct KernelOps {

@@ -72,6 +72,8 @@ struct alignas(kCacheLine) MoeCompute::PlanSync {
 struct alignas(kCacheLine) MoeCompute::ThreadScratch {
   Buffer kernel;  // the kernel's own scratch (AMX B tiles)
   Buffer out;     // kernel results before the epilogue
+  std::vector<experts::ByteRange> ahead;  // the bytes of the thread's next work unit (read_ahead)
+  experts::ReadAhead read_ahead;
 };
 
 MoeCompute::MoeCompute(ThreadPool* pool, Isa isa, const MoeComputeOptions& options)
@@ -217,6 +219,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
   for (ThreadScratch& s : thread_scratch_) {
     s.kernel.Reserve(kernel_scratch);
     s.out.Reserve(out_scratch);
+    s.ahead.reserve(plans_.size());
   }
   units_.clear();
   for (size_t i = 0; i < plans_.size(); ++i) {
@@ -253,13 +256,59 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
 
   int64_t work_bytes = 0;
   for (const Plan& p : plans_) work_bytes += layer.expert_stream_bytes() * experts::CeilDiv(p.rows, 16);
+  const int64_t gate_up_units = static_cast<int64_t>(units_.size());
+  const bool read_ahead = options_.read_ahead > 0;
   const auto body = [&](int thread) {
     ThreadScratch& scratch = thread_scratch_[thread];
-    const auto next = [&](int phase) { return next_[phase].fetch_add(1, std::memory_order_relaxed); };
+    // Work items in claim order: gate/up units (phase 0), then down units (phase 1); phase -1: none left.
+    // With read_ahead the next item is claimed before the current one runs, and the current one's kernel
+    // calls read the next one's bytes (TileArgs::read_ahead), so that it computes from L2.
+    struct Item {
+      int phase = -1;
+      int64_t index = 0;
+    };
+    bool gate_up_left = true;
+    const auto claim = [&]() -> Item {
+      if (gate_up_left) {
+        const int64_t u = next_[0].fetch_add(1, std::memory_order_relaxed);
+        if (u < gate_up_units) return {0, u};
+        gate_up_left = false;
+      }
+      const int64_t u = next_[1].fetch_add(1, std::memory_order_relaxed);
+      if (u < down_units) return {1, u};
+      return {};
+    };
+    // The bytes an item's kernel calls read, in order, into scratch.ahead.
+    const auto set_ahead = [&](const Item& item) {
+      scratch.ahead.clear();
+      if (item.phase == 0) {
+        const Unit& unit = units_[item.index];
+        const uint8_t* t = layer.expert_data(plans_[unit.plan].expert) + shape.gate_tile_offset(unit.tile_begin);
+        scratch.ahead.push_back({t, t + 2 * (unit.tile_end - unit.tile_begin) * shape.gate_up().tile_bytes()});
+      } else if (item.phase == 1) {
+        const int64_t t0 = item.index * down_chunk, t1 = std::min(hidden_tiles, t0 + down_chunk);
+        for (const Plan& p : plans_) {
+          const uint8_t* t = layer.expert_data(p.expert) + shape.down_tile_offset(t0);
+          scratch.ahead.push_back({t, t + (t1 - t0) * shape.down().tile_bytes()});
+        }
+      }
+      scratch.read_ahead = {nullptr, nullptr, scratch.ahead.data(), scratch.ahead.data() + scratch.ahead.size(),
+                            static_cast<int>(options_.read_ahead)};
+    };
+    bool current_read_ahead = false;  // the current item's bytes were read ahead
+    const auto set_args = [&](experts::TileArgs& args) {
+      args.scratch = scratch.kernel.data();
+      args.prefetch_bytes = options_.prefetch_bytes;
+      args.max_streams = options_.max_streams;
+      args.prefetch_page_lines = options_.prefetch_page_lines;
+      args.read_ahead = read_ahead ? &scratch.read_ahead : nullptr;
+      args.tiles_read_ahead = current_read_ahead;
+      args.prefetch_l1 = options_.prefetch_l1 > 0;
+    };
     // 1. Gate and up, tile pair by tile pair, then SwiGLU into h. The first thread to reach an expert
     //    prepares its activations (the others wait for that); the last one to finish an expert's units
     //    prepares its h activations for the down projection.
-    for (int64_t u; (u = next(0)) < static_cast<int64_t>(units_.size());) {
+    const auto gate_up = [&](int64_t u) {
       const Unit& unit = units_[u];
       const Plan& p = plans_[unit.plan];
       PlanSync& sync = plan_sync_[unit.plan];
@@ -281,10 +330,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       args.m = p.rows;
       args.out = y;
       args.ldo = 2 * pairs * kTileRows;
-      args.scratch = scratch.kernel.data();
-      args.prefetch_bytes = options_.prefetch_bytes;
-        args.max_streams = options_.max_streams;
-        args.prefetch_page_lines = options_.prefetch_page_lines;
+      set_args(args);
       p.ops->tiles(args);
       for (int64_t i = 0; i < p.rows; ++i) {
         float* hrow = reinterpret_cast<float*>(h) + (p.first_route + i) * ldh + unit.tile_begin * kTileRows;
@@ -304,10 +350,10 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
         p.ops->prepare_acts(&h_rows_[p.first_route], p.rows, inter, inter_p, h_acts + p.h_acts);
         sync.h_ready.store(1, std::memory_order_release);
       }
-    }
+    };
     // 2. Down: each unit owns output columns [16 t0, 16 t1) of every row and adds all experts into them,
     //    in expert order (the order gate/up finishes in).
-    for (int64_t u; (u = next(1)) < down_units;) {
+    const auto down = [&](int64_t u) {
       const int64_t t0 = u * down_chunk, t1 = std::min(hidden_tiles, t0 + down_chunk);
       const int64_t c0 = t0 * kTileRows, c1 = std::min(hidden, t1 * kTileRows);
       for (int64_t r = 0; r < b.rows; ++r) std::memset(b.out + r * hidden + c0, 0, sizeof(float) * (c1 - c0));
@@ -324,10 +370,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
         args.m = p.rows;
         args.out = y;
         args.ldo = (t1 - t0) * kTileRows;
-        args.scratch = scratch.kernel.data();
-        args.prefetch_bytes = options_.prefetch_bytes;
-        args.max_streams = options_.max_streams;
-        args.prefetch_page_lines = options_.prefetch_page_lines;
+        set_args(args);
         p.ops->tiles(args);
         for (int64_t i = 0; i < p.rows; ++i) {
           const int64_t q = p.first_route + i;
@@ -337,6 +380,23 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
           for (int64_t c = 0; c < c1 - c0; ++c) o[c] += w * yi[c];
         }
       }
+    };
+    for (Item item = claim(); item.phase >= 0;) {
+      Item next_item;
+      if (read_ahead) {
+        next_item = claim();
+        set_ahead(next_item);
+      }
+      if (item.phase == 0) {
+        gate_up(item.index);
+      } else {
+        down(item.index);
+      }
+      // Only a next item read to its end skips the kernels' prefetch (read-ahead is one line per line
+      // computed, so a smaller current item, or one on a kernel that does not read ahead, leaves some).
+      const experts::ReadAhead& ra = scratch.read_ahead;
+      current_read_ahead = read_ahead && next_item.phase >= 0 && ra.next == ra.last && ra.p >= ra.end;
+      item = read_ahead ? next_item : claim();
     }
   };
   // Pooled runs time their threads' first start and last finish, for handoff_seconds().

@@ -127,6 +127,14 @@ struct MoeComputeOptions {
   // best measured at 16: kept.
   int64_t gate_up_chunk = 4;
   int64_t down_chunk = 4;
+  // > 0: each thread claims its next work unit before computing the current one, and the int8 streaming
+  // kernel reads the next unit's bytes while it computes (one line per 64 bytes of tiles it reads,
+  // TileArgs::read_ahead), so that the next unit computes from L2 with the DRAM stream in the background
+  // as one sequential read; 1 with plain loads, 2 with prefetcht0, 3 with prefetcht1. 0: off.
+  int64_t read_ahead = 3;
+  // 1: the int8 kernels' software prefetch (prefetch_bytes, prefetch_page_lines) goes into L1 (prefetcht0)
+  // instead of L2 (prefetcht1), so that a line prefetched ahead is not fetched once more from L2.
+  int64_t prefetch_l1 = 0;
 };
 
 class MoeCompute {

@@ -134,6 +134,36 @@ void Int8PrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp,
 // Software prefetch goes to L2 (prefetcht1), TileArgs::prefetch_bytes ahead: MoeComputeOptions::prefetch_bytes
 // has the measurements. (A function: GCC 12 drops __builtin_prefetch calls made from a lambda in these loops.)
 inline void PrefetchL2(const uint8_t* p) { __builtin_prefetch(p, 0, 2); }
+// Or into L1 (prefetcht0) where `l1` (TileArgs::prefetch_l1).
+inline void PrefetchLine(const uint8_t* p, bool l1) {
+  if (l1) {
+    __builtin_prefetch(p, 0, 3);
+  } else {
+    __builtin_prefetch(p, 0, 2);
+  }
+}
+
+// Read-ahead (TileArgs::read_ahead) of one line: mode 1 a plain load of one byte, which brings the whole
+// line in like the read yardstick's loads (its result is not used; nothing waits for it but retirement),
+// 2 prefetcht0, 3 prefetcht1.
+inline void TouchLine(const uint8_t* p, int mode) {
+  if (mode == 1) {
+    (void)*reinterpret_cast<const volatile uint8_t*>(p);
+  } else if (mode == 2) {
+    __builtin_prefetch(p, 0, 3);
+  } else {
+    __builtin_prefetch(p, 0, 2);
+  }
+}
+
+// Moves `ra` to its next non-empty range once the current one is read.
+inline void NextReadAhead(ReadAhead& ra) {
+  while (ra.p >= ra.end && ra.next < ra.last) {
+    ra.p = ra.next->begin;
+    ra.end = ra.next->end;
+    ++ra.next;
+  }
+}
 
 // One pass (S::kLanes rows of 16-row tiles) for one group of NG rows, over the whole K, of KT tiles at once
 // (tile k at tile0 + k * tile_stride, its outputs at column 16 k of `out`). Each tile is its own sequential
@@ -144,7 +174,8 @@ inline void PrefetchL2(const uint8_t* p) { __builtin_prefetch(p, 0, 2); }
 template <class S, int NG, int kLevels, int KT>
 inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t supers, int pass,
                           const GroupActs<kLevels>& ga, float* out, int64_t ldo, int64_t prefetch_bytes,
-                          int64_t page_lines, const uint8_t* prefetch_end) {
+                          int64_t page_lines, const uint8_t* prefetch_end, ReadAhead* ra, bool prefetch,
+                          bool l1) {
   using VI = typename S::VI;
   using VF = typename S::VF;
   const VI lut = S::WeightLut();
@@ -156,7 +187,23 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
   }
   const int chunk_off = 4 * S::kLanes * pass;
   const int scale_off = S::kLanes * pass;
+  // Read-ahead: one line of the next call's bytes per line of tiles read here (16 chunks and the scale
+  // line per super-block and tile), [rp, re) being the range at hand.
+  const uint8_t* rp = nullptr;
+  const uint8_t* re = nullptr;
+  const int ra_mode = ra != nullptr ? ra->mode : 0;
+  if (ra != nullptr) {
+    NextReadAhead(*ra);
+    rp = ra->p;
+    re = ra->end;
+  }
   for (int64_t s = 0; s < supers; ++s) {
+    if (rp >= re && ra != nullptr) {
+      ra->p = rp;
+      NextReadAhead(*ra);
+      rp = ra->p;
+      re = ra->end;
+    }
     const uint8_t* p = tile0 + s * kSuperBytes;
     // The super-block prefetch_bytes ahead in each stream, while that is still inside this call's tiles (the
     // next bytes usually belong to another thread's work unit); else this one again, which costs no memory
@@ -166,7 +213,7 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
     for (int k = 0; k < KT; ++k) {
       const uint8_t* pk = p + k * tile_stride;
       ahead[k] = prefetch_bytes > 0 && pk + prefetch_bytes < prefetch_end ? pk + prefetch_bytes : pk;
-      if (page_lines > 0) {
+      if (prefetch && page_lines > 0) {
         // Only the first page_lines lines of a 4 KiB page that starts within the super-block prefetch_bytes
         // ahead: the L2 streamer stops at page boundaries, and this starts it on the next page early.
         const uintptr_t a = reinterpret_cast<uintptr_t>(ahead[k]);
@@ -177,7 +224,11 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
         ahead[k] = pk;
       }
       asm("" : "+r"(ahead[k]));  // one base register (GCC would otherwise keep 17 addresses in xmm registers)
-      PrefetchL2(ahead[k] + kSuperNibbleBytes);  // the scale line
+      if (prefetch) PrefetchLine(ahead[k] + kSuperNibbleBytes, l1);  // the scale line
+      if (rp < re) {
+        TouchLine(rp, ra_mode);
+        rp += 64;
+      }
     }
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
@@ -198,7 +249,11 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
         for (int k = 0; k < KT; ++k) {
           // One line per chunk, spread over the super-block rather than 17 in a burst at its start, which
           // would take all of the core's fill buffers at once.
-          PrefetchL2(ahead[k] + 256 * b + 64 * g);
+          if (prefetch) PrefetchLine(ahead[k] + 256 * b + 64 * g, l1);
+          if (rp < re) {
+            TouchLine(rp, ra_mode);
+            rp += 64;
+          }
           const VI v = S::LoadChunk(p + k * tile_stride + 256 * b + 64 * g + chunk_off);
           VI lo, hi;
           S::Decode(lut, v, lo, hi);
@@ -225,6 +280,7 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
       }
     }
   }
+  if (ra != nullptr) ra->p = rp;
 #pragma GCC unroll 4
   for (int k = 0; k < KT; ++k) {
 #pragma GCC unroll 16
@@ -246,7 +302,8 @@ void RunGroup(const TileArgs& a, int64_t g0, const uint8_t* tile, float* out_til
   const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), NG, kp);
   for (int pass = 0; pass < kTileRows / S::kLanes; ++pass) {
     TilePassGroup<S, NG, kLevels, KT>(tile, a.tile_stride, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo,
-                                      a.prefetch_bytes, a.prefetch_page_lines, a.tiles + a.num_tiles * a.tile_stride);
+                                      a.prefetch_bytes, a.prefetch_page_lines, a.tiles + a.num_tiles * a.tile_stride,
+                                      a.read_ahead, !a.tiles_read_ahead, a.prefetch_l1);
   }
 }
 

@@ -55,7 +55,7 @@ struct TileArgs {
   // The software prefetch goes into L1 (prefetcht0) instead of L2 (MoeComputeOptions::prefetch_l1).
   bool prefetch_l1 = false;
   // The tiles were read ahead by the previous call (they are in L2): the int8 kernels skip their software
-  // prefetch.
+  // prefetch into L2 (not one into L1).
   bool tiles_read_ahead = false;
 };
 

@@ -104,7 +104,7 @@ struct MoeComputeOptions {
   // of a thread's next kernel call prefetched before the current call (next unit claimed one ahead) 0.793 /
   // 0.806 against 0.809, and 0.685 against 0.686 in a second run. T=4: every prefetch off but the own line
   // 0.804 against 0.790, at most 2 tiles at once 0.752.
-  int64_t prefetch_bytes = 4096;
+  int64_t prefetch_bytes = 2048;
   // Tiles the int8 kernels read at once, each its own sequential stream (0: as many as the registers hold
   // for the expert's row count: 4 for 1 row on AVX-512; 1 = one tile after the other). Four tiles give
   // the core four times the independent accumulator chains: 1 row in L2 (numoe-bench experts --in-cache,
@@ -113,7 +113,7 @@ struct MoeComputeOptions {
   int64_t max_streams = 0;
   // > 0: the software prefetch touches only the first this many lines of each 4 KiB page, prefetch_bytes
   // ahead (the L2 streamer, which stops at page boundaries, fetches the rest); 0: every line.
-  int64_t prefetch_page_lines = 1;
+  int64_t prefetch_page_lines = 0;
   // Work units: gate/up tile pairs per unit (one expert, contiguous), down tiles per unit (of every used
   // expert). Down units of 8 tiles (32 per step for V4-Flash) leave threads idle at the end of a step when
   // there are many threads: 16 threads 0.87 with 8, 0.91 with 4; 8 threads 0.73 -> 0.82; 2 threads 0.67 ->
@@ -131,10 +131,10 @@ struct MoeComputeOptions {
   // kernel reads the next unit's bytes while it computes (one line per 64 bytes of tiles it reads,
   // TileArgs::read_ahead), so that the next unit computes from L2 with the DRAM stream in the background
   // as one sequential read; 1 with plain loads, 2 with prefetcht0, 3 with prefetcht1. 0: off.
-  int64_t read_ahead = 3;
+  int64_t read_ahead = 0;
   // 1: the int8 kernels' software prefetch (prefetch_bytes, prefetch_page_lines) goes into L1 (prefetcht0)
   // instead of L2 (prefetcht1), so that a line prefetched ahead is not fetched once more from L2.
-  int64_t prefetch_l1 = 0;
+  int64_t prefetch_l1 = 1;
 };
 
 class MoeCompute {

@@ -303,7 +303,7 @@ void RunGroup(const TileArgs& a, int64_t g0, const uint8_t* tile, float* out_til
   for (int pass = 0; pass < kTileRows / S::kLanes; ++pass) {
     TilePassGroup<S, NG, kLevels, KT>(tile, a.tile_stride, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo,
                                       a.prefetch_bytes, a.prefetch_page_lines, a.tiles + a.num_tiles * a.tile_stride,
-                                      a.read_ahead, !a.tiles_read_ahead, a.prefetch_l1);
+                                      a.read_ahead, !a.tiles_read_ahead || a.prefetch_l1, a.prefetch_l1);
   }
 }
 

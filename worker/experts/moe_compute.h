@@ -77,8 +77,8 @@ struct MoeComputeOptions {
   // 39-55 us after 2 ms idle (asleep); a V4-Flash decode step's own hand-off (handoff_seconds) is 8-9 us of
   // a 4.3 ms step at T=1 (0.2%) and 20-24 us of 16.6 ms at T=4: not where the missing bandwidth goes.
   int64_t inline_max_bytes = 256 << 10;
-  // Software prefetch of the int8 (AVX2/AVX-512) kernels into L2: bytes ahead of the super-block being read
-  // (0 = none). Measured with numoe-bench experts on the Emerald Rapids host (V4-Flash experts, T=1, random
+  // Software prefetch of the int8 (AVX2/AVX-512) kernels (into L1 or L2: prefetch_l1): bytes ahead of the
+  // super-block being read (0 = none). Measured with numoe-bench experts on the Emerald Rapids host (V4-Flash experts, T=1, random
   // top-6, ratio of kernel GB/s to the read yardstick, medians of 3 runs interleaved in one process), with
   // the earlier kernel (one tile at a time, 16.7 GB/s per thread in L2), every line prefetched:
   //   threads            2      8      16
@@ -104,6 +104,19 @@ struct MoeComputeOptions {
   // of a thread's next kernel call prefetched before the current call (next unit claimed one ahead) 0.793 /
   // 0.806 against 0.809, and 0.685 against 0.686 in a second run. T=4: every prefetch off but the own line
   // 0.804 against 0.790, at most 2 tiles at once 0.752.
+  // Kept since: every line prefetched 2 KiB ahead INTO L1 (prefetch_l1 = 1, prefetch_page_lines = 0).
+  // Measured on the VM with numoe-bench experts --compare-set (2 threads, medians of ratios, the variants
+  // run between the same read passes; "old" = prefetcht1 of the page-start line 4 KiB ahead plus the
+  // own-line prefetch, the setting before):
+  //   T=1, 5 runs: L1 2 KiB 0.865, 1 KiB 0.856, 4 KiB 0.802, old 0.767 (read 25.2 GB/s)
+  //   T=1, 5 runs: L1 2 KiB 0.769, old 0.722 (another run, read 22 GB/s)
+  //   T=1, 7 runs: L1 2 KiB 0.717, 1 KiB 0.767, 3 KiB 0.763, old 0.693 (a disturbed run, read 11.5 GB/s)
+  //   T=4, 5 runs: L1 2 KiB 0.818, old 0.719; again: L1 2 KiB 0.760, 1 KiB 0.785, 4 KiB 0.733, old 0.761
+  //   T=4, 7 runs: L1 2 KiB 0.783, 1 KiB 0.785, 3 KiB 0.731, old 0.702 (disturbed, read 12.4 GB/s)
+  // The likely reason: a line prefetched into L2 takes an L1 fill buffer twice (once until DRAM answers,
+  // once more when the load brings it from L2), into L1 once; the core's 16 fill buffers are what caps
+  // the lines in flight. (perf stat on this VM counts no hardware events, so this is inferred from the
+  // rates, not counted.)
   int64_t prefetch_bytes = 2048;
   // Tiles the int8 kernels read at once, each its own sequential stream (0: as many as the registers hold
   // for the expert's row count: 4 for 1 row on AVX-512; 1 = one tile after the other). Four tiles give
@@ -130,7 +143,12 @@ struct MoeComputeOptions {
   // > 0: each thread claims its next work unit before computing the current one, and the int8 streaming
   // kernel reads the next unit's bytes while it computes (one line per 64 bytes of tiles it reads,
   // TileArgs::read_ahead), so that the next unit computes from L2 with the DRAM stream in the background
-  // as one sequential read; 1 with plain loads, 2 with prefetcht0, 3 with prefetcht1. 0: off.
+  // as one sequential read; 1 with plain loads, 2 with prefetcht0, 3 with prefetcht1. 0: off (the default).
+  // Measured on the VM (T=1, 2 threads, 5 runs, medians of ratios, the old L2 prefetch otherwise): plain
+  // loads 0.573 (they hold retirement until DRAM answers), prefetcht0 0.756, prefetcht1 0.804, against
+  // 0.736 without; again 0.754 against 0.722; with the L1 prefetch (kept above) 0.857 against 0.865 at
+  // T=1 and 0.689 against 0.760 at T=4 (where a down unit's next unit, 24 experts x 4 tiles, is 1.7 MB
+  // of the 2 MB L2): not kept.
   int64_t read_ahead = 0;
   // 1: the int8 kernels' software prefetch (prefetch_bytes, prefetch_page_lines) goes into L1 (prefetcht0)
   // instead of L2 (prefetcht1), so that a line prefetched ahead is not fetched once more from L2.

@@ -131,8 +131,8 @@ void Int8PrepareActs(const float* const* rows, int64_t m, int64_t k, int64_t kp,
   }
 }
 
-// Software prefetch goes to L2 (prefetcht1), TileArgs::prefetch_bytes ahead: MoeComputeOptions::prefetch_bytes
-// has the measurements. (A function: GCC 12 drops __builtin_prefetch calls made from a lambda in these loops.)
+// Software prefetch goes to L1 (prefetcht0, TileArgs::prefetch_l1) or L2 (prefetcht1), TileArgs::prefetch_bytes
+// ahead: MoeComputeOptions::prefetch_bytes has the measurements. (A function: GCC 12 drops __builtin_prefetch calls made from a lambda in these loops.)
 inline void PrefetchL2(const uint8_t* p) { __builtin_prefetch(p, 0, 2); }
 // Or into L1 (prefetcht0) where `l1` (TileArgs::prefetch_l1).
 inline void PrefetchLine(const uint8_t* p, bool l1) {

@@ -267,8 +267,8 @@ TEST(CudaOpsTest, GemmEveryPathAgainstTheCpu) {
 // (every k-warp count, both row counts per warp), then each of those shapes and ones with tails (k not a
 // whole step, outputs not a whole block, groups) against the CPU, on the tensor-core path and the fp32 one
 // (the router gate keeps fp32 logits), with guard bytes around y.
-TEST(CudaOpsTest, GemvSplitKAgainstTheCpu) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+// (The plans are host arithmetic: checked without a device too.)
+TEST(CudaOpsTest, GemvPlansForV4FlashShapes) {
   using cuda::WType;
   struct Want {
     WType t;
@@ -293,7 +293,13 @@ TEST(CudaOpsTest, GemvSplitKAgainstTheCpu) {
     const cuda::GemvPlan gp = cuda::PlanGemv(call, 132);
     EXPECT_EQ(gp.rows_per_warp, want.rows_per_warp) << want.out << "x" << want.in;
     EXPECT_EQ(gp.k_warps, want.k_warps) << want.out << "x" << want.in;
+    EXPECT_EQ(gp.unroll, 2);
   }
+}
+
+TEST(CudaOpsTest, GemvSplitKAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  using cuda::WType;
   for (WType t : {WType::kFP8, WType::kBF16}) {
     CheckGemm({t, 8192, 1024, 1});              // 2 k warps
     CheckGemm({t, 4096, 2048, 1});              // 4
@@ -1097,6 +1103,7 @@ TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) {
 #else  // a build without CUDA
 
 TEST(CudaOpsTest, GemmEveryPathAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, GemvPlansForV4FlashShapes) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, GemvSplitKAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, RowKernelsAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, PackedMoeAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }

@@ -114,7 +114,8 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
              (c.groups > 1 ? " x" + std::to_string(c.groups) + " groups" : "") + ", " + std::to_string(c.n) +
              (c.n == 1 ? " row" : " rows") + ", gemv" + (gp.rows_per_warp == 4 ? " 4 rows/warp" : "") +
              (gp.k_warps > 1 ? ", split-k " + std::to_string(gp.k_warps) + " warps" : "") +
-             (gp.unroll != 2 ? ", unroll " + std::to_string(gp.unroll) : "");
+             (gp.unroll != 2 ? ", unroll " + std::to_string(gp.unroll) : "") +
+             (gp.min_blocks != 1 ? ", " + std::to_string(gp.min_blocks) + " blocks/SM" : "");
     });
     Gemv(c, gp, stream);
     return;

@@ -44,8 +44,9 @@ __device__ __forceinline__ void Fp8Word(uint32_t v, float (&out)[4]) {
 
 // Each warp streams RPW weight rows at once, so every x value it loads serves that many weights; KW warps share
 // those rows and split their k steps (warp w: rows group w / KW, steps w % KW, w % KW + KW, ...).
-template <WType WT, int RPW, int KW, int U>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemmCall c, DevW w) {
+// MB: the blocks per SM its registers must allow (1: no bound; 3 caps them at 85).
+template <WType WT, int RPW, int KW, int U, int MB>
+__global__ void __launch_bounds__(kGemvWarps * 32, MB) GemvKernel(GemmCall c, DevW w) {
   constexpr int kPer = WT == WType::kFP8 ? 16 : 8;  // weights per lane per 16-byte load
   constexpr int64_t kStep = 32 * kPer;              // k per warp per step
   constexpr int kBytes = WT == WType::kFP8 ? 1 : 2;
@@ -173,34 +174,37 @@ bool GemvApplies(const GemmCall& c, int64_t min_out) {
 
 namespace {
 
-template <WType WT, int RPW, int KW, int U>
+template <WType WT, int RPW, int KW, int U, int MB>
 void LaunchGemvKernel(const GemmCall& c, cudaStream_t stream) {
   const DevW& w = *c.w;
   const int64_t rows_per_block = kGemvWarps / KW * RPW;
   const dim3 grid(static_cast<unsigned>((w.out + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(c.groups));
-  GemvKernel<WT, RPW, KW, U><<<grid, kGemvWarps * 32, 0, stream>>>(c, w);
+  GemvKernel<WT, RPW, KW, U, MB><<<grid, kGemvWarps * 32, 0, stream>>>(c, w);
 }
 
-template <WType WT, int RPW, int U>
+template <WType WT, int RPW, int U, int MB>
 void DispatchKw(const GemmCall& c, int kw, cudaStream_t stream) {
   switch (kw) {
     case 1:
-      return LaunchGemvKernel<WT, RPW, 1, U>(c, stream);
+      return LaunchGemvKernel<WT, RPW, 1, U, MB>(c, stream);
     case 2:
-      return LaunchGemvKernel<WT, RPW, 2, U>(c, stream);
+      return LaunchGemvKernel<WT, RPW, 2, U, MB>(c, stream);
     case 4:
-      return LaunchGemvKernel<WT, RPW, 4, U>(c, stream);
+      return LaunchGemvKernel<WT, RPW, 4, U, MB>(c, stream);
     default:
-      return LaunchGemvKernel<WT, RPW, 8, U>(c, stream);
+      return LaunchGemvKernel<WT, RPW, 8, U, MB>(c, stream);
   }
 }
 
 template <WType WT>
 void DispatchRpw(const GemmCall& c, const GemvPlan& p, cudaStream_t stream) {
   if (p.rows_per_warp == 4) {
-    return p.unroll == 4 ? DispatchKw<WT, 4, 4>(c, p.k_warps, stream) : DispatchKw<WT, 4, 2>(c, p.k_warps, stream);
+    if (p.min_blocks == 3) {
+      return p.unroll == 4 ? DispatchKw<WT, 4, 4, 3>(c, p.k_warps, stream) : DispatchKw<WT, 4, 2, 3>(c, p.k_warps, stream);
+    }
+    return p.unroll == 4 ? DispatchKw<WT, 4, 4, 1>(c, p.k_warps, stream) : DispatchKw<WT, 4, 2, 1>(c, p.k_warps, stream);
   }
-  return p.unroll == 4 ? DispatchKw<WT, 1, 4>(c, p.k_warps, stream) : DispatchKw<WT, 1, 2>(c, p.k_warps, stream);
+  return p.unroll == 4 ? DispatchKw<WT, 1, 4, 1>(c, p.k_warps, stream) : DispatchKw<WT, 1, 2, 1>(c, p.k_warps, stream);
 }
 
 }  // namespace
@@ -215,9 +219,11 @@ GemvPlan PlanGemv(const GemmCall& c, int sms) {
   static const int split = EnvInt("NUMOE_GEMV_SPLIT", 1);
   static const int unroll = EnvInt("NUMOE_GEMV_UNROLL", 2) == 4 ? 4 : 2;
   static const int per_sm = std::max(1, EnvInt("NUMOE_GEMV_BLOCKS_PER_SM", 4));
+  static const int min_blocks = EnvInt("NUMOE_GEMV_MIN_BLOCKS", 1) == 3 ? 3 : 1;
   const int64_t rows = w.out * c.groups;
   p.rows_per_warp = w.type == WType::kFP8 || rows >= (split != 0 ? 2048 : 8192) ? 4 : 1;
   p.unroll = unroll;
+  p.min_blocks = p.rows_per_warp == 4 ? min_blocks : 1;
   // The fewest k warps per row group that give sms * per_sm blocks; at most one warp per k step.
   const int64_t per = w.type == WType::kFP8 ? 16 : 8;
   const int64_t steps = (w.in + 32 * per - 1) / (32 * per);

@@ -73,11 +73,14 @@ bool GemvApplies(const GemmCall& c, int64_t min_out = kGemvMinRows);
 // How it is launched: weight rows per warp (1 or 4), warps of a block that split k (1, 2, 4, 8; a block holds
 // 8 / k_warps * rows_per_warp weight rows), k steps in flight per warp (2 or 4). NUMOE_GEMV_SPLIT=0 keeps one
 // warp per row group; NUMOE_GEMV_BLOCKS_PER_SM (default 4) is the block count per SM that k warps are doubled
-// until; NUMOE_GEMV_UNROLL=4 puts 4 steps in flight (variants for a device run to compare).
+// until; NUMOE_GEMV_UNROLL=4 puts 4 steps in flight; NUMOE_GEMV_MIN_BLOCKS=3 takes the 4-rows-per-warp kernel
+// compiled for 3 blocks per SM (registers capped at 85; the default's 4-row FP8 kernel needs 114 on sm_90, so
+// 2 blocks fit). Variants for a device run to compare.
 struct GemvPlan {
   int rows_per_warp = 4;
   int k_warps = 1;
   int unroll = 2;
+  int min_blocks = 1;  // 1 or 3 (rows_per_warp 4 only)
 };
 GemvPlan PlanGemv(const GemmCall& c, int sms);
 void Gemv(const GemmCall& c, const GemvPlan& plan, cudaStream_t stream);

@@ -133,7 +133,11 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   };
   StreamPlan plan;
   if (mma && PlanGemmStream(c, sms, &plan)) {
-    const LaunchNote launch_note(bytes, [&] { return note(plan.ksplit, plan.split ? "stream hi/lo" : "stream"); });
+    const LaunchNote launch_note(bytes, [&] {
+      const char* path = plan.blocks_per_sm > 1 ? (plan.split ? "stream hi/lo, 2 blocks/SM" : "stream, 2 blocks/SM")
+                                                : (plan.split ? "stream hi/lo" : "stream");
+      return note(plan.ksplit, path);
+    });
     if (plan.ksplit > 1) cudaMemsetAsync(c.y, 0, static_cast<size_t>(c.n * c.ldy) * sizeof(float), stream);
     GemmStream(c, plan, stream);
     return;

@@ -109,6 +109,7 @@ struct StreamPlan {
   int frags = 1;   // 8-row fragments of x: 1, 2, 4 or 8
   int stages = 0;  // weight buffers in the ring
   bool split = false;  // x as a bf16 hi/lo pair (GemmCall::split_x)
+  int blocks_per_sm = 1;  // 2: planned for two blocks per SM (NUMOE_GEMM_STREAM_BLOCKS_PER_SM=2, up to 8 rows)
   int smem_bytes = 0;
 };
 bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan);

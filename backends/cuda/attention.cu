@@ -445,28 +445,40 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
     }
     __syncthreads();
     const int jn = static_cast<int>(min(static_cast<int64_t>(kKT), je - j0));
-    for (int jj = warp; jj < kKT; jj += kAttnThreads / 32) {
+    // A warp takes two keys at a time (jj and jj + 8: both loads in flight), each summed as on its own.
+    constexpr int kWarps = kAttnThreads / 32;
+    static_assert(kKT % (2 * kWarps) == 0, "two keys per warp and pass");
+    for (int jj = warp; jj < kKT; jj += 2 * kWarps) {
+      const int jb2 = jj + kWarps;
       if (jj < jn) {
-        float dot[kMaxHG];
+        const bool second = jb2 < jn;
+        float dot[2][kMaxHG];
 #pragma unroll
-        for (int h = 0; h < kMaxHG; ++h) dot[h] = 0.0f;
+        for (int h = 0; h < kMaxHG; ++h) dot[0][h] = dot[1][h] = 0.0f;
         const CacheT* k = kp[jj];
+        const CacheT* k_b = second ? kp[jb2] : k;  // (without a second key: the first again, its sums unused)
 #pragma unroll 4
         for (int d = 2 * lane; d < hd; d += 64) {
-          const float2 k2 = Load2(k, d);
+          const float2 k2 = Load2(k, d), kb2 = Load2(k_b, d);
 #pragma unroll
           for (int h = 0; h < kMaxHG; ++h) {
             if (h < HG) {
               const float2 q2 = *reinterpret_cast<const float2*>(qs + h * hd + d);
-              dot[h] = fmaf(q2.x, k2.x, fmaf(q2.y, k2.y, dot[h]));
+              dot[0][h] = fmaf(q2.x, k2.x, fmaf(q2.y, k2.y, dot[0][h]));
+              dot[1][h] = fmaf(q2.x, kb2.x, fmaf(q2.y, kb2.y, dot[1][h]));
             }
           }
         }
-        const float total = WarpSumScatter8(dot, lane);
+        const float total = WarpSumScatter8(dot[0], lane), total_b = WarpSumScatter8(dot[1], lane);
         const int h = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
-        if ((lane & 3) == 0 && h < HG) ps[jj * kMaxHG + h] = total * a.scale;
+        if ((lane & 3) == 0 && h < HG) {
+          ps[jj * kMaxHG + h] = total * a.scale;
+          if (second) ps[jb2 * kMaxHG + h] = total_b * a.scale;
+        }
+        if (!second && lane < HG) ps[jb2 * kMaxHG + lane] = -INFINITY;
       } else if (lane < HG) {
         ps[jj * kMaxHG + lane] = -INFINITY;
+        ps[jb2 * kMaxHG + lane] = -INFINITY;
       }
     }
     __syncthreads();

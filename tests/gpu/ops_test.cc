@@ -276,10 +276,13 @@ TEST(CudaOpsTest, GemvPlansForV4FlashShapes) {
     int groups;
     int rows_per_warp, k_warps;
   };
-  for (const Want& want : {Want{WType::kFP8, 32768, 1024, 1, 4, 1}, Want{WType::kFP8, 8192, 1024, 1, 4, 2},
-                           Want{WType::kFP8, 4096, 2048, 1, 4, 4}, Want{WType::kFP8, 4096, 4096, 1, 4, 8},
-                           Want{WType::kFP8, 1024, 4096, 8, 4, 4}, Want{WType::kBF16, 256, 4096, 1, 1, 8},
-                           Want{WType::kBF16, 2624, 4096, 1, 4, 8}, Want{WType::kBF16, 129280, 4096, 1, 4, 1}}) {
+  // Split only below 66 blocks unsplit (half of 132 SMs): fp8 1536x4096 (48 blocks) and the bf16 router gate
+  // (32) double their k warps up to 528 blocks or 8 warps; fp8 1024x1024 (32 blocks) stops at 2 (its 2 k steps).
+  for (const Want& want : {Want{WType::kFP8, 32768, 1024, 1, 4, 1}, Want{WType::kFP8, 8192, 1024, 1, 4, 1},
+                           Want{WType::kFP8, 4096, 4096, 1, 4, 1}, Want{WType::kFP8, 1024, 4096, 8, 4, 1},
+                           Want{WType::kFP8, 1536, 4096, 1, 4, 8}, Want{WType::kFP8, 1024, 1024, 1, 4, 2},
+                           Want{WType::kBF16, 256, 4096, 1, 1, 8}, Want{WType::kBF16, 1024, 4096, 1, 1, 1},
+                           Want{WType::kBF16, 2624, 4096, 1, 1, 1}, Want{WType::kBF16, 129280, 4096, 1, 4, 1}}) {
     cuda::DevW w;
     w.type = want.t;
     w.out = want.out;
@@ -301,17 +304,17 @@ TEST(CudaOpsTest, GemvSplitKAgainstTheCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   using cuda::WType;
   for (WType t : {WType::kFP8, WType::kBF16}) {
-    CheckGemm({t, 8192, 1024, 1});              // 2 k warps
-    CheckGemm({t, 4096, 2048, 1});              // 4
-    CheckGemm({t, 1536, 4096, 1});              // 8
-    CheckGemm({t, 1024, 4096, 1, 8});           // grouped, 4 k warps
-    CheckGemm({t, 1000, 4096, 1, 3});           // groups whose rows end inside a block
+    CheckGemm({t, 1536, 4096, 1});              // FP8: 8 k warps; BF16: unsplit, 1 row per warp
+    CheckGemm({t, 1024, 1024, 1});              // FP8: 2 k warps
+    CheckGemm({t, 4096, 2048, 1});              // unsplit
+    CheckGemm({t, 1024, 1024, 1, 2});           // grouped, FP8: 2 k warps (64 blocks)
     CheckGemm({t, 1100, 2000, 1});              // k tail inside a step, rows inside a block
     CheckGemm({t, 1040, 1040, 1});              // one step and a 16-wide tail
-    CheckGemm({t, 256, 4096, 1, 1, 0, 0, /*tensor_cores=*/false});  // the router gate's shape
+    CheckGemm({t, 256, 4096, 1, 1, 0, 0, /*tensor_cores=*/false});  // the router gate's shape: 8 k warps
     CheckGemm({t, 24, 4096, 1, 1, 0, 0, /*tensor_cores=*/false});   // fewer rows than a block holds
+    CheckGemm({t, 203, 2000, 1, 3, 0, 0, /*tensor_cores=*/false});  // groups whose rows end inside a block, k tail
   }
-  CheckGemm({WType::kBF16, 16384, 1024, 1});    // 4 rows per warp, no split
+  CheckGemm({WType::kBF16, 16384, 1024, 1});    // 4 rows per warp, unsplit
 }
 
 // The weight-streaming kernel (2-64 rows): every fragment count (rows 2, 8 | 9, 16 | 17, 32 | 33, 64), partial

@@ -411,8 +411,15 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   const int hd = a.hd;
   {
     const float* src = a.q + r * a.ldq + static_cast<int64_t>(h0) * hd;
+    if ((HG * hd) % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {  // 16-byte loads, all in flight
+      const float4* src4 = reinterpret_cast<const float4*>(src);
+      float4* qs4 = reinterpret_cast<float4*>(qs);
+#pragma unroll 8
+      for (int i = tid; i < HG * hd / 4; i += blockDim.x) qs4[i] = __ldg(src4 + i);
+    } else {
 #pragma unroll 4
-    for (int i = tid; i < HG * hd; i += blockDim.x) qs[i] = src[i];
+      for (int i = tid; i < HG * hd; i += blockDim.x) qs[i] = src[i];
+    }
   }
   if (tid < HG) {
     // Without splits the sink is folded in up front: exp(sink - m) = 1 with m = sink.
@@ -426,32 +433,52 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   for (int64_t j0 = jb; j0 < je; j0 += kKT) {
     if (tid < kKT) {
       const int64_t j = j0 + tid;
-      kp[tid] = j < je ? rk.Ptr(a, cache, r, j) : nullptr;
+      const CacheT* kj = j < je ? rk.Ptr(a, cache, r, j) : nullptr;
+      kp[tid] = kj;
+      // Every key of the tile on its way into L2 at once, so that the warps' dot products (a key at a time)
+      // do not each wait for memory.
+      if (kj != nullptr) {
+        for (int64_t b = 0; b < static_cast<int64_t>(hd) * sizeof(CacheT); b += 128) {
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(kj) + b));
+        }
+      }
     }
     __syncthreads();
     const int jn = static_cast<int>(min(static_cast<int64_t>(kKT), je - j0));
-    for (int jj = warp; jj < kKT; jj += kAttnThreads / 32) {
+    // A warp takes two keys at a time (jj and jj + 8: both loads in flight), each summed as on its own.
+    constexpr int kWarps = kAttnThreads / 32;
+    static_assert(kKT % (2 * kWarps) == 0, "two keys per warp and pass");
+    for (int jj = warp; jj < kKT; jj += 2 * kWarps) {
+      const int jb2 = jj + kWarps;
       if (jj < jn) {
-        float dot[kMaxHG];
+        const bool second = jb2 < jn;
+        float dot[2][kMaxHG];
 #pragma unroll
-        for (int h = 0; h < kMaxHG; ++h) dot[h] = 0.0f;
+        for (int h = 0; h < kMaxHG; ++h) dot[0][h] = dot[1][h] = 0.0f;
         const CacheT* k = kp[jj];
+        const CacheT* k_b = second ? kp[jb2] : k;  // (without a second key: the first again, its sums unused)
 #pragma unroll 4
         for (int d = 2 * lane; d < hd; d += 64) {
-          const float2 k2 = Load2(k, d);
+          const float2 k2 = Load2(k, d), kb2 = Load2(k_b, d);
 #pragma unroll
           for (int h = 0; h < kMaxHG; ++h) {
             if (h < HG) {
               const float2 q2 = *reinterpret_cast<const float2*>(qs + h * hd + d);
-              dot[h] = fmaf(q2.x, k2.x, fmaf(q2.y, k2.y, dot[h]));
+              dot[0][h] = fmaf(q2.x, k2.x, fmaf(q2.y, k2.y, dot[0][h]));
+              dot[1][h] = fmaf(q2.x, kb2.x, fmaf(q2.y, kb2.y, dot[1][h]));
             }
           }
         }
-        const float total = WarpSumScatter8(dot, lane);
+        const float total = WarpSumScatter8(dot[0], lane), total_b = WarpSumScatter8(dot[1], lane);
         const int h = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
-        if ((lane & 3) == 0 && h < HG) ps[jj * kMaxHG + h] = total * a.scale;
+        if ((lane & 3) == 0 && h < HG) {
+          ps[jj * kMaxHG + h] = total * a.scale;
+          if (second) ps[jb2 * kMaxHG + h] = total_b * a.scale;
+        }
+        if (!second && lane < HG) ps[jb2 * kMaxHG + lane] = -INFINITY;
       } else if (lane < HG) {
         ps[jj * kMaxHG + lane] = -INFINITY;
+        ps[jb2 * kMaxHG + lane] = -INFINITY;
       }
     }
     __syncthreads();
@@ -554,8 +581,12 @@ __global__ void __launch_bounds__(kAttnThreads) AttnKernel(AttnArgs a, StepDev s
   }
 }
 
-// Merges the key splits of one (row, head) with the sink, normalises and de-ropes.
-__global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float* part) {
+// Merges the key splits of one (row, head) with the sink, normalises and de-ropes. Block (r, h, c) writes dims
+// [c·kCombineDims, ...): at one row the 64 heads x 4 dim slices fill the GPU instead of 64 blocks.
+constexpr int kCombineThreads = 64;
+constexpr int kCombineDims = 2 * kCombineThreads;
+__global__ void __launch_bounds__(kCombineThreads) AttnCombineKernel(AttnArgs a, StepDev s, int splits,
+                                                                      const float* part) {
   const int64_t r = blockIdx.x;
   const int h = blockIdx.y;
   const int hd = a.hd;
@@ -585,11 +616,27 @@ __global__ void AttnCombineKernel(AttnArgs a, StepDev s, int splits, const float
   const float L = L_s;
   const int64_t p = s.pos[r];
   const int rbase = hd - a.rope_dim;
-  for (int d = 2 * threadIdx.x; d < hd; d += 2 * blockDim.x) {
+  for (int d = blockIdx.z * kCombineDims + 2 * threadIdx.x; d < hd; d += kCombineDims * gridDim.z) {
     float o0 = 0.0f, o1 = 0.0f;
-    for (int z = 0; z < splits; ++z) {
-      const float w = w_s[z];  // exp(-inf) = 0 for empty splits
-      if (w == 0.0f) continue;  // nothing to add (the tensor-core kernel leaves empty splits' sums unwritten)
+    int z = 0;
+    for (; z + 4 <= splits; z += 4) {  // four splits' loads in flight
+      float2 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        // exp(-inf) = 0 for empty splits: nothing to add, and nothing read (the tensor-core kernel leaves
+        // empty splits' sums unwritten)
+        v[u] = w_s[z + u] != 0.0f ? *reinterpret_cast<const float2*>(base_p + (z + u) * stride + 2 + d)
+                                  : make_float2(0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        o0 = fmaf(w_s[z + u], v[u].x, o0);
+        o1 = fmaf(w_s[z + u], v[u].y, o1);
+      }
+    }
+    for (; z < splits; ++z) {
+      const float w = w_s[z];
+      if (w == 0.0f) continue;
       o0 = fmaf(w, base_p[z * stride + 2 + d], o0);
       o1 = fmaf(w, base_p[z * stride + 3 + d], o1);
     }
@@ -1042,8 +1089,9 @@ void Attention(const AttnArgs& a, const StepDev& s, const CacheDev& cache, cudaS
     AttnKernel<CacheT><<<grid, kAttnThreads, smem, stream>>>(a, s, cache, hg, splits, a.part);
   }
   if (splits > 1) {
-    const dim3 cgrid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads));
-    AttnCombineKernel<<<cgrid, 128, 0, stream>>>(a, s, splits, a.part);
+    const dim3 cgrid(static_cast<unsigned>(s.n), static_cast<unsigned>(a.heads),
+                     static_cast<unsigned>((a.hd + kCombineDims - 1) / kCombineDims));
+    AttnCombineKernel<<<cgrid, kCombineThreads, 0, stream>>>(a, s, splits, a.part);
   }
 }
 

@@ -108,12 +108,16 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   const bool mma = tensor_cores && w.type != WType::kF32;
   // One row with BF16/FP8 weights: the GEMV (fp32 FMAs, like the SIMT kernel, so also without tensor cores).
   if (mma ? GemvApplies(c) : GemvApplies(c, 1)) {
+    const GemvPlan gp = PlanGemv(c, sms);
     const LaunchNote launch_note(c.groups * (w.data_bytes() + c.n * (w.in + w.out) * 4), [&] {
       return std::string(WTypeName(w.type)) + " " + std::to_string(w.out) + "x" + std::to_string(w.in) +
              (c.groups > 1 ? " x" + std::to_string(c.groups) + " groups" : "") + ", " + std::to_string(c.n) +
-             (c.n == 1 ? " row" : " rows") + ", gemv";
+             (c.n == 1 ? " row" : " rows") + ", gemv" + (gp.rows_per_warp == 4 ? " 4 rows/warp" : "") +
+             (gp.k_warps > 1 ? ", split-k " + std::to_string(gp.k_warps) + " warps" : "") +
+             (gp.unroll != 2 ? ", unroll " + std::to_string(gp.unroll) : "") +
+             (gp.min_blocks != 1 ? ", " + std::to_string(gp.min_blocks) + " blocks/SM" : "");
     });
-    Gemv(c, stream);
+    Gemv(c, gp, stream);
     return;
   }
   // What a launch moves: the weights (and FP8 block scales) once, x and y once per group.
@@ -129,7 +133,11 @@ void Gemm(const GemmCall& c, bool tensor_cores, int sms, cudaStream_t stream) {
   };
   StreamPlan plan;
   if (mma && PlanGemmStream(c, sms, &plan)) {
-    const LaunchNote launch_note(bytes, [&] { return note(plan.ksplit, plan.split ? "stream hi/lo" : "stream"); });
+    const LaunchNote launch_note(bytes, [&] {
+      const char* path = plan.blocks_per_sm > 1 ? (plan.split ? "stream hi/lo, 2 blocks/SM" : "stream, 2 blocks/SM")
+                                                : (plan.split ? "stream hi/lo" : "stream");
+      return note(plan.ksplit, path);
+    });
     if (plan.ksplit > 1) cudaMemsetAsync(c.y, 0, static_cast<size_t>(c.n * c.ldy) * sizeof(float), stream);
     GemmStream(c, plan, stream);
     return;

@@ -352,6 +352,30 @@ int SmemOptin() {
   return v;
 }
 
+// Shared memory of one SM (cached per device).
+int SmemPerSm() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) v = -1;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// NUMOE_GEMM_STREAM_BLOCKS_PER_SM=2: passes of up to 8 rows plan for two blocks per SM (their kernel's ~100
+// registers a thread allow it), each in half the SM's shared memory: 16 warps instead of 8 to hide the mma and
+// conversion latencies, a shallower ring and shorter k ranges. A variant for a device run to compare.
+int BlocksPerSm(int nf) {
+  static const int env = [] {
+    const char* v = std::getenv("NUMOE_GEMM_STREAM_BLOCKS_PER_SM");
+    return v != nullptr && std::strcmp(v, "2") == 0 ? 2 : 1;
+  }();
+  return nf == 1 ? env : 1;
+}
+
 bool Disabled() {
   static const bool off = [] {
     const char* v = std::getenv("NUMOE_GEMM_STREAM");
@@ -411,8 +435,10 @@ bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan) {
   const bool split = c.split_x;
   const int nf = Frags(c.n);
   const int64_t stage = static_cast<int64_t>(TileRows(nf)) * kRowBytes;
-  const int64_t optin = SmemOptin();
+  const int bps = BlocksPerSm(nf);
+  int64_t optin = SmemOptin();
   if (optin <= 0) return false;
+  if (bps > 1) optin = std::min<int64_t>(optin, SmemPerSm() / bps - 1024);  // (1 KiB per block is reserved)
   // The deepest ring (up to 4 buffers) that leaves room for at least 4 chunks of x.
   const int64_t xk = XBytesPerK(nf, split);
   int stages = 4;
@@ -423,7 +449,7 @@ bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan) {
   // Split K (ks ranges of whole chunks) and spread each range's tiles over `per` blocks, one block per SM
   // (the ring and x take most of its shared memory): pick the split whose slowest block streams the fewest
   // chunks, counting one chunk for the pipeline's fill and one for the memset and atomics of a split.
-  const int64_t chunks = w.in / C, slots = sms;
+  const int64_t chunks = w.in / C, slots = static_cast<int64_t>(sms) * bps;
   const int64_t ks_min = CeilDiv(w.in, kspan_max);
   const bool dense_y = c.groups == 1 ? c.ldy == w.out : (c.y_group_cols == w.out && c.ldy == w.out * c.groups);
   if (ks_min > 1 && !dense_y) return false;  // k does not fit x's buffer and y cannot take atomics
@@ -451,6 +477,7 @@ bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan) {
   plan->frags = nf;
   plan->stages = stages;
   plan->split = split;
+  plan->blocks_per_sm = bps;
   plan->smem_bytes = static_cast<int>(stages * stage + kspan * xk);
   return true;
 }

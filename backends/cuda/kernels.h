@@ -70,7 +70,20 @@ inline constexpr int64_t kGemvMinRows = 1024;
 // min_out: the fewest weight rows (one warp each) for which the GEMV beats the split-K mma kernel; a
 // call that would otherwise take the fp32 SIMT kernel (tensor_cores off) passes 1.
 bool GemvApplies(const GemmCall& c, int64_t min_out = kGemvMinRows);
-void Gemv(const GemmCall& c, cudaStream_t stream);
+// How it is launched: weight rows per warp (1 or 4), warps of a block that split k (1, 2, 4, 8; a block holds
+// 8 / k_warps * rows_per_warp weight rows), k steps in flight per warp (2 or 4). NUMOE_GEMV_SPLIT=0 keeps one
+// warp per row group; NUMOE_GEMV_BLOCKS_PER_SM (default 4) is the block count per SM that k warps are doubled
+// until; NUMOE_GEMV_UNROLL=4 puts 4 steps in flight; NUMOE_GEMV_MIN_BLOCKS=3 takes the 4-rows-per-warp kernel
+// compiled for 3 blocks per SM (registers capped at 85; the default's 4-row FP8 kernel needs 114 on sm_90, so
+// 2 blocks fit). Variants for a device run to compare.
+struct GemvPlan {
+  int rows_per_warp = 4;
+  int k_warps = 1;
+  int unroll = 2;
+  int min_blocks = 1;  // 1 or 3 (rows_per_warp 4 only)
+};
+GemvPlan PlanGemv(const GemmCall& c, int sms);
+void Gemv(const GemmCall& c, const GemvPlan& plan, cudaStream_t stream);
 // The tensor-core path (sm80_gemm_mma.cu); `ksplit` > 1 accumulates with atomics into a zeroed y.
 void GemmMma(const GemmCall& c, int ksplit, cudaStream_t stream);
 // Its tiling, for split-K sizing: up to kMmaNarrowRows rows of x, blocks of 64 weight rows x 8/16 rows of x;
@@ -96,6 +109,7 @@ struct StreamPlan {
   int frags = 1;   // 8-row fragments of x: 1, 2, 4 or 8
   int stages = 0;  // weight buffers in the ring
   bool split = false;  // x as a bf16 hi/lo pair (GemmCall::split_x)
+  int blocks_per_sm = 1;  // 2: planned for two blocks per SM (NUMOE_GEMM_STREAM_BLOCKS_PER_SM=2, up to 8 rows)
   int smem_bytes = 0;
 };
 bool PlanGemmStream(const GemmCall& c, int sms, StreamPlan* plan);

@@ -188,7 +188,15 @@ void CheckGemm(const GemmCase& c) {
                  " (kspan " + std::to_string(plan.kspan) + ") x " + std::to_string(plan.groups) + " groups, " +
                  std::to_string(plan.stages) + " stages, " + std::to_string(plan.smem_bytes) + " B shared");
   }
-  const double rel = !stream ? 4e-3 : plan.split ? 2e-4 : 2.2e-3;
+  // The GEMV multiplies exact weights by fp32 x with fp32 FMAs: a few dozen roundings of 2^-24 per sum.
+  const bool mma = c.tensor_cores && c.type != cuda::WType::kF32;
+  const bool gemv = mma ? cuda::GemvApplies(call) : cuda::GemvApplies(call, 1);
+  if (gemv) {
+    const cuda::GemvPlan gp = cuda::PlanGemv(call, Sms());
+    SCOPED_TRACE("gemv: " + std::to_string(gp.rows_per_warp) + " rows per warp, " + std::to_string(gp.k_warps) +
+                 " k warps, unroll " + std::to_string(gp.unroll));
+  }
+  const double rel = gemv ? 1e-5 : !stream ? 4e-3 : plan.split ? 2e-4 : 2.2e-3;
   cuda::Gemm(call, c.tensor_cores, Sms(), nullptr);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
@@ -253,6 +261,60 @@ TEST(CudaOpsTest, GemmEveryPathAgainstTheCpu) {
   }
   for (int64_t n : {1, 17, 64}) CheckGemm({WType::kF32, 600, 700, n, 1, 0, 0, /*tensor_cores=*/false});
   CheckGemm({WType::kBF16, 300, 500, 5, 1, 0, 0, /*tensor_cores=*/false});
+}
+
+// The one-row GEMV and its split of k over a block's warps: the plans V4-Flash's shapes get on a 132-SM GPU
+// (every k-warp count, both row counts per warp), then each of those shapes and ones with tails (k not a
+// whole step, outputs not a whole block, groups) against the CPU, on the tensor-core path and the fp32 one
+// (the router gate keeps fp32 logits), with guard bytes around y.
+// (The plans are host arithmetic: checked without a device too.)
+TEST(CudaOpsTest, GemvPlansForV4FlashShapes) {
+  using cuda::WType;
+  struct Want {
+    WType t;
+    int64_t out, in;
+    int groups;
+    int rows_per_warp, k_warps;
+  };
+  // Split only below 66 blocks unsplit (half of 132 SMs): fp8 1536x4096 (48 blocks) and the bf16 router gate
+  // (32) double their k warps up to 528 blocks or 8 warps; fp8 1024x1024 (32 blocks) stops at 2 (its 2 k steps).
+  for (const Want& want : {Want{WType::kFP8, 32768, 1024, 1, 4, 1}, Want{WType::kFP8, 8192, 1024, 1, 4, 1},
+                           Want{WType::kFP8, 4096, 4096, 1, 4, 1}, Want{WType::kFP8, 1024, 4096, 8, 4, 1},
+                           Want{WType::kFP8, 1536, 4096, 1, 4, 8}, Want{WType::kFP8, 1024, 1024, 1, 4, 2},
+                           Want{WType::kBF16, 256, 4096, 1, 1, 8}, Want{WType::kBF16, 1024, 4096, 1, 1, 1},
+                           Want{WType::kBF16, 2624, 4096, 1, 1, 1}, Want{WType::kBF16, 129280, 4096, 1, 4, 1}}) {
+    cuda::DevW w;
+    w.type = want.t;
+    w.out = want.out;
+    w.in = want.in;
+    cuda::GemmCall call;
+    call.w = &w;
+    call.ldx = want.in * want.groups;
+    call.n = 1;
+    call.groups = want.groups;
+    call.x_group_cols = want.in;
+    const cuda::GemvPlan gp = cuda::PlanGemv(call, 132);
+    EXPECT_EQ(gp.rows_per_warp, want.rows_per_warp) << want.out << "x" << want.in;
+    EXPECT_EQ(gp.k_warps, want.k_warps) << want.out << "x" << want.in;
+    EXPECT_EQ(gp.unroll, 2);
+  }
+}
+
+TEST(CudaOpsTest, GemvSplitKAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  using cuda::WType;
+  for (WType t : {WType::kFP8, WType::kBF16}) {
+    CheckGemm({t, 1536, 4096, 1});              // FP8: 8 k warps; BF16: unsplit, 1 row per warp
+    CheckGemm({t, 1024, 1024, 1});              // FP8: 2 k warps
+    CheckGemm({t, 4096, 2048, 1});              // unsplit
+    CheckGemm({t, 1024, 1024, 1, 2});           // grouped, FP8: 2 k warps (64 blocks)
+    CheckGemm({t, 1100, 2000, 1});              // k tail inside a step, rows inside a block
+    CheckGemm({t, 1040, 1040, 1});              // one step and a 16-wide tail
+    CheckGemm({t, 256, 4096, 1, 1, 0, 0, /*tensor_cores=*/false});  // the router gate's shape: 8 k warps
+    CheckGemm({t, 24, 4096, 1, 1, 0, 0, /*tensor_cores=*/false});   // fewer rows than a block holds
+    CheckGemm({t, 203, 2000, 1, 3, 0, 0, /*tensor_cores=*/false});  // groups whose rows end inside a block, k tail
+  }
+  CheckGemm({WType::kBF16, 16384, 1024, 1});    // 4 rows per warp, unsplit
 }
 
 // The weight-streaming kernel (2-64 rows): every fragment count (rows 2, 8 | 9, 16 | 17, 32 | 33, 64), partial
@@ -1044,6 +1106,8 @@ TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) {
 #else  // a build without CUDA
 
 TEST(CudaOpsTest, GemmEveryPathAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, GemvPlansForV4FlashShapes) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, GemvSplitKAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, RowKernelsAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, PackedMoeAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, AttentionEveryTypeSplitAndUnsplitAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }

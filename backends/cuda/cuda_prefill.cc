@@ -173,7 +173,7 @@ void CudaModel::ReleaseHostExperts() {
 bool CudaModel::UseHostExperts(const ExpertBackend* experts, int64_t rows) const {
   const HostExperts* e = experts->host_experts();
   return e != nullptr && e->min_rows > 0 && rows >= e->min_rows && host_experts_.count(e) != 0 &&
-         e->layer_bytes() <= prefill_layer_bytes_;
+         e->layer_bytes() <= prefill_layer_bytes_ && !host_pass_active_;
 }
 
 Status CudaModel::BeginHostExpertPass(const HostExperts* e) {

@@ -51,8 +51,9 @@ WorkerSession::WorkerSession(ModelHost* host, SessionInfo info, std::unique_ptr<
       channel_(std::move(channel)),
       lane_(host->AcquireLane()),
       experts_(channel_.get(), &host->hops, lane_, info_.background),
-      table_(table != nullptr ? std::move(table) : std::make_shared<SequenceTable>(host)),
+      table_(table),
       owns_table_(table == nullptr) {
+  if (table_ == nullptr) table_ = std::make_shared<SequenceTable>(host);
   table_->live.fetch_add(1);
   Touch();
 }

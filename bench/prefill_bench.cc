@@ -129,7 +129,7 @@ StatusOr<BesideDecode> PrefillBesideDecode(int port, int64_t n, const std::vecto
 int RunPrefillBench(int argc, char** argv) {
   std::string model, lens_text = "1024,4096,16384,32768", backend = "cpu";
   int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1, max_step_tokens = 0, pass_rows_flag = 0;
-  int64_t decode_streams = 0;
+  int64_t decode_streams = 0, piece_rows = -1;
   double decode_window = 3.0;
   std::string modes_text, lane_text;
   ServeBenchFlags common;
@@ -163,6 +163,8 @@ int RunPrefillBench(int argc, char** argv) {
               "numoe serve --prefill-lane-tokens values to run, in order, each with every --gpu-prefill mode (0 = "
               "no prefill lane: prompt chunks ride in the decode steps); default: the worker's default only",
               &lane_text);
+  p.AddInt("prefill-lane-piece-rows", "N", "numoe serve --prefill-lane-piece-rows (-1 = the worker's default)",
+           &piece_rows, -1, 65536);
   p.AddDouble("decode-window", "S", "--decode-streams: seconds of decode alone measured before the prompt is sent",
               &decode_window, 0.5, 600);
   AddServeBenchFlags(p, &common, "give up on a prompt after this long");
@@ -304,6 +306,10 @@ int RunPrefillBench(int argc, char** argv) {
     if (config.lane >= 0) {
       spec.extra.push_back("--prefill-lane-tokens");
       spec.extra.push_back(std::to_string(config.lane));
+    }
+    if (piece_rows >= 0) {
+      spec.extra.push_back("--prefill-lane-piece-rows");
+      spec.extra.push_back(std::to_string(piece_rows));
     }
     auto endpoints = ServeCommand(spec);
     if (!endpoints.ok()) return fail(endpoints.status());

@@ -24,6 +24,8 @@
 // "peak_tflops", "peak_isa", "flops_per_token", "skipped"} (lists per prompt length; medians over --runs; those
 // of the first --gpu-prefill mode), "gpu_prefill" (the modes) and "modes" ({mode: {"ttft_s", "prefill_tok_s"}}),
 // ("beside_decode": [{"prompt_len", "ttft_s", "decode_tok_s_alone", "decode_tok_s_beside"}] with --decode-streams),
+// "prefill_lane_tokens" (the --prefill-lane-tokens values; with some, every mode runs once per value and the
+// modes are named "<mode>/lane<N>"),
 // and with cuda "h2d_gbps", "expert_bytes_per_pass", "pass_rows" and "h2d_bound_tok_s" (per prompt length).
 #include <algorithm>
 #include <atomic>
@@ -127,9 +129,9 @@ StatusOr<BesideDecode> PrefillBesideDecode(int port, int64_t n, const std::vecto
 int RunPrefillBench(int argc, char** argv) {
   std::string model, lens_text = "1024,4096,16384,32768", backend = "cpu";
   int64_t workers = 1, threads = 0, runs = 1, lanes = -1, prefill_chunk = -1, max_step_tokens = 0, pass_rows_flag = 0;
-  int64_t decode_streams = 0;
+  int64_t decode_streams = 0, piece_rows = -1;
   double decode_window = 3.0;
-  std::string modes_text;
+  std::string modes_text, lane_text;
   ServeBenchFlags common;
   ArgParser p(argv[0],
               "Time to first token and prefill tokens/s of long prompts through `numoe serve` (one prompt at a time),\n"
@@ -157,6 +159,12 @@ int RunPrefillBench(int argc, char** argv) {
            "prompts, greedy): their tok/s in the --decode-window before the prompt and while it prefills "
            "(send to first token); 0 = off",
            &decode_streams, 0, 256);
+  p.AddString("prefill-lane-tokens", "LIST",
+              "numoe serve --prefill-lane-tokens values to run, in order, each with every --gpu-prefill mode (0 = "
+              "no prefill lane: prompt chunks ride in the decode steps); default: the worker's default only",
+              &lane_text);
+  p.AddInt("prefill-lane-piece-rows", "N", "numoe serve --prefill-lane-piece-rows (-1 = the worker's default)",
+           &piece_rows, -1, 65536);
   p.AddDouble("decode-window", "S", "--decode-streams: seconds of decode alone measured before the prompt is sent",
               &decode_window, 0.5, 600);
   AddServeBenchFlags(p, &common, "give up on a prompt after this long");
@@ -185,6 +193,26 @@ int RunPrefillBench(int argc, char** argv) {
     if (m != "off" && backend != "cuda") {
       return fail(absl::InvalidArgumentError("--gpu-prefill on/auto needs --backend cuda"));
     }
+  }
+
+  std::vector<int64_t> lane_values;  // empty: the worker's default
+  if (!lane_text.empty()) {
+    auto l = ParseIntList(lane_text, "--prefill-lane-tokens");
+    if (!l.ok()) return fail(l.status());
+    for (int64_t v : *l) {
+      if (v < 0) return fail(absl::InvalidArgumentError("--prefill-lane-tokens values must be >= 0"));
+    }
+    lane_values = *l;
+  }
+  // Every (GPU prefill mode, prefill lane) pair is one served stack, named "<mode>" or "<mode>/lane<N>".
+  struct Config {
+    std::string mode, name;
+    int64_t lane = -1;  // -1: the worker's default
+  };
+  std::vector<Config> configs;
+  for (const std::string& m : modes) {
+    if (lane_values.empty()) configs.push_back({m, m, -1});
+    for (int64_t v : lane_values) configs.push_back({m, absl::StrCat(m, "/lane", v), v});
   }
 
   // 1. FLOPs per prompt token in the routed experts.
@@ -257,7 +285,8 @@ int RunPrefillBench(int argc, char** argv) {
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_mode;  // mode -> (ttft, tok/s)
   std::vector<double> ttft_med, tok_s_med, ratios;
   std::map<std::string, nlohmann::json> out_beside;  // mode -> [{prompt_len, ttft_s, decode_tok_s_alone, ...}]
-  for (const std::string& mode : modes) {
+  for (const Config& config : configs) {
+    const std::string& mode = config.name;
     const std::string& log_dir = common.MakeLogDir("prefill");
     ServeSpec spec{.model = model, .backend = backend, .spec = "none", .log_dir = log_dir, .workers = workers,
                    .threads = threads, .lanes = lanes};
@@ -272,14 +301,24 @@ int RunPrefillBench(int argc, char** argv) {
     }
     if (backend == "cuda") {
       spec.extra.push_back("--gpu-prefill-threshold");
-      spec.extra.push_back(mode == "off" ? "0" : mode == "on" ? "1" : "-1");
+      spec.extra.push_back(config.mode == "off" ? "0" : config.mode == "on" ? "1" : "-1");
+    }
+    if (config.lane >= 0) {
+      spec.extra.push_back("--prefill-lane-tokens");
+      spec.extra.push_back(std::to_string(config.lane));
+    }
+    if (piece_rows >= 0) {
+      spec.extra.push_back("--prefill-lane-piece-rows");
+      spec.extra.push_back(std::to_string(piece_rows));
     }
     auto endpoints = ServeCommand(spec);
     if (!endpoints.ok()) return fail(endpoints.status());
     say("GPU prefill " + mode + ": starting: " + absl::StrJoin(endpoints->argv, " "));
     ServeProcess serve;
     const auto t_start = Clock::now();
-    if (Status st = serve.Start(endpoints->argv, log_dir + "/serve-" + mode + ".log"); !st.ok()) return fail(st);
+    std::string log_name = mode;
+    std::replace(log_name.begin(), log_name.end(), '/', '-');
+    if (Status st = serve.Start(endpoints->argv, log_dir + "/serve-" + log_name + ".log"); !st.ok()) return fail(st);
     auto ready = serve.WaitReady(common.startup_timeout);
     if (!ready.ok()) return fail(ready.status());
     say(absl::StrCat("ready in ", Fmt(Since(t_start, Clock::now()), 1), " s: ", *ready));
@@ -308,7 +347,7 @@ int RunPrefillBench(int argc, char** argv) {
       const double t = Median(ttft), rate = n / t;
       mode_ttft.push_back(t);
       mode_rate.push_back(rate);
-      if (mode == modes.front()) {
+      if (&config == &configs.front()) {
         ttft_med.push_back(t);
         tok_s_med.push_back(rate);
         ratios.push_back(bound > 0 ? rate / bound : 0);
@@ -344,6 +383,7 @@ int RunPrefillBench(int argc, char** argv) {
                               {"peak_isa", peak->isa},      {"flops_per_token", flops_per_token},
                               {"skipped", skipped},         {"backend", backend}};
   out["gpu_prefill"] = modes;
+  out["prefill_lane_tokens"] = lane_values;
   for (const auto& [mode, v] : by_mode) out["modes"][mode] = {{"ttft_s", v.first}, {"prefill_tok_s", v.second}};
   for (const auto& [mode, v] : out_beside) out["modes"][mode]["beside_decode"] = v;
   if (backend == "cuda") {

@@ -69,6 +69,14 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
            "the GPU runs one micro-batch's layers while the worker computes another's experts; with --backend cuda "
            "and --lanes left at its default, numoe-gpu gets a lane for every session",
            &o->micro_batches, 0, worker::kMaxMicroBatches);
+  p.AddInt("prefill-lane-tokens", "N",
+           "numoe-worker --prefill-lane-tokens for every worker (-1 = its default; 0 = off): prompts of at least N "
+           "tokens prefill in a lane of their own beside the decode steps (one more session per worker in "
+           "numoe-gpu)",
+           &o->prefill_lane_tokens, -1, int64_t{1} << 30);
+  p.AddInt("prefill-lane-piece-rows", "N",
+           "numoe-worker --prefill-lane-piece-rows for every worker (-1 = its default; 0 = whole calls)",
+           &o->prefill_lane_piece_rows, -1, 65536);
   p.AddString("host", "ADDR", "address the router binds (REST and gRPC)", &o->router_host);
   p.AddInt("port", "N", "the router's REST port", &o->router_port, 0, 65535);
   p.AddInt("grpc-port", "N", "the router's gRPC port", &o->router_grpc_port, 0, 65535);
@@ -110,12 +118,16 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   g.drafter_experts = o.drafter_experts;
   g.tp = o.tp;
   g.gpus = o.gpus;
+  // Sessions per worker in numoe-gpu: its micro-batches and its prefill lane.
+  const int64_t lane_tokens =
+      o.prefill_lane_tokens >= 0 ? o.prefill_lane_tokens : worker::WorkerAppConfig{}.prefill_lane_tokens;
+  const int64_t sessions = std::max<int64_t>(o.micro_batches, 1) + (lane_tokens > 0 ? 1 : 0);
   if (o.lanes >= 0) {
     g.lanes = o.lanes;
-  } else if (o.micro_batches > 1) {
-    // Every micro-batch is a session of its own in numoe-gpu: one lane each, so none takes whole-step turns.
-    // (64: the most numoe-gpu --lanes accepts.)
-    g.lanes = std::clamp<int64_t>(o.micro_batches * static_cast<int64_t>(placements.size()), g.lanes, 64);
+  } else if (sessions > 1) {
+    // Every micro-batch and prefill lane is a session of its own in numoe-gpu: one lane each, so none takes
+    // whole-step turns. (64: the most numoe-gpu --lanes accepts.)
+    g.lanes = std::clamp<int64_t>(sessions * static_cast<int64_t>(placements.size()), g.lanes, 64);
   }
   g.no_prefix_cache = o.no_prefix_cache;
   if (o.prefix_cache_gb >= 0) g.prefix_cache_gb = o.prefix_cache_gb;
@@ -159,6 +171,8 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
     w.drafter_experts = o.drafter_experts;
     w.sim_expert_gbps = o.sim_expert_gbps;
     if (o.micro_batches > 0) w.micro_batches = o.micro_batches;
+    if (o.prefill_lane_tokens >= 0) w.prefill_lane_tokens = o.prefill_lane_tokens;
+    if (o.prefill_lane_piece_rows >= 0) w.prefill_lane_piece_rows = o.prefill_lane_piece_rows;
     r.balancer.workers.push_back(absl::StrCat(o.host, ":", w.port));
     plan.workers.push_back(std::move(w));
   }

@@ -37,6 +37,8 @@ struct LaunchOptions {
   bool no_numa_bind = false;            // workers get --no-numa-bind (and the launch files no numactl)
   double sim_expert_gbps = 0;           // numoe-worker --sim-expert-gbps (every worker); 0 = real experts
   int64_t micro_batches = 0;            // numoe-worker --micro-batches (every worker); 0 = its default
+  int64_t prefill_lane_tokens = -1;     // numoe-worker --prefill-lane-tokens (every worker); -1 = its default
+  int64_t prefill_lane_piece_rows = -1; // numoe-worker --prefill-lane-piece-rows; -1 = its default
   // Addresses. numoe-gpu and the workers listen on `host` and reach each other there.
   std::string host = "127.0.0.1";
   int gpu_port = 50051;

@@ -83,9 +83,18 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
   g.fork = options_.fork ? 1 : 0;
 
   uint64_t lease;
+  std::shared_ptr<SequenceTable> table;  // null: the session's own
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (shutdown_) return absl::UnavailableError("numoe-gpu is shutting down");
+    if (req.share_sequences_with() != 0) {
+      auto it = sessions_.find(req.share_sequences_with());
+      if (it == sessions_.end() || it->second->info().pid != req.pid() || it->second->ended()) {
+        return absl::InvalidArgumentError(absl::StrCat("share_sequences_with: lease ", req.share_sequences_with(),
+                                                       " is not a live session of this worker (pid ", req.pid(), ")"));
+      }
+      table = it->second->table();
+    }
     if (static_cast<int64_t>(sessions_.size()) >= options_.max_workers) {
       return absl::ResourceExhaustedError(absl::StrCat("numoe-gpu already serves ", sessions_.size(),
                                                        " workers (--max-workers)"));
@@ -96,7 +105,10 @@ StatusOr<v1::RegisterResponse> GpuServer::Register(const v1::RegisterRequest& re
   ASSIGN_OR_RETURN(auto channel, shm::Channel::Create(name, g, options_.channel));
   const uint64_t bytes = channel->bytes();
   auto session = std::make_unique<WorkerSession>(
-      &host_, SessionInfo{.lease = lease, .worker_id = req.worker_id(), .pid = req.pid()}, std::move(channel));
+      &host_,
+      SessionInfo{.lease = lease, .worker_id = req.worker_id(), .pid = req.pid(), .background = req.prefill_lane()},
+      std::move(channel),
+      std::move(table));
   const bool gpu_prefill = arena != nullptr;
   if (gpu_prefill) session->SetExpertArena(std::move(arena), options_.gpu_prefill_threshold, req.expert_row_seconds());
   session->Start([this](uint64_t gone) {

@@ -31,12 +31,30 @@ void ModelHost::ReleaseLane(int lane) {
   if (lane > 0 && static_cast<size_t>(lane) < lane_taken.size()) lane_taken[static_cast<size_t>(lane)] = false;
 }
 
-WorkerSession::WorkerSession(ModelHost* host, SessionInfo info, std::unique_ptr<shm::Channel> channel)
+SequenceTable::~SequenceTable() {
+  if (seqs.empty()) return;
+  std::lock_guard<FifoMutex> lk(host->forward_mu);
+  ReleaseAllLocked();
+}
+
+void SequenceTable::ReleaseAllLocked() {
+  std::lock_guard<std::mutex> lk(mu);
+  for (auto& [key, s] : seqs) ReleaseCachedSequence(*host->model, host->prefix_cache, &s.state);
+  seqs.clear();
+  size.store(0);
+}
+
+WorkerSession::WorkerSession(ModelHost* host, SessionInfo info, std::unique_ptr<shm::Channel> channel,
+                             std::shared_ptr<SequenceTable> table)
     : host_(host),
       info_(std::move(info)),
       channel_(std::move(channel)),
       lane_(host->AcquireLane()),
-      experts_(channel_.get(), &host->hops, lane_) {
+      experts_(channel_.get(), &host->hops, lane_, info_.background),
+      table_(table),
+      owns_table_(table == nullptr) {
+  if (table_ == nullptr) table_ = std::make_shared<SequenceTable>(host);
+  table_->live.fetch_add(1);
   Touch();
 }
 
@@ -123,11 +141,10 @@ void WorkerSession::Stop() {
 }
 
 void WorkerSession::ReleaseAll() {
-  if (seqs_.empty()) return;
+  // A table other running sessions hold stays theirs: the last one to stop frees what is left.
+  if (table_->live.fetch_sub(1) != 1 || table_->size.load() == 0) return;
   std::lock_guard<FifoMutex> lk(host_->forward_mu);
-  for (auto& [key, s] : seqs_) ReleaseCachedSequence(*host_->model, host_->prefix_cache, &s.state);
-  seqs_.clear();
-  num_seqs_.store(0);
+  table_->ReleaseAllLocked();
 }
 
 void WorkerSession::Serve() {
@@ -244,19 +261,25 @@ Status WorkerSession::HandleStep() {
   if (!forks.empty()) {
     std::vector<SamplingParams> fork_params;
     std::set<int64_t> fresh;
+    std::lock_guard<FifoMutex> lk(host_->forward_mu);
+    std::lock_guard<std::mutex> tk(table_->mu);
+    auto& seqs = table_->seqs;
     for (size_t i = 0; i < forks.size(); ++i) {
       const shm::WireFork& f = forks[i];
       const std::string at = absl::StrCat("forks[", i, "] (sequence ", f.seq, ")");
-      if (seqs_.count(f.seq) != 0 || !fresh.insert(f.seq).second) return bad(absl::StrCat(at, ": the key is in use"));
-      if (seqs_.count(f.parent) == 0) return bad(absl::StrCat(at, ": unknown parent sequence ", f.parent));
+      if (seqs.count(f.seq) != 0 || !fresh.insert(f.seq).second) return bad(absl::StrCat(at, ": the key is in use"));
+      auto parent = seqs.find(f.parent);
+      if (parent == seqs.end()) return bad(absl::StrCat(at, ": unknown parent sequence ", f.parent));
+      if (parent->second.stepping != nullptr) {
+        return bad(absl::StrCat(at, ": parent sequence ", f.parent, " is in another lane's step"));
+      }
       ASSIGN_OR_RETURN(SamplingParams p, read_sampling(f.sampling, at));
       if (!p.grammar.empty()) return bad(absl::StrCat(at, ": a fork carries no grammar (it follows its parent's)"));
       fork_params.push_back(std::move(p));
     }
-    std::lock_guard<FifoMutex> lk(host_->forward_mu);
     experts_.set_yield(nullptr);
     for (size_t i = 0; i < forks.size(); ++i) {
-      Seq& parent = seqs_.at(forks[i].parent);
+      Seq& parent = seqs.at(forks[i].parent);
       auto id = ForkCachedSequence(*host_->model, experts_, host_->prefix_cache, g.max_rows, &parent.state,
                                    &parent.sampler);
       if (!id.ok()) {
@@ -264,21 +287,29 @@ Status WorkerSession::HandleStep() {
       }
       Seq child{std::move(*id), Sampler(fork_params[i])};
       child.sampler.CopyHistoryFrom(parent.sampler);
-      seqs_.emplace(forks[i].seq, std::move(child));
+      seqs.emplace(forks[i].seq, std::move(child));
     }
-    num_seqs_.store(static_cast<int64_t>(seqs_.size()));
+    table_->size.store(static_cast<int64_t>(seqs.size()));
   }
 
   // Releases first (unknown keys are ignored: a release may race with the session's own cleanup).
   if (!releases.empty()) {
     std::lock_guard<FifoMutex> lk(host_->forward_mu);
-    for (int64_t key : releases) {
-      auto it = seqs_.find(key);
-      if (it == seqs_.end()) continue;
-      ReleaseCachedSequence(*host_->model, host_->prefix_cache, &it->second.state);
-      seqs_.erase(it);
+    std::lock_guard<std::mutex> tk(table_->mu);
+    auto& seqs = table_->seqs;
+    for (size_t i = 0; i < releases.size(); ++i) {  // nothing is released from a message that names a claimed one
+      auto it = seqs.find(releases[i]);
+      if (it != seqs.end() && it->second.stepping != nullptr) {
+        return bad(absl::StrCat("releases[", i, "]: sequence ", releases[i], " is in another lane's step"));
+      }
     }
-    num_seqs_.store(static_cast<int64_t>(seqs_.size()));
+    for (int64_t key : releases) {
+      auto it = seqs.find(key);
+      if (it == seqs.end()) continue;
+      ReleaseCachedSequence(*host_->model, host_->prefix_cache, &it->second.state);
+      seqs.erase(it);
+    }
+    table_->size.store(static_cast<int64_t>(seqs.size()));
   }
   shm::MsgHeader& out = channel_->outgoing();
   out.num_entries = 0;
@@ -317,7 +348,11 @@ Status WorkerSession::HandleStep() {
       return Status(st.code() == absl::StatusCode::kFailedPrecondition ? absl::StatusCode::kInvalidArgument : st.code(),
                     absl::StrCat("StepRequest: ", at, ": ", st.message()));
     }
-    const bool exists = seqs_.count(e.seq) != 0;
+    bool exists;
+    {
+      std::lock_guard<std::mutex> tk(table_->mu);
+      exists = table_->seqs.count(e.seq) != 0;
+    }
     if ((e.flags & shm::kEntryOpen) != 0) {
       if (exists) return bad(absl::StrCat(at, ": opened twice"));
       ASSIGN_OR_RETURN(open_params_[i], read_sampling(e.sampling, at));
@@ -352,25 +387,56 @@ Status WorkerSession::HandleStep() {
     return bad(absl::StrCat("num_tokens + model_drafts over the entries is ", rows, ", more than max_rows ", g.max_rows));
   }
 
-  std::lock_guard<FifoMutex> lk(host_->forward_mu);
+  // A prefill lane's step takes the model after the decode steps waiting for it (FifoMutex::lock_background).
+  struct Turn {
+    FifoMutex& mu;
+    Turn(FifoMutex& m, bool background) : mu(m) {
+      if (background) {
+        m.lock_background();
+      } else {
+        m.lock();
+      }
+    }
+    ~Turn() { mu.unlock(); }
+  } lk(host_->forward_mu, info_.background);
   if (host_->steps_in_progress.fetch_add(1) > 0) host_->overlapped_steps.fetch_add(1);
   struct InProgress {
     std::atomic<int64_t>* n;
     ~InProgress() { n->fetch_sub(1); }
   } in_progress{&host_->steps_in_progress};
-  for (int64_t i = 0; i < n; ++i) {
-    const shm::StepEntry& e = entries_[i];
-    if ((e.flags & shm::kEntryOpen) == 0) continue;
-    ASSIGN_OR_RETURN(CachedSequence state, OpenCachedSequence(*host_->model, host_->prefix_cache));
-    seqs_.emplace(e.seq, Seq{std::move(state), Sampler(open_params_[i], open_grammars_[i])});
-  }
-  num_seqs_.store(static_cast<int64_t>(seqs_.size()));
+  // Claim the step's sequences (opening the new ones) for its whole run; the guard gives them back.
   samplers_.resize(static_cast<size_t>(n));
   states_.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    Seq& s = seqs_.at(entries_[i].seq);
-    states_[i] = &s.state;
-    samplers_[i] = &s.sampler;
+  struct Claims {
+    SequenceTable* table;
+    std::vector<Seq*> held;
+    ~Claims() {
+      std::lock_guard<std::mutex> tk(table->mu);
+      for (Seq* s : held) s->stepping = nullptr;
+    }
+  } claims{table_.get(), {}};
+  {
+    std::lock_guard<std::mutex> tk(table_->mu);
+    auto& seqs = table_->seqs;
+    for (int64_t i = 0; i < n; ++i) {
+      const shm::StepEntry& e = entries_[i];
+      const std::string at = absl::StrCat("entries[", i, "] (sequence ", e.seq, ")");
+      auto it = seqs.find(e.seq);
+      if ((e.flags & shm::kEntryOpen) != 0) {
+        if (it != seqs.end()) return bad(absl::StrCat(at, ": opened twice"));
+        ASSIGN_OR_RETURN(CachedSequence state, OpenCachedSequence(*host_->model, host_->prefix_cache));
+        it = seqs.emplace(e.seq, Seq{std::move(state), Sampler(open_params_[i], open_grammars_[i])}).first;
+      } else if (it == seqs.end()) {
+        return bad(absl::StrCat(at, ": unknown sequence (not opened, or already released)"));
+      } else if (it->second.stepping != nullptr) {
+        return bad(absl::StrCat(at, ": the sequence is in another lane's step"));
+      }
+      it->second.stepping = this;
+      claims.held.push_back(&it->second);
+      states_[i] = &it->second.state;
+      samplers_[i] = &it->second.sampler;
+    }
+    table_->size.store(static_cast<int64_t>(seqs.size()));
   }
   // The model drafter's MoE goes over the channel as the stage layers num_hidden_layers + s. While the
   // worker computes a layer's experts, other sessions may use the model (ModelHost::interleaved_steps).

@@ -71,15 +71,45 @@ struct ModelHost {
   std::atomic<uint64_t> spec_accepted{0};
 };
 
+// The sequences (model state + sampler) behind one or more sessions of one worker, by the worker's keys. A
+// session has a table of its own, or shares the one of an earlier session of the same worker
+// (RegisterRequest::share_sequences_with: the worker's prefill lane and decode lanes), so that a sequence
+// one session prefilled is decoded by another without moving its state. A step claims its sequences
+// (`stepping`) from its start to its end: another session's step, fork or release naming a claimed sequence
+// is refused, so two lanes never touch one sequence at once. The table frees whatever it still holds when
+// its last session lets it go (a worker that is gone frees its state however many lanes it had).
+struct SequenceTable {
+  struct Seq {
+    CachedSequence state;  // the model sequence (model/prefix_step.h: probing while its prompt may be cached)
+    Sampler sampler;
+    const void* stepping = nullptr;  // the session whose step holds it now
+  };
+  explicit SequenceTable(ModelHost* h) : host(h) {}
+  ~SequenceTable();  // releases every sequence left (under host->forward_mu)
+  SequenceTable(const SequenceTable&) = delete;
+  SequenceTable& operator=(const SequenceTable&) = delete;
+  // Releases every sequence (the caller holds host->forward_mu and no step runs).
+  void ReleaseAllLocked();
+
+  ModelHost* host;
+  std::mutex mu;  // guards the map and the claims; taken after host->forward_mu when both are held
+  std::map<int64_t, Seq> seqs;
+  std::atomic<int64_t> size{0};
+  std::atomic<int> live{0};  // sessions holding it that have not stopped (the last one to stop frees the rest)
+};
+
 struct SessionInfo {
   uint64_t lease = 0;
   std::string worker_id;
   uint32_t pid = 0;
+  bool background = false;  // a worker's prefill lane (RegisterRequest::prefill_lane): its steps make way
 };
 
 class WorkerSession {
  public:
-  WorkerSession(ModelHost* host, SessionInfo info, std::unique_ptr<shm::Channel> channel);
+  // `table`: the sequences this session shares with earlier sessions of its worker (null: a table of its own).
+  WorkerSession(ModelHost* host, SessionInfo info, std::unique_ptr<shm::Channel> channel,
+                std::shared_ptr<SequenceTable> table = nullptr);
   ~WorkerSession();  // Stop()
   WorkerSession(const WorkerSession&) = delete;
   WorkerSession& operator=(const WorkerSession&) = delete;
@@ -96,7 +126,10 @@ class WorkerSession {
 
   const SessionInfo& info() const { return info_; }
   shm::Channel* channel() const { return channel_.get(); }
-  int64_t sequences() const { return num_seqs_.load(); }
+  // The sequences of its table, counted by the session that created the table (0 for one that shares it,
+  // so a sum over sessions counts each sequence once).
+  int64_t sequences() const { return owns_table_ ? table_->size.load() : 0; }
+  const std::shared_ptr<SequenceTable>& table() const { return table_; }
   uint64_t steps() const { return steps_.load(); }
   uint64_t tokens() const { return tokens_.load(); }
   bool ended() const { return ended_.load(); }
@@ -108,10 +141,7 @@ class WorkerSession {
   int64_t last_heartbeat_ms() const { return last_heartbeat_ms_.load(); }
 
  private:
-  struct Seq {
-    CachedSequence state;  // the model sequence (model/prefix_step.h: probing while its prompt may be cached)
-    Sampler sampler;
-  };
+  using Seq = SequenceTable::Seq;
   void Serve();
   void AttachExpertArena();
   void DetachExpertArena();
@@ -129,8 +159,8 @@ class WorkerSession {
   bool arena_attached_ = false;
   int64_t prefill_threshold_ = 0;
   double row_seconds_ = 0;
-  std::map<int64_t, Seq> seqs_;  // serving thread only (and Stop after the join)
-  std::atomic<int64_t> num_seqs_{0};
+  std::shared_ptr<SequenceTable> table_;  // the session's sequences (shared with its worker's other lanes)
+  bool owns_table_ = true;
   std::atomic<uint64_t> steps_{0}, tokens_{0};
   std::atomic<int64_t> last_heartbeat_ms_{0};
   std::atomic<bool> ended_{false};

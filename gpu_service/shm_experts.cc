@@ -30,7 +30,7 @@ Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
   if (yield_ != nullptr) yield_->unlock();
   auto type = ch_->Receive(-1);
   const int64_t rtt = SteadyNanos() - t0;
-  if (yield_ != nullptr) yield_->lock();
+  if (yield_ != nullptr) Relock();
   if (!type.ok()) return broken_ = type.status();
   const shm::MsgHeader& in = ch_->incoming();
   if (*type == shm::MsgType::kError) {

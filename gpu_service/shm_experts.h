@@ -14,8 +14,8 @@ namespace numoe::gpu {
 class ShmExpertBackend final : public ExpertBackend {
  public:
   // Not owned; `channel` is the gpu side.
-  ShmExpertBackend(shm::Channel* channel, LatencyRecorder* hops, int lane = 0)
-      : ch_(channel), hops_(hops), lane_(lane) {}
+  ShmExpertBackend(shm::Channel* channel, LatencyRecorder* hops, int lane = 0, bool background = false)
+      : ch_(channel), hops_(hops), lane_(lane), background_(background) {}
   Status RunRouted(const MoeRequest& request) override;
   int lane() const override { return lane_; }
   // GPU prefill: the worker's experts as numoe-gpu mapped them (not owned; null = none), for the model backend.
@@ -24,6 +24,24 @@ class ShmExpertBackend final : public ExpertBackend {
   // While waiting for the worker's answer, unlock `held` (the caller holds it) and lock it again before
   // returning: other lanes use the model meanwhile. nullptr = keep holding.
   void set_yield(FifoMutex* held) { yield_ = held; }
+  // A background session (a worker's prefill lane, RegisterRequest::prefill_lane) takes the model back
+  // with FifoMutex::lock_background: the decode lanes waiting go first.
+  bool background() const override { return background_; }
+  bool WantsYield() const override { return yield_ != nullptr; }
+  Status YieldModel(const std::function<Status()>& meanwhile) override {
+    if (yield_ == nullptr) return meanwhile();
+    yield_->unlock();
+    Status st = meanwhile();
+    Relock();
+    return st;
+  }
+  void Relock() {
+    if (background_) {
+      yield_->lock_background();
+    } else {
+      yield_->lock();
+    }
+  }
   // The channel failed (peer gone, protocol violation): the conversation cannot continue.
   bool broken() const { return !broken_.ok(); }
   const Status& broken_status() const { return broken_; }
@@ -34,6 +52,7 @@ class ShmExpertBackend final : public ExpertBackend {
   Status broken_;
   FifoMutex* yield_ = nullptr;
   int lane_ = 0;
+  bool background_ = false;
   const HostExperts* host_experts_ = nullptr;
 };
 

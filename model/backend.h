@@ -68,6 +68,17 @@ class ExpertBackend {
   // These experts in host memory, for a model backend that computes large steps' experts itself (GPU
   // prefill: ModelBackend::AttachHostExperts); null when they are not (another process, not packed).
   virtual const HostExperts* host_experts() const { return nullptr; }
+  // A pass that computes its routed experts in the model backend (GPU prefill) makes no RunRouted call, in
+  // which its caller lets others use the model meanwhile (numoe-gpu's sessions on their lanes). When
+  // WantsYield, the backend calls YieldModel between such a pass's layers with what it must wait for anyway
+  // (`meanwhile`: its device work so far); the caller gives the model up while that runs (another lane's
+  // step goes on, its kernels beside this lane's) and takes it back, and the backend resumes as after a
+  // RunRouted (its lane). Returns what `meanwhile` returned.
+  virtual bool WantsYield() const { return false; }
+  // The caller's steps make way for others' (a worker's prefill lane): a backend with lanes runs them on a
+  // stream of the least priority.
+  virtual bool background() const { return false; }
+  virtual Status YieldModel(const std::function<Status()>& meanwhile) { return meanwhile(); }
 };
 
 using SequenceId = int64_t;

@@ -537,7 +537,7 @@ Status CudaModel::ForwardGreedy(std::span<const SequenceStep> steps, ExpertBacke
 Status CudaModel::RunSteps(std::span<const SequenceStep> steps, ExpertBackend* experts,
                            std::vector<SequenceLogits>* out, std::vector<int32_t>* greedy) {
   if (experts == nullptr) return absl::InvalidArgumentError("Forward: no expert backend");
-  RETURN_IF_ERROR(UseLane(experts->lane()));
+  RETURN_IF_ERROR(UseLane(experts->lane(), experts->background()));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Seq*> seqs;
   RETURN_IF_ERROR(ValidateSteps(steps, &seqs));
@@ -710,7 +710,16 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
   req.expert_ids = ids_h_.as<int32_t>();
   req.expert_weights = wts_h_.as<float>();
   req.out = routed_h_.as<float>();
-  if (d.host_experts) RETURN_IF_ERROR(BeginHostExpertPass(experts->host_experts()));
+  struct HostPass {
+    bool* active;
+    ~HostPass() {
+      if (active != nullptr) *active = false;
+    }
+  } host_pass{d.host_experts ? &host_pass_active_ : nullptr};
+  if (d.host_experts) {
+    host_pass_active_ = true;
+    RETURN_IF_ERROR(BeginHostExpertPass(experts->host_experts()));
+  }
   for (int seg = 0; seg <= L; ++seg) {
     RETURN_IF_ERROR(RunSegment(seg, d, use_graph));
     if (d.host_experts && prefill_error_ != cudaSuccess) {
@@ -721,7 +730,21 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
       NUMOE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r0.ev_hop));  // the rows are on the host
       req.layer = seg;
       RETURN_IF_ERROR(experts->RunRouted(req));
-      RETURN_IF_ERROR(UseLane(experts->lane()));
+      RETURN_IF_ERROR(UseLane(experts->lane(), experts->background()));
+    } else if (seg < L && experts->WantsYield()) {
+      // GPU prefill makes no expert call: other lanes (a decode lane's steps) get the model between this pass's
+      // layers, while this lane's layer runs on its stream. The streams are read before the model is given up
+      // (another lane swaps its own in).
+      std::vector<std::pair<int, cudaStream_t>> streams;
+      for (const auto& rank : ranks_) streams.emplace_back(rank->device, rank->stream);
+      RETURN_IF_ERROR(experts->YieldModel([&streams]() -> Status {
+        for (const auto& [device, stream] : streams) {
+          NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+          NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+        }
+        return absl::OkStatus();
+      }));
+      RETURN_IF_ERROR(UseLane(experts->lane(), experts->background()));
     }
   }
   for (const PassSeq& ps : pass) ps.seq->position += ps.count;

@@ -150,6 +150,9 @@ namespace numoe::cuda {
 // graph cache; its Lane is then empty. UseLane swaps them.
 struct Lane {
   bool ready = false;  // allocated (lane 0 at Setup, the others on their first step)
+  // Its stream runs at the least priority (its steps make way: ExpertBackend::background), else at the
+  // greatest. Not swapped by SwapLane: it says which the lane's stream is, wherever it is held.
+  bool background = false;
   cudaStream_t stream = nullptr;
   Scratch sc;
   DeviceMem scratch_mem;
@@ -267,7 +270,9 @@ class CudaModel final : public CudaBackend {
   // Makes `lane` the active one (allocating its resources on first use); every call that enqueues device
   // work or uses the staging runs on the active lane, so Forward/Draft re-activate theirs after each
   // ExpertBackend call (another lane's step may have run meanwhile).
-  Status UseLane(int lane);
+  // Makes `lane` the active one (its stream at the least priority when `background`, lanes 1.. only).
+  Status UseLane(int lane, bool background = false);
+  Status SwitchLane(int lane);  // UseLane's swap (and the lane's first allocation)
   void SwapLane(Lane& l);
   void ComputeLayout();
   int64_t PagesFor(int64_t position) const;
@@ -381,6 +386,9 @@ class CudaModel final : public CudaBackend {
   cudaEvent_t prefill_ready_[2] = {nullptr, nullptr}, prefill_free_[2] = {nullptr, nullptr};
   const HostExperts* prefill_ = nullptr;
   cudaError_t prefill_error_ = cudaSuccess;
+  // A GPU-prefill pass is between BeginHostExpertPass and its end: it may have yielded the model between
+  // layers (ExpertBackend::YieldModel), and the pass that runs meanwhile computes its experts the usual way.
+  bool host_pass_active_ = false;
 };
 
 }  // namespace numoe::cuda

@@ -749,7 +749,26 @@ void CudaModel::SwapLane(Lane& l) {
   std::swap(graphs_, l.graphs);
 }
 
-Status CudaModel::UseLane(int lane) {
+Status CudaModel::UseLane(int lane, bool background) {
+  RETURN_IF_ERROR(SwitchLane(lane));
+  // Lanes past 0 run decode lanes' kernels first: their streams at the greatest priority, a background
+  // (prefill) lane's at the least; a lane taken over by the other kind gets a new stream.
+  Lane& l = lanes_[static_cast<size_t>(lane)];
+  if (lane == 0 || l.background == background) return absl::OkStatus();
+  Rank& r = *ranks_[0];
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamDestroy(r.stream));
+  r.stream = nullptr;
+  int least = 0, greatest = 0;
+  NUMOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  NUMOE_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&r.stream, cudaStreamNonBlocking, background ? least : greatest));
+  l.background = background;
+  return absl::OkStatus();
+}
+
+Status CudaModel::SwitchLane(int lane) {
   if (lane == active_lane_) return absl::OkStatus();
   if (lane < 0 || lane >= static_cast<int>(lanes_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("ExpertBackend::lane() = ", lane, ", but this backend has ",
@@ -765,7 +784,10 @@ Status CudaModel::UseLane(int lane) {
     NUMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
     size_t free_before = 0, total = 0;
     NUMOE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_before, &total));
-    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    NUMOE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&r.stream, cudaStreamNonBlocking, greatest));
+    l.background = false;
     RETURN_IF_ERROR(AllocScratch(r));
     RETURN_IF_ERROR(AllocStaging());
     size_t free_after = 0;

@@ -3,8 +3,12 @@
 // copy stream while layer l computes (PackedMoe, kernels.h). Every layer's experts are uploaded whole (all
 // experts of the layer: the router of layer l + 1 is only known once layer l is done, and waiting for it would
 // serialise the copy behind the compute). One set of device buffers serves every attachment: a pass with host
-// experts never yields the model (it makes no ExpertBackend call), and each pass ends synchronised.
+// experts makes no ExpertBackend call, but may give the model up between its layers (ExpertBackend::YieldModel:
+// a prefill lane beside decode lanes), and a pass that runs meanwhile computes its experts the usual way
+// (host_pass_active_); each pass ends synchronised.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "common/log.h"
@@ -173,7 +177,7 @@ void CudaModel::ReleaseHostExperts() {
 bool CudaModel::UseHostExperts(const ExpertBackend* experts, int64_t rows) const {
   const HostExperts* e = experts->host_experts();
   return e != nullptr && e->min_rows > 0 && rows >= e->min_rows && host_experts_.count(e) != 0 &&
-         e->layer_bytes() <= prefill_layer_bytes_;
+         e->layer_bytes() <= prefill_layer_bytes_ && !host_pass_active_;
 }
 
 Status CudaModel::BeginHostExpertPass(const HostExperts* e) {
@@ -192,8 +196,16 @@ void CudaModel::UploadHostLayer(int l) {
     if (e != cudaSuccess && prefill_error_ == cudaSuccess) prefill_error_ = e;
   };
   note(cudaStreamWaitEvent(prefill_stream_, prefill_free_[b], 0));  // the layer two before is done with it
-  note(cudaMemcpyAsync(prefill_layer_[b].get(), prefill_->layers[static_cast<size_t>(l)],
-                       static_cast<size_t>(prefill_->layer_bytes()), cudaMemcpyHostToDevice, prefill_stream_));
+  // In pieces of 64 MB (~1 ms of PCIe): the small host-to-device copies of a decode lane's step, issued on
+  // their own stream meanwhile, wait for one piece at most instead of a whole layer's upload.
+  constexpr int64_t kPiece = int64_t{64} << 20;
+  const int64_t bytes = prefill_->layer_bytes();
+  auto* dst = static_cast<uint8_t*>(prefill_layer_[b].get());
+  const uint8_t* src = prefill_->layers[static_cast<size_t>(l)];
+  for (int64_t at = 0; at < bytes; at += kPiece) {
+    note(cudaMemcpyAsync(dst + at, src + at, static_cast<size_t>(std::min(kPiece, bytes - at)), cudaMemcpyHostToDevice,
+                         prefill_stream_));
+  }
   note(cudaEventRecord(prefill_ready_[b], prefill_stream_));
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -256,6 +257,103 @@ TEST(GpuPrefillAttachTest, LongPromptMatchesTheWorkerPath) {
   const float d = MaxDiff(logits[0], logits[1]);
   NLOG(INFO) << "1500-token prompt: max |gpu experts - worker experts| " << d << " (logit scale " << scale << ")";
   EXPECT_LE(d, 1e-3f * scale);
+}
+
+// The worker's experts on a chosen lane, as a numoe-gpu session that gives the model up between a GPU-prefill
+// pass's layers (ExpertBackend::WantsYield / YieldModel): `interrupt`, when set, runs once while the pass has
+// yielded (another lane's step, as another session's would), then the pass waits for its layer.
+class YieldingExperts final : public ExpertBackend {
+ public:
+  YieldingExperts(ExpertBackend* inner, int lane, bool background) : inner_(inner), lane_(lane), background_(background) {}
+  Status RunRouted(const MoeRequest& r) override { return inner_->RunRouted(r); }
+  int lane() const override { return lane_; }
+  bool background() const override { return background_; }
+  const HostExperts* host_experts() const override { return inner_->host_experts(); }
+  bool WantsYield() const override { return true; }
+  Status YieldModel(const std::function<Status()>& meanwhile) override {
+    ++yields;
+    if (interrupt) {
+      auto run = std::move(interrupt);
+      interrupt = nullptr;
+      run();
+    }
+    return meanwhile();
+  }
+  std::function<void()> interrupt;
+  int yields = 0;
+
+ private:
+  ExpertBackend* inner_;
+  int lane_;
+  bool background_;
+};
+
+// A prefill lane's GPU-prefill pass (lane 2, background: the least stream priority) yields between its layers;
+// a decode lane's step (lane 1) runs meanwhile, computing its experts on the worker (the GPU-prefill buffers
+// are the pass's). The long prompt's logits equal those of the same pass run alone, and the decode step's
+// equal it run alone (within the GPU-vs-worker experts tolerance).
+TEST(GpuPrefillLaneTest, APassThatYieldsBetweenLayersLetsAnotherLaneDecode) {
+  std::string why;
+  if (NoGpu(&why)) GTEST_SKIP() << why;
+  Fixture* fx = Load("demo-v4");
+  ASSERT_NE(fx, nullptr);
+  CudaOptions opt;
+  opt.fp32 = true;
+  opt.max_sequences = 8;
+  opt.lanes = 2;
+  opt.drafter = false;
+  ASSERT_OK_AND_ASSIGN(auto m, CreateCudaBackend(*fx->tiny->ckpt, opt));
+  ASSERT_OK(m->AttachHostExperts(fx->experts->host_experts()).status());
+  fx->experts->mutable_host_experts()->min_rows = 64;
+  std::mt19937 rng(11);
+  std::vector<int32_t> prompt(700);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m->vocab_size()));
+  const std::vector<int32_t>& short_prompt = fx->tiny->goldens[0].input_ids;
+  YieldingExperts prefill_lane(fx->experts.get(), 2, /*background=*/true);
+  YieldingExperts decode_lane(fx->experts.get(), 1, /*background=*/false);
+  // logits[interleaved][0 = long prompt, 1 = the decode step]
+  std::vector<float> logits[2][2];
+  for (int interleaved = 0; interleaved < 2; ++interleaved) {
+    auto a = m->CreateSequence();
+    auto b = m->CreateSequence();
+    ASSERT_OK(a);
+    ASSERT_OK(b);
+    SequenceStep sb{.seq = *b, .tokens = short_prompt};
+    std::vector<SequenceLogits> out_b;
+    ASSERT_OK(m->Forward({&sb, 1}, &decode_lane, &out_b));  // its prompt (below min_rows: worker experts)
+    const int32_t next = short_prompt[0];
+    SequenceStep db{.seq = *b, .tokens = std::span<const int32_t>(&next, 1)};
+    Status decode_status;
+    auto decode = [&] {
+      out_b.clear();
+      decode_status = m->Forward({&db, 1}, &decode_lane, &out_b);
+    };
+    if (interleaved) {
+      prefill_lane.interrupt = decode;
+    } else {
+      decode();
+    }
+    SequenceStep sa{.seq = *a, .tokens = prompt};
+    std::vector<SequenceLogits> out_a;
+    ASSERT_OK(m->Forward({&sa, 1}, &prefill_lane, &out_a));
+    ASSERT_OK(decode_status);
+    if (interleaved) {
+      EXPECT_EQ(prefill_lane.interrupt, nullptr) << "the pass never yielded";
+    }
+    logits[interleaved][0] = out_a[0].logits;
+    logits[interleaved][1] = out_b[0].logits;
+    ASSERT_OK(m->ReleaseSequence(*a));
+    ASSERT_OK(m->ReleaseSequence(*b));
+  }
+  fx->experts->mutable_host_experts()->min_rows = 0;
+  EXPECT_GT(prefill_lane.yields, 0);
+  for (int k = 0; k < 2; ++k) {
+    float scale = 1.0f;
+    for (float v : logits[0][k]) scale = std::max(scale, std::fabs(v));
+    const float d = MaxDiff(logits[0][k], logits[1][k]);
+    NLOG(INFO) << (k == 0 ? "the long prompt" : "the decode step") << ": max |interleaved - alone| " << d;
+    EXPECT_LE(d, 1e-3f * scale) << k;
+  }
 }
 
 }  // namespace

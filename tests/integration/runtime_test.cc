@@ -134,9 +134,12 @@ class Runtime : public ::testing::Test {
 // stream still emits exactly the transformers goldens (the CPU backend is batch invariant, so interleaving,
 // batching and splitting change no bit).
 TEST_F(Runtime, ConcurrentGreedyStreamsOverFourWorkersInterleaveAndMatchGoldens) {
-  constexpr int kWorkers = 4, kSessions = 6;
+  // Sessions in numoe-gpu: 2 + 2 + 1 + 1 micro-batches, and every worker's prefill lane (on by default).
+  constexpr int kWorkers = 4, kSessions = 6 + kWorkers;
   for (int i = 0; i < kWorkers; ++i) {
-    StartWorker({"--spec", i % 2 == 0 ? "auto" : "none", "--micro-batches", i < 2 ? "2" : "1"});
+    // Workers 0 and 2 prefill every golden prompt in their prefill lane (4+ tokens) beside their decode steps.
+    StartWorker({"--spec", i % 2 == 0 ? "auto" : "none", "--micro-batches", i < 2 ? "2" : "1", "--prefill-lane-tokens",
+                 i % 2 == 0 ? "4" : "2048"});
     ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
   }
   EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).workers() == kSessions; }));
@@ -163,14 +166,19 @@ TEST_F(Runtime, ConcurrentGreedyStreamsOverFourWorkersInterleaveAndMatchGoldens)
 
   const v1::GpuStats gs = GpuStats(*gpu_stub_);
   EXPECT_EQ(gs.workers(), static_cast<uint32_t>(kSessions));
-  int micro_batch_sessions = 0;
+  int micro_batch_sessions = 0, lanes_stepped = 0;
   for (const v1::GpuWorkerStats& w : gs.worker_stats()) {
     if (w.worker_id().ends_with(":mb1")) {
       ++micro_batch_sessions;
       EXPECT_GT(w.steps(), 0u) << w.worker_id() << ": its second micro-batch never stepped";
     }
+    if (w.worker_id().ends_with(":lane")) {
+      EXPECT_EQ(w.sequences(), 0u) << w.worker_id() << ": the table is counted by the worker's first session";
+      if (w.steps() > 0) ++lanes_stepped;
+    }
   }
   EXPECT_EQ(micro_batch_sessions, 2);
+  EXPECT_EQ(lanes_stepped, 2) << "workers 0 and 2 prefill in their lanes, 1 and 3 (short prompts) do not";
   EXPECT_GT(gs.overlapped_steps(), 0u) << "no step ran while another was between its layers";
   EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; })) << GpuStats(*gpu_stub_).DebugString();
   EXPECT_GT(gs.layer_hops(), 0u);
@@ -304,7 +312,7 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) {
     ASSERT_TRUE(readers.back()->Read(&resp));
   }
   v1::GpuStats before = GpuStats(*gpu_stub_);
-  EXPECT_EQ(before.workers(), 4u);  // worker 0's two sessions
+  EXPECT_EQ(before.workers(), 7u);  // worker 0's three sessions (two micro-batches, its prefill lane), 2 + 2
   EXPECT_EQ(before.sequences(), 4u);
 
   // Workers 1 and 2 run every golden prompt, round after round, until two rounds after the kill.
@@ -335,7 +343,7 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) {
   // numoe-gpu notices the dead process and frees its sequences and channel; the others are untouched.
   EXPECT_TRUE(Eventually([&] {
     v1::GpuStats s = GpuStats(*gpu_stub_);
-    if (s.workers() != 2) return false;
+    if (s.workers() != 4) return false;  // the other two workers' sessions (each with its prefill lane)
     for (const v1::GpuWorkerStats& w : s.worker_stats()) {
       if (w.pid() == killed_pid) return false;
     }
@@ -395,7 +403,7 @@ TEST_F(Runtime, SilentWorkerLosesItsLease) {
   kill(workers_[0]->pid(), SIGSTOP);
   EXPECT_TRUE(Eventually([&] {
     v1::GpuStats s = GpuStats(*gpu_stub_);
-    return s.workers() == 1 && s.sequences() == 0;
+    return s.workers() == 2 && s.sequences() == 0;  // the other worker's two sessions (with its prefill lane)
   })) << GpuStats(*gpu_stub_).DebugString();
   StreamResult r = Generate(*stubs_[1], GreedyRequest(goldens_[0]));
   ASSERT_OK(r.status) << r.status.error_message();

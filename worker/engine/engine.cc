@@ -40,6 +40,8 @@ struct Engine::Request {
   int64_t generated = 0;
   int64_t cached = 0;  // prompt tokens the executor restored from its prefix cache
   bool done = false;
+  bool in_lane = false;      // its prompt chunk is in the prefill lane's step
+  bool close_after_lane = false;  // closed (cancelled, failed) while in the lane: closed when the lane step ends
   // Speculative decoding: prompt + generated (the n-gram drafter's haystack; kept only for kNgram), this
   // sequence's draft depth, and this step's feed [next, drafts...].
   std::vector<int32_t> history;
@@ -60,6 +62,10 @@ Status ValidateEngineOptions(const EngineOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("prefill_chunk must be >= 0 (got ", o.prefill_chunk, ")"));
   }
   if (o.max_queue < 0) return absl::InvalidArgumentError(absl::StrCat("max_queue must be >= 0 (got ", o.max_queue, ")"));
+  if (o.prefill_lane_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill_lane_tokens must be >= 0 (got ", o.prefill_lane_tokens, ")"));
+  }
   if (o.max_context < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_context must be >= 0 (got ", o.max_context, ")"));
   }
@@ -94,6 +100,7 @@ Engine::Engine(Executor* executor, const EngineOptions& options) : executor_(exe
     max_drafts_ = std::min(max_drafts_, lim.max_model_drafts());
   }
   stats_.spec_method = options_.spec.method;
+  lane_on_ = options_.prefill_lane_tokens > 0 && executor_->has_prefill_lane();
 }
 
 Engine::~Engine() { Stop(); }
@@ -111,6 +118,11 @@ void Engine::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (lane_busy_) {  // its sequences come back to be closed below
+    (void)executor_->FinishLaneStep(&lane_out_);
+    lane_busy_ = false;
+    for (Request* r : lane_owner_) r->in_lane = false;
+  }
   std::deque<std::unique_ptr<Request>> queued;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -212,6 +224,10 @@ void Engine::Loop() {
 
 void Engine::CloseSequence(Request& r) {
   if (!r.open) return;
+  if (r.in_lane) {  // the lane holds it: FinishLane closes it
+    r.close_after_lane = true;
+    return;
+  }
   r.open = false;
   if (Status st = executor_->Close(r.seq); !st.ok()) {
     NLOG(WARNING) << "request " << r.req.request_id << ": closing its sequence failed: " << st;
@@ -327,13 +343,27 @@ bool Engine::StepOnce() {
   }
   const int64_t forks = RunForks();
 
+  // The prefill lane: a finished lane step's output first, then the next lane step.
+  bool ran = false;
+  int64_t new_tokens = 0, lane_prompt_tokens = 0;
+  SpecStats spec;
+  PrefixTally prefix;
+  StepTrace trace;
+  trace.forks = forks;
+  if (lane_busy_ && executor_->LaneStepDone()) {
+    new_tokens += FinishLane(&trace, &spec, &prefix, &lane_prompt_tokens);
+    ran = true;
+  }
+  if (lane_on_ && !lane_busy_) {
+    StartLane(&trace);
+    ran = ran || lane_busy_;
+  }
+
   // 2. Build the step: decode tokens first (rotating start so a tight budget is fair), then drafts for
   // those decode items from what is left of the budget, then prompt chunks.
   items_.clear();
   item_owner_.clear();
   int64_t budget = options_.max_step_tokens;
-  StepTrace trace;
-  trace.forks = forks;
   const size_t n = running_.size();
   for (size_t k = 0; k < n && budget > 0; ++k) {
     Request& r = *running_[(rotate_ + k) % n];
@@ -367,7 +397,7 @@ bool Engine::StepOnce() {
   for (auto& rp : running_) {
     if (budget <= 0) break;
     Request& r = *rp;
-    if (r.done || !r.open || r.fed >= r.req.prompt.size()) continue;
+    if (r.done || !r.open || r.fed >= r.req.prompt.size() || UsesLane(r)) continue;
     int64_t chunk = static_cast<int64_t>(r.req.prompt.size() - r.fed);
     // A leader with choices to fork stops before the last prompt token (RunForks then copies it).
     if (r.group->leader == &r && r.group->awaiting > 0) {
@@ -387,13 +417,12 @@ bool Engine::StepOnce() {
   }
   trace.sequences = static_cast<int64_t>(items_.size());
 
-  // 3. Run it.
-  bool ran = false;
-  int64_t new_tokens = 0;
-  SpecStats spec;
-  struct {
-    int64_t queried = 0, hit = 0;
-  } prefix;
+  // 3. Run it (with nothing but the prefill lane to wait for, wait for it).
+  if (items_.empty() && lane_busy_) {
+    new_tokens += FinishLane(&trace, &spec, &prefix, &lane_prompt_tokens);
+    ran = true;
+  }
+  const bool beside_lane = lane_busy_ && !items_.empty();
   if (!items_.empty()) {
     ran = true;
     Status st = executor_->Step(items_, &out_);
@@ -406,96 +435,15 @@ bool Engine::StepOnce() {
         }
       }
     } else {
-      size_t offset = 0;  // into out_.emitted (and out_.logprobs, which is empty or as long)
-      const bool have_logprobs = !out_.logprobs.empty() && out_.logprobs.size() == out_.emitted.size();
-      const bool have_counts = out_.counts.size() == items_.size() && out_.drafted.size() == items_.size() &&
-                               out_.accepted.size() == items_.size();
-      for (size_t i = 0; i < items_.size(); ++i) {
-        Request& r = *item_owner_[i];
-        if (r.fed < r.req.prompt.size()) r.fed += items_[i].tokens.size();
-        if (out_.cached.size() == items_.size()) r.cached += out_.cached[i];
-        if (!items_[i].sample) continue;
-        if (r.generated == 0) {  // the prompt is done: what the prefix cache saved of it is final
-          if (executor_->prefix_cache().bytes >= 0) {
-            prefix.queried += static_cast<int64_t>(r.req.prompt.size());
-            prefix.hit += r.cached;
-          }
-          if (!r.group->ended) r.group->sink->OnPromptCached(r.choice, r.cached);
-        }
-        // The tokens this item emitted: counts[i] of them from out_.emitted, or out_.tokens[i] alone from an
-        // executor that fills neither (it never verifies drafts then).
-        std::span<const int32_t> emitted;
-        std::span<const EmittedLogprobs> logprobs;
-        int64_t drafted = 0, accepted = 0;
-        if (have_counts) {
-          const int64_t count = out_.counts[i];
-          drafted = out_.drafted[i];
-          accepted = out_.accepted[i];
-          const int64_t rows = items_[i].drafts + items_[i].model_drafts;
-          if (count < 1 || count > 1 + rows || offset + static_cast<size_t>(count) > out_.emitted.size() ||
-              drafted < 0 || drafted > rows || accepted < 0 || accepted > drafted) {
-            Fail(r, absl::InternalError(absl::StrCat("the executor's step output for request ", r.req.request_id,
-                                                     " is inconsistent (count ", count, ", drafted ", drafted,
-                                                     ", accepted ", accepted, ", rows ", rows, ")")));
-            offset = out_.emitted.size();
-            continue;
-          }
-          emitted = std::span<const int32_t>(out_.emitted).subspan(offset, static_cast<size_t>(count));
-          if (have_logprobs && r.req.sampling.logprobs >= 0) {
-            logprobs = std::span<const EmittedLogprobs>(out_.logprobs).subspan(offset, static_cast<size_t>(count));
-          }
-          offset += static_cast<size_t>(count);
-        } else {
-          if (items_[i].drafts + items_[i].model_drafts > 0) {
-            Fail(r, absl::InternalError("the executor verified drafts without reporting counts"));
-            continue;
-          }
-          emitted = std::span<const int32_t>(&out_.tokens[i], 1);
-        }
-        if (drafted > 0) {
-          ++spec.steps;
-          spec.drafted += drafted;
-          spec.accepted += accepted;
-          trace.draft_tokens += drafted;
-          if (options_.spec.adaptive) {
-            if (accepted == drafted) r.depth = std::min(r.depth + 1, max_drafts_);
-            if (accepted == 0) r.depth = std::max<int64_t>(r.depth - 1, 1);
-          }
-        }
-        // Each token goes through the stop logic; the first that ends the request drops the rest.
-        std::string_view reason;
-        size_t kept = 0;
-        const auto& stops = r.req.stop_token_ids;
-        while (kept < emitted.size() && reason.empty()) {
-          const int32_t tok = emitted[kept++];
-          ++r.generated;
-          if (options_.spec.method == SpecMethod::kNgram) r.history.push_back(tok);
-          if ((!r.req.ignore_eos && tok == options_.eos_token_id) ||
-              std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-            reason = "stop";
-          } else if (r.generated >= r.req.max_new_tokens ||
-                     (options_.max_context > 0 &&
-                      static_cast<int64_t>(r.req.prompt.size()) + r.generated >= options_.max_context)) {
-            reason = "length";
-          }
-        }
-        r.next = emitted[kept - 1];
-        new_tokens += static_cast<int64_t>(kept);
-        if (!reason.empty()) {
-          CloseSequence(r);  // before the client hears the end (a remote close rides the next step/flush)
-          r.done = true;
-        }
-        if (r.group->ended) continue;  // a sibling failed in this step: the sweep closes this one
-        r.group->sink->OnTokens(r.choice, emitted.first(kept), logprobs.empty() ? logprobs : logprobs.first(kept),
-                                reason);
-      }
+      new_tokens += TakeOutput(items_, item_owner_, out_, &trace, &spec, &prefix);
     }
   }
   for (auto& r : running_) {
     if (r->done && r->group->leader == r.get()) r->group->leader = nullptr;
   }
-  running_.erase(std::remove_if(running_.begin(), running_.end(), [](const auto& r) { return r->done; }),
-                 running_.end());
+  running_.erase(
+      std::remove_if(running_.begin(), running_.end(), [](const auto& r) { return r->done && !r->in_lane; }),
+      running_.end());
   // Going idle: deferred closes must not wait for the next request.
   if (running_.empty()) (void)executor_->Flush();
 
@@ -509,7 +457,9 @@ bool Engine::StepOnce() {
   if (ran) {
     ++stats_.steps;
     stats_.tokens_generated += new_tokens;
-    stats_.prompt_tokens += trace.prefill_tokens;
+    stats_.prompt_tokens += trace.prefill_tokens + lane_prompt_tokens;
+    stats_.lane_steps += trace.lane_steps;
+    if (beside_lane) ++stats_.steps_beside_lane;
     stats_.spec_verify_steps += spec.steps;
     stats_.spec_drafted += spec.drafted;
     stats_.spec_accepted += spec.accepted;
@@ -519,6 +469,156 @@ bool Engine::StepOnce() {
     UpdateRateLocked();
   }
   return ran;
+}
+
+int64_t Engine::TakeOutput(std::span<const StepItem> items, const std::vector<Request*>& owners, StepOutput& out,
+                           StepTrace* trace, SpecStats* spec, PrefixTally* prefix) {
+  int64_t new_tokens = 0;
+  size_t offset = 0;  // into out.emitted (and out.logprobs, which is empty or as long)
+  const bool have_logprobs = !out.logprobs.empty() && out.logprobs.size() == out.emitted.size();
+  const bool have_counts = out.counts.size() == items.size() && out.drafted.size() == items.size() &&
+                           out.accepted.size() == items.size();
+  for (size_t i = 0; i < items.size(); ++i) {
+    Request& r = *owners[i];
+    if (r.done) {  // cancelled while its chunk was in the prefill lane: its tokens are dropped
+      if (have_counts && items[i].sample) offset += static_cast<size_t>(std::max<int64_t>(out.counts[i], 0));
+      continue;
+    }
+    if (r.fed < r.req.prompt.size()) r.fed += items[i].tokens.size();
+    if (out.cached.size() == items.size()) r.cached += out.cached[i];
+    if (!items[i].sample) continue;
+    if (r.generated == 0) {  // the prompt is done: what the prefix cache saved of it is final
+      if (executor_->prefix_cache().bytes >= 0) {
+        prefix->queried += static_cast<int64_t>(r.req.prompt.size());
+        prefix->hit += r.cached;
+      }
+      if (!r.group->ended) r.group->sink->OnPromptCached(r.choice, r.cached);
+    }
+    // The tokens this item emitted: counts[i] of them from out.emitted, or out.tokens[i] alone from an
+    // executor that fills neither (it never verifies drafts then).
+    std::span<const int32_t> emitted;
+    std::span<const EmittedLogprobs> logprobs;
+    int64_t drafted = 0, accepted = 0;
+    if (have_counts) {
+      const int64_t count = out.counts[i];
+      drafted = out.drafted[i];
+      accepted = out.accepted[i];
+      const int64_t rows = items[i].drafts + items[i].model_drafts;
+      if (count < 1 || count > 1 + rows || offset + static_cast<size_t>(count) > out.emitted.size() ||
+          drafted < 0 || drafted > rows || accepted < 0 || accepted > drafted) {
+        Fail(r, absl::InternalError(absl::StrCat("the executor's step output for request ", r.req.request_id,
+                                                 " is inconsistent (count ", count, ", drafted ", drafted,
+                                                 ", accepted ", accepted, ", rows ", rows, ")")));
+        offset = out.emitted.size();
+        continue;
+      }
+      emitted = std::span<const int32_t>(out.emitted).subspan(offset, static_cast<size_t>(count));
+      if (have_logprobs && r.req.sampling.logprobs >= 0) {
+        logprobs = std::span<const EmittedLogprobs>(out.logprobs).subspan(offset, static_cast<size_t>(count));
+      }
+      offset += static_cast<size_t>(count);
+    } else {
+      if (items[i].drafts + items[i].model_drafts > 0) {
+        Fail(r, absl::InternalError("the executor verified drafts without reporting counts"));
+        continue;
+      }
+      emitted = std::span<const int32_t>(&out.tokens[i], 1);
+    }
+    if (drafted > 0) {
+      ++spec->steps;
+      spec->drafted += drafted;
+      spec->accepted += accepted;
+      trace->draft_tokens += drafted;
+      if (options_.spec.adaptive) {
+        if (accepted == drafted) r.depth = std::min(r.depth + 1, max_drafts_);
+        if (accepted == 0) r.depth = std::max<int64_t>(r.depth - 1, 1);
+      }
+    }
+    // Each token goes through the stop logic; the first that ends the request drops the rest.
+    std::string_view reason;
+    size_t kept = 0;
+    const auto& stops = r.req.stop_token_ids;
+    while (kept < emitted.size() && reason.empty()) {
+      const int32_t tok = emitted[kept++];
+      ++r.generated;
+      if (options_.spec.method == SpecMethod::kNgram) r.history.push_back(tok);
+      if ((!r.req.ignore_eos && tok == options_.eos_token_id) ||
+          std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+        reason = "stop";
+      } else if (r.generated >= r.req.max_new_tokens ||
+                 (options_.max_context > 0 &&
+                  static_cast<int64_t>(r.req.prompt.size()) + r.generated >= options_.max_context)) {
+        reason = "length";
+      }
+    }
+    r.next = emitted[kept - 1];
+    new_tokens += static_cast<int64_t>(kept);
+    if (!reason.empty()) {
+      CloseSequence(r);  // before the client hears the end (a remote close rides the next step/flush)
+      r.done = true;
+    }
+    if (r.group->ended) continue;  // a sibling failed in this step: the sweep closes this one
+    r.group->sink->OnTokens(r.choice, emitted.first(kept), logprobs.empty() ? logprobs : logprobs.first(kept),
+                            reason);
+  }
+  return new_tokens;
+}
+
+bool Engine::UsesLane(const Request& r) const {
+  return lane_on_ && r.group->n == 1 && static_cast<int64_t>(r.req.prompt.size()) >= options_.prefill_lane_tokens;
+}
+
+void Engine::StartLane(StepTrace* trace) {
+  lane_items_.clear();
+  lane_owner_.clear();
+  int64_t budget = options_.max_step_tokens;
+  const int64_t most = options_.prefill_chunk > 0 ? options_.prefill_chunk : budget;
+  for (auto& rp : running_) {  // oldest first
+    if (budget <= 0) break;
+    Request& r = *rp;
+    if (r.done || !r.open || r.fed >= r.req.prompt.size() || !UsesLane(r)) continue;
+    const int64_t chunk = std::min({static_cast<int64_t>(r.req.prompt.size() - r.fed), most, budget});
+    const bool completes = r.fed + static_cast<size_t>(chunk) == r.req.prompt.size();
+    lane_items_.push_back(StepItem{.seq = r.seq,
+                                   .tokens = std::span<const int32_t>(r.req.prompt.data() + r.fed, chunk),
+                                   .sample = completes});
+    lane_owner_.push_back(&r);
+    budget -= chunk;
+    trace->lane_tokens += chunk;
+  }
+  if (lane_items_.empty()) return;
+  if (Status st = executor_->StartLaneStep(lane_items_); !st.ok()) {
+    NLOG(WARNING) << "prefill lane step over " << lane_items_.size() << " sequences did not start: " << st;
+    for (Request* r : lane_owner_) Fail(*r, st);
+    trace->lane_tokens = 0;
+    return;
+  }
+  for (Request* r : lane_owner_) r->in_lane = true;
+  lane_busy_ = true;
+  ++trace->lane_steps;
+}
+
+int64_t Engine::FinishLane(StepTrace* trace, SpecStats* spec, PrefixTally* prefix, int64_t* prompt_tokens) {
+  lane_busy_ = false;
+  Status st = executor_->FinishLaneStep(&lane_out_);
+  for (Request* r : lane_owner_) {
+    r->in_lane = false;
+    if (r->close_after_lane) CloseSequence(*r);
+  }
+  if (!st.ok()) {
+    NLOG(WARNING) << "prefill lane step over " << lane_items_.size() << " sequences failed: " << st;
+    for (Request* r : lane_owner_) {
+      if (!r->done) Fail(*r, st);
+    }
+    if (!executor_->healthy()) {
+      for (auto& r : running_) {
+        if (!r->done) Fail(*r, st);
+      }
+    }
+    return 0;
+  }
+  for (const StepItem& it : lane_items_) *prompt_tokens += static_cast<int64_t>(it.tokens.size());
+  return TakeOutput(lane_items_, lane_owner_, lane_out_, trace, spec, prefix);
 }
 
 int64_t Engine::DraftsFor(const Request& r, int64_t budget) const {

@@ -15,6 +15,14 @@
 // tokens (the executor verifies and rolls back); they pass the stop logic one by one, the first that ends
 // the request drops the rest, and the kept ones reach the sink in one OnTokens call. With spec.adaptive a
 // sequence's depth moves +1 after a fully accepted step and -1 after a step with none kept, in [1, depth].
+// The prefill lane (EngineOptions::prefill_lane_tokens, with an executor that has one: numoe-worker
+// --prefill-lane-tokens): a prompt of at least that many tokens (of a request with n = 1) is not chunked
+// into the steps above but into the lane's steps, oldest first, each chunk at most prefill_chunk tokens
+// (else max_step_tokens), within max_step_tokens per lane step, one lane step at a time, running on the
+// executor's lane beside the decode steps (Executor::StartLaneStep); a finished lane step is taken at the
+// start of the next iteration (its sequences' first tokens go through the stop logic as any step's), so a
+// decode token never waits for a prompt chunk's pass. The sequence decodes in the steps above once its prompt
+// is done. A request cancelled while its chunk is in the lane is closed when the lane step ends.
 // Stop conditions per request: EOS (unless ignore_eos), any of stop_token_ids (the stop token is emitted,
 // then finish_reason "stop"), max_new_tokens or the context limit ("length"). Cancel() drops a request
 // wherever it is, and its sequence is closed in the executor (freed in numoe-gpu).
@@ -64,6 +72,9 @@ struct EngineOptions {
   // with the decode tokens and prompt chunks (every decoding sequence gets its one token first, then
   // drafts, then prompt chunks), so any max_seqs x depth runs: a tight budget just drafts less.
   SpecConfig spec;
+  // Prompts of at least this many tokens prefill in the executor's prefill lane, beside the decode steps
+  // (header comment); 0 = never, as without a lane.
+  int64_t prefill_lane_tokens = 0;
 };
 // Errors name the option.
 Status ValidateEngineOptions(const EngineOptions& o);
@@ -120,6 +131,9 @@ struct EngineStats {
   int64_t spec_verify_steps = 0;
   int64_t spec_drafted = 0;
   int64_t spec_accepted = 0;
+  // The prefill lane: lane steps run, and steps run while a lane step was in flight (beside it).
+  int64_t lane_steps = 0;
+  int64_t steps_beside_lane = 0;
   // Seconds inside the routed experts (computed or simulated) since start (Executor::expert_seconds).
   double expert_seconds = 0;
   // The prefix cache behind the executor: prompt tokens of this engine's requests looked up in it and
@@ -141,6 +155,8 @@ struct StepTrace {
   int64_t largest_prefill_chunk = 0;
   int64_t draft_tokens = 0;  // drafts verified in this step (rows beyond the decode tokens)
   int64_t forks = 0;         // sequences forked before this step (n choices sharing one prefill)
+  int64_t lane_tokens = 0;   // prompt tokens handed to the prefill lane in this iteration
+  int64_t lane_steps = 0;    // lane steps started in this iteration (0 or 1)
 };
 
 class Engine {
@@ -173,6 +189,19 @@ class Engine {
  private:
   struct Request;
   struct Group;
+  struct PrefixTally {
+    int64_t queried = 0, hit = 0;
+  };
+  // Applies a step's output to its items' requests (prompt fed, tokens through the stop logic, sinks called);
+  // returns the tokens emitted.
+  int64_t TakeOutput(std::span<const StepItem> items, const std::vector<Request*>& owners, StepOutput& out,
+                     StepTrace* trace, SpecStats* spec, PrefixTally* prefix);
+  // Whether `r`'s prompt chunks go to the prefill lane.
+  bool UsesLane(const Request& r) const;
+  // Takes the lane step's output (waiting for it); returns the tokens emitted.
+  int64_t FinishLane(StepTrace* trace, SpecStats* spec, PrefixTally* prefix, int64_t* prompt_tokens);
+  // Starts a lane step over the oldest waiting lane prompts, if any.
+  void StartLane(StepTrace* trace);
   void Loop();
   bool HasWorkLocked() const;
   void Admit();
@@ -207,6 +236,12 @@ class Engine {
   std::vector<Request*> item_owner_;
   StepOutput out_;
   size_t rotate_ = 0;  // first running sequence offered a decode slot (fairness under a tight budget)
+  // The prefill lane's step in flight (lane_busy_): its items and their requests.
+  bool lane_on_ = false;
+  bool lane_busy_ = false;
+  std::vector<StepItem> lane_items_;
+  std::vector<Request*> lane_owner_;
+  StepOutput lane_out_;
   std::thread thread_;
 };
 

@@ -52,6 +52,15 @@ struct ExecutorLimits {
   int64_t max_model_drafts() const { return drafter() == SpecMethod::kNone ? 0 : MaxDraftsPerItem(model); }
 };
 
+// A sequence handed from one executor to another that shares its sequences in numoe-gpu (the lanes of one
+// worker, RegisterRequest::share_sequences_with): what the receiving side must know of it.
+struct SeqHandoff {
+  ExecSeq seq = 0;
+  bool opened = false;      // numoe-gpu has it (else the next step that carries it opens it with `sampling`)
+  SamplingParams sampling;  // while not opened
+  int32_t logprobs = -1;    // SamplingParams::logprobs (what the step results carry for it)
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -82,6 +91,35 @@ class Executor {
   // The prefix cache behind this executor (numoe-gpu's, as its last step reported; bytes -1 when there is
   // none). Safe to call from any thread.
   virtual PrefixCacheFigures prefix_cache() const { return {}; }
+
+  // Hand-over between executors whose sequences numoe-gpu shares (RemoteExecutor): Detach forgets `seq`
+  // here without freeing it (FAILED_PRECONDITION while a fork of it is still to be sent), Adopt takes it
+  // under the same key. Between steps only.
+  virtual StatusOr<SeqHandoff> Detach(ExecSeq seq) {
+    (void)seq;
+    return absl::UnimplementedError("this executor cannot hand sequences over");
+  }
+  virtual Status Adopt(const SeqHandoff& handoff) {
+    (void)handoff;
+    return absl::UnimplementedError("this executor cannot take sequences over");
+  }
+
+  // The prefill lane (MicroBatchExecutor over a worker's decode lanes and one prefill lane): a step of prompt
+  // chunks that runs on a thread of its own beside the Step calls, so decode steps go on while a long prompt
+  // prefills. StartLaneStep moves the items' sequences into the lane and starts it (one at a time; its
+  // sequences may not be in a Step, Fork or Close until FinishLaneStep), LaneStepDone says whether it ended
+  // (FinishLaneStep will not wait), FinishLaneStep waits for it, moves the sequences back and gives its
+  // output (as Step does; on error the sequences must be closed).
+  virtual bool has_prefill_lane() const { return false; }
+  virtual Status StartLaneStep(std::span<const StepItem> items) {
+    (void)items;
+    return absl::UnimplementedError("this executor has no prefill lane");
+  }
+  virtual bool LaneStepDone() const { return true; }
+  virtual Status FinishLaneStep(StepOutput* out) {
+    (void)out;
+    return absl::UnimplementedError("this executor has no prefill lane");
+  }
 };
 
 }  // namespace numoe::engine

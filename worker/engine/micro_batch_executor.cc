@@ -7,8 +7,7 @@
 
 namespace numoe::engine {
 
-Status SerialExperts::RunRouted(const MoeRequest& request) {
-  std::lock_guard<std::mutex> lk(mu_);
+Status SerialExperts::RunLocked(const MoeRequest& request) {
   const int64_t t0 = SteadyNanos();
   Status st = inner_->RunRouted(request);
   busy_ns_.fetch_add(SteadyNanos() - t0, std::memory_order_relaxed);
@@ -16,13 +15,121 @@ Status SerialExperts::RunRouted(const MoeRequest& request) {
   return st;
 }
 
-MicroBatchExecutor::MicroBatchExecutor(std::vector<Executor*> parts, const SerialExperts* experts)
-    : parts_(std::move(parts)), experts_(experts), open_(parts_.size(), 0), subs_(parts_.size()) {}
+Status SerialExperts::RunRouted(const MoeRequest& request) {
+  waiting_.fetch_add(1, std::memory_order_acq_rel);
+  std::unique_lock<std::mutex> lk(mu_);
+  waiting_.fetch_sub(1, std::memory_order_acq_rel);
+  Status st = RunLocked(request);
+  lk.unlock();
+  cv_.notify_all();
+  return st;
+}
+
+Status SerialExperts::RunYielding(const MoeRequest& request) {
+  if (request.rows <= 0) return absl::OkStatus();
+  const int64_t piece = piece_rows_ > 0 && hidden_ > 0 ? piece_rows_ : request.rows;
+  for (int64_t at = 0; at < request.rows; at += piece) {
+    MoeRequest part = request;
+    part.rows = std::min(piece, request.rows - at);
+    part.x = request.x + at * hidden_;
+    part.out = request.out + at * hidden_;
+    part.expert_ids = request.expert_ids + at * request.top_k;
+    part.expert_weights = request.expert_weights + at * request.top_k;
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return waiting_.load(std::memory_order_acquire) == 0; });
+    pieces_.fetch_add(1, std::memory_order_relaxed);
+    RETURN_IF_ERROR(RunLocked(part));
+  }
+  return absl::OkStatus();
+}
+
+MicroBatchExecutor::MicroBatchExecutor(std::vector<Executor*> parts, const SerialExperts* experts, Executor* lane)
+    : parts_(std::move(parts)), experts_(experts), open_(parts_.size(), 0), subs_(parts_.size()), lane_(lane) {}
+
+MicroBatchExecutor::~MicroBatchExecutor() {
+  if (lane_thread_.joinable()) lane_thread_.join();
+}
 
 ExecutorLimits MicroBatchExecutor::limits() const { return parts_.front()->limits(); }
 
 bool MicroBatchExecutor::healthy() const {
-  return std::all_of(parts_.begin(), parts_.end(), [](const Executor* p) { return p->healthy(); });
+  return std::all_of(parts_.begin(), parts_.end(), [](const Executor* p) { return p->healthy(); }) &&
+         (lane_ == nullptr || lane_->healthy());
+}
+
+StatusOr<MicroBatchExecutor::Where*> MicroBatchExecutor::Find(ExecSeq seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", seq));
+  if (it->second.in_lane) {
+    return absl::FailedPreconditionError(absl::StrCat("executor: sequence ", seq, " is in the prefill lane's step"));
+  }
+  return &it->second;
+}
+
+Status MicroBatchExecutor::StartLaneStep(std::span<const StepItem> items) {
+  if (lane_ == nullptr) return absl::UnimplementedError("executor: no prefill lane");
+  if (lane_thread_.joinable()) return absl::FailedPreconditionError("executor: the prefill lane's step is running");
+  if (items.empty()) return absl::InvalidArgumentError("executor: empty step");
+  lane_items_.clear();
+  lane_seqs_.clear();
+  // Hand each sequence to the lane; on a failure the ones moved so far go back.
+  auto undo = [&] {
+    for (ExecSeq id : lane_seqs_) {
+      Where& w = seqs_.at(id);
+      if (auto h = lane_->Detach(w.inner); h.ok()) (void)parts_[w.part]->Adopt(*h);
+      w.in_lane = false;
+    }
+    lane_seqs_.clear();
+    lane_items_.clear();
+  };
+  for (const StepItem& item : items) {
+    auto w = Find(item.seq);
+    Status st = w.status();
+    StatusOr<SeqHandoff> h = absl::UnknownError("");
+    if (st.ok()) {
+      h = parts_[(*w)->part]->Detach((*w)->inner);
+      st = h.status();
+    }
+    if (st.ok()) {
+      st = lane_->Adopt(*h);
+      if (!st.ok()) (void)parts_[(*w)->part]->Adopt(*h);
+    }
+    if (!st.ok()) {
+      undo();
+      return st;
+    }
+    (*w)->in_lane = true;
+    lane_seqs_.push_back(item.seq);
+    lane_items_.push_back(item);
+    lane_items_.back().seq = (*w)->inner;
+  }
+  lane_done_.store(false, std::memory_order_release);
+  lane_thread_ = std::thread([this] {
+    lane_status_ = lane_->Step(lane_items_, &lane_out_);
+    lane_done_.store(true, std::memory_order_release);
+  });
+  return absl::OkStatus();
+}
+
+bool MicroBatchExecutor::LaneStepDone() const { return lane_done_.load(std::memory_order_acquire); }
+
+Status MicroBatchExecutor::FinishLaneStep(StepOutput* out) {
+  if (!lane_thread_.joinable()) return absl::FailedPreconditionError("executor: no prefill lane step is running");
+  lane_thread_.join();
+  ++lane_steps_;
+  Status moved;
+  for (ExecSeq id : lane_seqs_) {
+    Where& w = seqs_.at(id);
+    w.in_lane = false;
+    auto h = lane_->Detach(w.inner);
+    Status st = h.ok() ? parts_[w.part]->Adopt(*h) : h.status();
+    if (moved.ok() && !st.ok()) moved = st;
+  }
+  lane_seqs_.clear();
+  RETURN_IF_ERROR(lane_status_);
+  RETURN_IF_ERROR(moved);
+  *out = std::move(lane_out_);
+  return absl::OkStatus();
 }
 
 double MicroBatchExecutor::expert_seconds() const {
@@ -57,9 +164,8 @@ StatusOr<ExecSeq> MicroBatchExecutor::Open(const SamplingParams& sampling) {
 }
 
 StatusOr<ExecSeq> MicroBatchExecutor::Fork(ExecSeq parent, const SamplingParams& sampling) {
-  auto it = seqs_.find(parent);
-  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", parent));
-  const Where w = it->second;  // the child's state is a copy of the parent's: the same part
+  ASSIGN_OR_RETURN(Where* found, Find(parent));
+  const Where w = *found;  // the child's state is a copy of the parent's: the same part
   ASSIGN_OR_RETURN(ExecSeq inner, parts_[w.part]->Fork(w.inner, sampling));
   const ExecSeq id = next_++;
   seqs_.emplace(id, Where{w.part, inner});
@@ -68,10 +174,9 @@ StatusOr<ExecSeq> MicroBatchExecutor::Fork(ExecSeq parent, const SamplingParams&
 }
 
 Status MicroBatchExecutor::Close(ExecSeq seq) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", seq));
-  const Where w = it->second;
-  seqs_.erase(it);
+  ASSIGN_OR_RETURN(Where* found, Find(seq));
+  const Where w = *found;
+  seqs_.erase(seq);
   --open_[w.part];
   return parts_[w.part]->Close(w.inner);
 }
@@ -93,12 +198,11 @@ Status MicroBatchExecutor::Step(std::span<const StepItem> items, StepOutput* out
   }
   std::vector<size_t> part_of(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    auto it = seqs_.find(items[i].seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", items[i].seq));
-    Sub& s = subs_[it->second.part];
-    part_of[i] = it->second.part;
+    ASSIGN_OR_RETURN(Where* w, Find(items[i].seq));
+    Sub& s = subs_[w->part];
+    part_of[i] = w->part;
     s.items.push_back(items[i]);
-    s.items.back().seq = it->second.inner;
+    s.items.back().seq = w->inner;
     s.at.push_back(i);
   }
   // Every part with items at once: the first on this thread, the others on one thread each.

@@ -14,14 +14,23 @@
 // whose time inside the backend is this executor's expert_seconds (a part waiting for the other's call is
 // not expert time).
 //
+// The prefill lane (numoe-worker --prefill-lane-tokens): one more part, whose numoe-gpu session shares the
+// other parts' sequences (RegisterRequest::share_sequences_with), runs steps of prompt chunks on a thread
+// of its own (StartLaneStep .. FinishLaneStep) while Step goes on with the decode parts. A sequence lives in
+// its part; StartLaneStep hands it to the lane (Executor::Detach / Adopt, the same key: the parts' key ranges
+// do not overlap) and FinishLaneStep hands it back, so after its prompt it decodes where it was opened. While
+// it is in the lane, Step, Fork and Close refuse it (FAILED_PRECONDITION).
+//
 // Thread-safety: one thread drives the executor (the engine's); it drives the parts from helper threads
 // only inside Step, joined before Step returns. expert_seconds() and prefix_cache() are safe from any thread.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "model/backend.h"
@@ -31,19 +40,45 @@ namespace numoe::engine {
 
 // One ExpertBackend shared by several callers (the parts' executors), one RunRouted at a time, in the
 // order the callers arrive; the time spent inside the backend is counted (busy_seconds).
+// The prefill lane's calls go through RunYielding (its Lane() backend): a call of more than `piece_rows`
+// rows runs as pieces of at most that many rows (the rows are independent: the same sums), and before each
+// piece it lets every RunRouted caller that is waiting go first, so a decode step's experts wait for at most
+// one piece of a prompt's, not for all of it. piece_rows 0 (or hidden 0): whole calls, still yielding.
 class SerialExperts final : public ExpertBackend {
  public:
-  explicit SerialExperts(ExpertBackend* inner) : inner_(inner) {}  // not owned
+  // `inner` not owned; `hidden`: the model's hidden size (the row stride of x and out).
+  explicit SerialExperts(ExpertBackend* inner, int64_t hidden = 0, int64_t piece_rows = 0)
+      : inner_(inner), hidden_(hidden), piece_rows_(piece_rows), lane_(this) {}
   Status RunRouted(const MoeRequest& request) override;
+  Status RunYielding(const MoeRequest& request);
+  // The backend the prefill lane computes with (RunYielding).
+  ExpertBackend* lane() { return &lane_; }
+  int64_t pieces() const { return pieces_.load(std::memory_order_relaxed); }
   const HostExperts* host_experts() const override { return inner_->host_experts(); }
   double busy_seconds() const { return static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) * 1e-9; }
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
 
  private:
+  class Lane final : public ExpertBackend {
+   public:
+    explicit Lane(SerialExperts* s) : s_(s) {}
+    Status RunRouted(const MoeRequest& request) override { return s_->RunYielding(request); }
+    const HostExperts* host_experts() const override { return s_->host_experts(); }
+
+   private:
+    SerialExperts* s_;
+  };
+  Status RunLocked(const MoeRequest& request);
+
   ExpertBackend* inner_;
+  int64_t hidden_, piece_rows_;
+  Lane lane_;
   std::mutex mu_;
+  std::condition_variable cv_;  // RunRouted callers leaving: a yielding piece may go
+  std::atomic<int64_t> waiting_{0};  // RunRouted callers waiting for mu_
   std::atomic<int64_t> busy_ns_{0};
   std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> pieces_{0};
 };
 
 class MicroBatchExecutor final : public Executor {
@@ -51,7 +86,9 @@ class MicroBatchExecutor final : public Executor {
   // `parts` (>= 1, not owned) share one vocabulary and limits (their channels were registered alike);
   // `experts` (not owned, may be null) is the SerialExperts they compute with, for expert_seconds() (null:
   // the sum of the parts').
-  MicroBatchExecutor(std::vector<Executor*> parts, const SerialExperts* experts);
+  // `lane` (not owned, may be null): the prefill lane, an executor sharing the parts' sequences.
+  MicroBatchExecutor(std::vector<Executor*> parts, const SerialExperts* experts, Executor* lane = nullptr);
+  ~MicroBatchExecutor() override;  // waits for a lane step still running
 
   StatusOr<ExecSeq> Open(const SamplingParams& sampling) override;
   StatusOr<ExecSeq> Fork(ExecSeq parent, const SamplingParams& sampling) override;
@@ -64,6 +101,12 @@ class MicroBatchExecutor final : public Executor {
   double expert_seconds() const override;
   // The figures of the part that stepped last (numoe-gpu's one prefix cache, as it last reported them).
   PrefixCacheFigures prefix_cache() const override;
+  bool has_prefill_lane() const override { return lane_ != nullptr; }
+  Status StartLaneStep(std::span<const StepItem> items) override;
+  bool LaneStepDone() const override;
+  Status FinishLaneStep(StepOutput* out) override;
+  // Lane steps run (tests and logs).
+  int64_t lane_steps() const { return lane_steps_; }
 
   size_t parts() const { return parts_.size(); }
   // Open sequences in part `p` (tests).
@@ -75,7 +118,10 @@ class MicroBatchExecutor final : public Executor {
   struct Where {
     size_t part = 0;
     ExecSeq inner = 0;
+    bool in_lane = false;
   };
+  // The sequence `seq` (a wrapper key) open and not in the lane, else the error naming why.
+  StatusOr<Where*> Find(ExecSeq seq);
   std::vector<Executor*> parts_;
   const SerialExperts* experts_;
   std::map<ExecSeq, Where> seqs_;
@@ -91,6 +137,15 @@ class MicroBatchExecutor final : public Executor {
     Status status;
   };
   std::vector<Sub> subs_;
+  // The prefill lane: its step's items (inner keys), their wrapper keys, its output and status, its thread.
+  Executor* lane_ = nullptr;
+  std::vector<StepItem> lane_items_;
+  std::vector<ExecSeq> lane_seqs_;
+  StepOutput lane_out_;
+  Status lane_status_;
+  std::thread lane_thread_;
+  std::atomic<bool> lane_done_{true};
+  int64_t lane_steps_ = 0;
 };
 
 }  // namespace numoe::engine

@@ -8,7 +8,39 @@
 
 namespace numoe::engine {
 
-RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts) : ch_(channel), experts_(experts) {}
+RemoteExecutor::RemoteExecutor(shm::Channel* channel, ExpertBackend* experts, ExecSeq first_key)
+    : ch_(channel), experts_(experts), next_(first_key) {}
+
+StatusOr<SeqHandoff> RemoteExecutor::Detach(ExecSeq seq) {
+  for (const PendingFork& f : forks_) {
+    if (f.seq == seq || f.parent == seq) {
+      return absl::FailedPreconditionError(absl::StrCat("executor: sequence ", seq, " has a fork still to be sent"));
+    }
+  }
+  if (auto p = pending_open_.find(seq); p != pending_open_.end()) {
+    SeqHandoff h{.seq = seq, .opened = false, .sampling = std::move(p->second)};
+    h.logprobs = h.sampling.logprobs;
+    pending_open_.erase(p);
+    return h;
+  }
+  auto it = open_.find(seq);
+  if (it == open_.end()) return absl::NotFoundError(absl::StrCat("executor: no open sequence ", seq));
+  SeqHandoff h{.seq = seq, .opened = true, .logprobs = it->second};
+  open_.erase(it);
+  return h;
+}
+
+Status RemoteExecutor::Adopt(const SeqHandoff& h) {
+  if (pending_open_.count(h.seq) != 0 || open_.count(h.seq) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("executor: sequence ", h.seq, " is already here"));
+  }
+  if (h.opened) {
+    open_.emplace(h.seq, h.logprobs);
+  } else {
+    pending_open_.emplace(h.seq, h.sampling);
+  }
+  return absl::OkStatus();
+}
 
 ExecutorLimits RemoteExecutor::limits() const {
   const shm::Geometry& g = ch_->geometry();

@@ -28,13 +28,17 @@ namespace numoe::engine {
 class RemoteExecutor final : public Executor {
  public:
   // Neither is owned. `channel` must be the worker side (Channel::Attach).
-  RemoteExecutor(shm::Channel* channel, ExpertBackend* experts);
+  // `first_key`: the first sequence key it hands out (executors sharing numoe-gpu's sequences must not
+  // overlap: each gets a range of its own).
+  RemoteExecutor(shm::Channel* channel, ExpertBackend* experts, ExecSeq first_key = 1);
 
   StatusOr<ExecSeq> Open(const SamplingParams& sampling) override;
   StatusOr<ExecSeq> Fork(ExecSeq parent, const SamplingParams& sampling) override;
   Status Close(ExecSeq seq) override;
   Status Step(std::span<const StepItem> items, StepOutput* out) override;
   Status Flush() override;
+  StatusOr<SeqHandoff> Detach(ExecSeq seq) override;
+  Status Adopt(const SeqHandoff& handoff) override;
   bool healthy() const override { return broken_.ok(); }
   ExecutorLimits limits() const override;
 

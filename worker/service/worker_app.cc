@@ -173,8 +173,13 @@ int RunWorkerApp(const WorkerAppConfig& c) {
     for (auto& g : gpus) (void)g->Release();
   };
   const int64_t parts = std::max<int64_t>(c.micro_batches, 1);
-  for (int64_t part = 0; part < parts; ++part) {
-    if (part > 0) reg.set_worker_id(absl::StrCat(worker_id, ":mb", part));
+  // The prefill lane is one more session, after the micro-batches'; with it every session shares the first's
+  // sequences (a sequence prefilled in the lane decodes in its micro-batch).
+  const bool lane = c.prefill_lane_tokens > 0;
+  for (int64_t part = 0; part < parts + (lane ? 1 : 0); ++part) {
+    if (part > 0) reg.set_worker_id(part == parts ? absl::StrCat(worker_id, ":lane") : absl::StrCat(worker_id, ":mb", part));
+    if (part > 0 && lane) reg.set_share_sequences_with(gpus.front()->registration().lease());
+    reg.set_prefill_lane(part == parts);
     auto gpu = GpuClient::Register(c.gpu_address, reg, c.gpu_wait_ms);
     if (!gpu.ok()) {
       release_all();
@@ -204,18 +209,24 @@ int RunWorkerApp(const WorkerAppConfig& c) {
                << r.backend() << " backend, channel " << r.shm_name() << ", " << r.max_sequences() << " sequences x "
                << r.max_step_tokens() << " tokens per step; GPU prefill "
                << (r.gpu_prefill() ? "on: numoe-gpu mapped the expert arena" : "off")
-               << (parts > 1 ? absl::StrCat("; micro-batch ", part + 1, " of ", parts) : std::string()) << ")";
+               << (part == parts ? std::string("; the prefill lane")
+                   : parts > 1 ? absl::StrCat("; micro-batch ", part + 1, " of ", parts) : std::string())
+               << ")";
   }
 
   // 4. The engine over the remote executor(s): one per channel, their expert calls taking turns.
-  engine::SerialExperts serial(experts->get());
+  engine::SerialExperts serial(experts->get(), (*ckpt)->config().hidden_size, c.prefill_lane_piece_rows);
   std::vector<std::unique_ptr<engine::RemoteExecutor>> remotes;
   std::vector<engine::Executor*> executor_parts;
-  for (auto& ch : channels) {
-    remotes.push_back(std::make_unique<engine::RemoteExecutor>(ch.get(), &serial));
-    executor_parts.push_back(remotes.back().get());
+  for (size_t i = 0; i < channels.size(); ++i) {
+    // Sessions sharing one sequence table take keys from ranges of their own.
+    const engine::ExecSeq first_key = lane ? (static_cast<engine::ExecSeq>(i) << 40) + 1 : 1;
+    const bool is_lane = lane && i + 1 == channels.size();
+    remotes.push_back(std::make_unique<engine::RemoteExecutor>(channels[i].get(), is_lane ? serial.lane() : &serial,
+                                                               first_key));
+    if (!is_lane) executor_parts.push_back(remotes.back().get());
   }
-  engine::MicroBatchExecutor executor(executor_parts, &serial);
+  engine::MicroBatchExecutor executor(executor_parts, &serial, lane ? remotes.back().get() : nullptr);
   if (Status st = CheckSpecAgainstGpu(&*spec, ChannelCapabilities(channels[0]->geometry())); !st.ok()) {
     release_all();
     return fail(st);
@@ -226,7 +237,8 @@ int RunWorkerApp(const WorkerAppConfig& c) {
                            .max_queue = c.max_queue,
                            .eos_token_id = (*ckpt)->config().eos_token_id,
                            .max_context = (*ckpt)->config().max_position_embeddings,
-                           .spec = spec->config};
+                           .spec = spec->config,
+                           .prefill_lane_tokens = c.prefill_lane_tokens};
   if (Status st = engine::ValidateEngineOptions(eo); !st.ok()) return fail(st);
   engine::Engine engine(&executor, eo);
   engine.Start();
@@ -249,6 +261,8 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   NLOG(INFO) << "numoe-worker " << worker_id << ": serving Worker on " << bound << " (max " << eo.max_seqs
              << " sequences, " << engine.options().max_step_tokens << " tokens per step, prefill chunk "
              << eo.prefill_chunk << ", " << parts << (parts == 1 ? " micro-batch" : " micro-batches")
+             << (lane ? absl::StrCat(", prefill lane for prompts of ", c.prefill_lane_tokens, "+ tokens")
+                      : std::string(", no prefill lane"))
              << ", speculative decoding "
              << (eo.spec.method == SpecMethod::kNone
                      ? std::string("off")

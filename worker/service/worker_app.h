@@ -51,6 +51,12 @@ struct WorkerAppConfig {
   // lanes) and splits its sequences between them, so numoe-gpu runs one micro-batch's layers while this
   // worker computes the other's experts (worker/engine/micro_batch_executor.h).
   int64_t micro_batches = 1;
+  // The prefill lane: prompts of at least this many tokens prefill in one more numoe-gpu session that shares
+  // this worker's sequences, beside the decode steps, so a long prompt does not slow the running streams
+  // (worker/engine/engine.h); 0 = off. Its expert calls run in pieces of at most prefill_lane_piece_rows rows,
+  // each after the decode steps' waiting calls (0 = whole calls).
+  int64_t prefill_lane_tokens = 2048;
+  int64_t prefill_lane_piece_rows = 256;
 
   bool operator==(const WorkerAppConfig&) const = default;
 };

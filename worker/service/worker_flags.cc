@@ -92,6 +92,15 @@ void AddWorkerFlags(ArgParser& p, WorkerAppConfig* c) {
            "GPU runs one micro-batch's layers while this worker's CPUs compute the other's experts (their expert "
            "calls take turns on the one thread pool); a sequence stays in its micro-batch. 1 = one batch per step",
            &c->micro_batches, 1, kMaxMicroBatches);
+  p.AddInt("prefill-lane-tokens", "N",
+           "prompts of at least N tokens prefill in a lane of their own (one more numoe-gpu session sharing this "
+           "worker's sequences) beside the decode steps, which no longer wait for a prompt chunk's pass; the "
+           "sequence decodes with the others once its prompt is done. 0 = off (prompt chunks ride in the steps)",
+           &c->prefill_lane_tokens, 0, int64_t{1} << 30);
+  p.AddInt("prefill-lane-piece-rows", "N",
+           "the prefill lane's expert calls computed here run in pieces of at most N rows, and the decode steps' "
+           "calls waiting go first between pieces (0 = whole calls)",
+           &c->prefill_lane_piece_rows, 0, 65536);
 }
 
 std::vector<std::string> WorkerArgv(const WorkerAppConfig& c) { return ArgvOf(c, AddWorkerFlags); }

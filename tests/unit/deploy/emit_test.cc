@@ -173,6 +173,8 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   o.launch.pass_rows = 8192;
   o.launch.sim_expert_gbps = 0.0026;  // not exact in binary: every digit must survive the unit file
   o.launch.micro_batches = 2;
+  o.launch.prefill_lane_tokens = 8192;
+  o.launch.prefill_lane_piece_rows = 64;
   o.launch.gpu_port = 7000;
   o.launch.worker_base_port = 7100;
   o.launch.router_port = 9000;
@@ -207,6 +209,8 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
     EXPECT_EQ(w.drafter_experts, DrafterExperts::kGpu);
     EXPECT_EQ(w.sim_expert_gbps, 0.0026);
     EXPECT_EQ(w.micro_batches, 2);
+    EXPECT_EQ(w.prefill_lane_tokens, 8192);
+    EXPECT_EQ(w.prefill_lane_piece_rows, 64);
     addrs.push_back(absl::StrCat(w.host, ":", w.port));
   }
   const router::RouterAppConfig r = RouterOf(Find(*files, "numoe-router.service")->content);
@@ -215,21 +219,27 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   EXPECT_EQ(r.router.balancer.policy.prefix_tokens, 0);
 }
 
-// Every micro-batch is a session of its own in numoe-gpu: with --lanes left at its default, numoe-gpu gets a
-// lane for each (never fewer than its default); an explicit --lanes is kept.
+// Every micro-batch and prefill lane is a session of its own in numoe-gpu: with --lanes left at its default,
+// numoe-gpu gets a lane for each (never fewer than its default); an explicit --lanes is kept.
 TEST(EmitSystemd, MicroBatchesGiveNumoeGpuALanePerSession) {
   const Plan plan = UnevenPlan();
   const int64_t workers = static_cast<int64_t>(plan.workers.size());
   for (int64_t lanes : {-1, 1}) {
-    EmitOptions o;
-    o.launch.model_dir = "/models/v4";
-    o.launch.backend = Backend::kCuda;
-    o.launch.micro_batches = 2;
-    o.launch.lanes = lanes;
-    auto files = RenderSystemd(plan, o);
-    ASSERT_TRUE(files.ok()) << files.status();
-    const gpu::GpuAppConfig g = GpuOf(Find(*files, "numoe-gpu.service")->content);
-    EXPECT_EQ(g.lanes, lanes < 0 ? std::max<int64_t>(2 * workers, gpu::GpuAppConfig{}.lanes) : lanes) << lanes;
+    for (int64_t lane_tokens : {-1, 0, 4096}) {
+      EmitOptions o;
+      o.launch.model_dir = "/models/v4";
+      o.launch.backend = Backend::kCuda;
+      o.launch.micro_batches = 2;
+      o.launch.lanes = lanes;
+      o.launch.prefill_lane_tokens = lane_tokens;
+      auto files = RenderSystemd(plan, o);
+      ASSERT_TRUE(files.ok()) << files.status();
+      const gpu::GpuAppConfig g = GpuOf(Find(*files, "numoe-gpu.service")->content);
+      const bool lane = (lane_tokens < 0 ? worker::WorkerAppConfig{}.prefill_lane_tokens : lane_tokens) > 0;
+      const int64_t sessions = 2 + (lane ? 1 : 0);
+      EXPECT_EQ(g.lanes, lanes < 0 ? std::max<int64_t>(sessions * workers, gpu::GpuAppConfig{}.lanes) : lanes)
+          << lanes << " " << lane_tokens;
+    }
   }
 }
 

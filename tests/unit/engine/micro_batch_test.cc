@@ -79,7 +79,11 @@ struct Stack {
   }
 };
 
-std::unique_ptr<Stack> MakeStack(Tiny& t, size_t parts, bool spec, uint32_t max_seqs = 8) {
+// With `lane`: one more session, the prefill lane, sharing session 0's sequences (as numoe-gpu makes it for
+// RegisterRequest::share_sequences_with), every executor taking keys from a range of its own, the lane's
+// expert calls through SerialExperts::lane() in pieces of `piece_rows`.
+std::unique_ptr<Stack> MakeStack(Tiny& t, size_t parts, bool spec, uint32_t max_seqs = 8, bool lane = false,
+                                 int64_t piece_rows = 0) {
   auto s = std::make_unique<Stack>();
   s->host.model = t.model.get();
   s->host.interleaved_steps = true;  // the CPU backend's Capabilities
@@ -97,9 +101,10 @@ std::unique_ptr<Stack> MakeStack(Tiny& t, size_t parts, bool spec, uint32_t max_
     geo.verify = 1;
   }
   s->counting = std::make_unique<Counting>(t.experts.get());
-  s->serial = std::make_unique<SerialExperts>(s->counting.get());
+  s->serial = std::make_unique<SerialExperts>(s->counting.get(), cfg.hidden_size, piece_rows);
   std::vector<Executor*> ex;
-  for (size_t p = 0; p < parts; ++p) {
+  for (size_t p = 0; p < parts + (lane ? 1 : 0); ++p) {
+    const bool is_lane = p == parts;
     auto gpu_end = shm::Channel::CreateAnonymous(geo);
     EXPECT_OK(gpu_end);
     if (!gpu_end.ok()) return nullptr;
@@ -107,13 +112,17 @@ std::unique_ptr<Stack> MakeStack(Tiny& t, size_t parts, bool spec, uint32_t max_
     EXPECT_OK(worker_end);
     if (!worker_end.ok()) return nullptr;
     s->sessions.push_back(std::make_unique<gpu::WorkerSession>(
-        &s->host, gpu::SessionInfo{.lease = p + 1, .worker_id = absl::StrCat("mb", p)}, std::move(*gpu_end)));
+        &s->host,
+        gpu::SessionInfo{.lease = p + 1, .worker_id = is_lane ? "lane" : absl::StrCat("mb", p), .background = is_lane},
+        std::move(*gpu_end), lane && p > 0 ? s->sessions.front()->table() : nullptr));
     s->sessions.back()->Start(nullptr);
     s->worker_ends.push_back(std::move(*worker_end));
-    s->remotes.push_back(std::make_unique<RemoteExecutor>(s->worker_ends.back().get(), s->serial.get()));
-    ex.push_back(s->remotes.back().get());
+    s->remotes.push_back(std::make_unique<RemoteExecutor>(
+        s->worker_ends.back().get(), is_lane ? s->serial->lane() : s->serial.get(),
+        lane ? (static_cast<ExecSeq>(p) << 40) + 1 : 1));
+    if (!is_lane) ex.push_back(s->remotes.back().get());
   }
-  s->executor = std::make_unique<MicroBatchExecutor>(ex, s->serial.get());
+  s->executor = std::make_unique<MicroBatchExecutor>(ex, s->serial.get(), lane ? s->remotes.back().get() : nullptr);
   return s;
 }
 
@@ -169,8 +178,9 @@ struct Sampled {
   std::vector<int32_t> tokens;
   std::vector<EmittedLogprobs> logprobs;
 };
-std::vector<Sampled> RunSampled(Executor* ex, const Tiny& t) {
-  Engine engine(ex, EngineOptions{.max_seqs = 8, .max_step_tokens = 48, .prefill_chunk = 16});
+std::vector<Sampled> RunSampled(Executor* ex, const Tiny& t, int64_t lane_tokens = 0) {
+  Engine engine(ex, EngineOptions{.max_seqs = 8, .max_step_tokens = 48, .prefill_chunk = 16,
+                                  .prefill_lane_tokens = lane_tokens});
   std::vector<std::unique_ptr<RequestStream>> streams;
   for (size_t i = 0; i < 5; ++i) {
     EngineRequest r = Greedy(t.goldens[i % t.goldens.size()], 20);
@@ -294,6 +304,223 @@ TEST(MicroBatches, OpenBalancesAndAGoneSessionBreaksTheExecutor) {
   Status st = ex.Step(items, &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_FALSE(ex.healthy());
+}
+
+// The prefill lane: prompts of at least `lane_tokens` prefill in the lane's session, beside the decode steps.
+// Greedy equals the goldens for every chunking and lane threshold (the CPU backend is batch invariant), the
+// lane ran, and every sequence is freed at the end.
+TEST(PrefillLane, GreedyEqualsTheGoldensForEveryChunking) {
+  Tiny* t = LoadTiny();
+  ASSERT_NE(t, nullptr);
+  for (int64_t piece_rows : {0, 3}) {
+    for (int64_t chunk : {0, 5, 16}) {
+      for (int64_t lane_tokens : {1, 12}) {
+        const std::string what = absl::StrCat("chunk ", chunk, ", lane for ", lane_tokens, "+ tokens, pieces of ",
+                                              piece_rows, " rows");
+        auto s = MakeStack(*t, 2, false, 8, /*lane=*/true, piece_rows);
+        ASSERT_NE(s, nullptr);
+        Engine engine(s->executor.get(), EngineOptions{.max_seqs = 8, .max_step_tokens = 48, .prefill_chunk = chunk,
+                                                       .prefill_lane_tokens = lane_tokens});
+        std::vector<std::unique_ptr<RequestStream>> streams;
+        for (const auto& g : t->goldens) {
+          auto st = RequestStream::Open(&engine, Greedy(g, static_cast<int64_t>(g.greedy.size())));
+          ASSERT_OK(st);
+          streams.push_back(std::move(*st));
+        }
+        RunToEnd(engine);
+        for (size_t i = 0; i < streams.size(); ++i) {
+          auto r = streams[i]->Wait();
+          ASSERT_OK(r) << what;
+          EXPECT_EQ(r->tokens, t->goldens[i].greedy) << t->goldens[i].name << ", " << what;
+        }
+        EXPECT_GT(s->executor->lane_steps(), 0) << what;
+        EXPECT_EQ(engine.stats().lane_steps, s->executor->lane_steps()) << what;
+        EXPECT_GT(s->sessions.back()->steps(), 0u) << what;
+        EXPECT_EQ(s->sessions.front()->sequences(), 0) << what;  // the shared table, counted by its first session
+        EXPECT_EQ(s->sessions.back()->sequences(), 0) << what;   // (the lane's share is not counted twice)
+        EXPECT_EQ(s->sessions.front()->table()->size.load(), 0) << what;
+        EXPECT_EQ(s->counting->max_in_flight.load(), 1) << "two expert calls ran at once, " << what;
+        if (piece_rows > 0) {
+          EXPECT_GT(s->serial->pieces(), s->executor->lane_steps()) << what;
+        }
+      }
+    }
+  }
+}
+
+// A stream decoding while a longer prompt arrives: the prompt prefills in the lane while the stream's decode
+// steps go on (steps beside the lane), and both outputs equal those without the lane.
+TEST(PrefillLane, DecodeGoesOnWhileALongPromptPrefills) {
+  Tiny* t = LoadTiny();
+  ASSERT_NE(t, nullptr);
+  const test::GoldenPrompt& shortp = t->goldens[0];
+  EngineRequest longr = Greedy(t->goldens[1], 8);
+  for (int k = 0; k < 3; ++k) longr.prompt.insert(longr.prompt.end(), t->goldens[1 + k % 2].input_ids.begin(),
+                                                   t->goldens[1 + k % 2].input_ids.end());
+  const int64_t threshold = static_cast<int64_t>(shortp.input_ids.size()) + 1;
+  ASSERT_GE(static_cast<int64_t>(longr.prompt.size()), threshold);
+  auto run = [&](int64_t lane_tokens, int64_t* beside) {
+    auto s = MakeStack(*t, 1, false, 8, /*lane=*/true, /*piece_rows=*/4);
+    EXPECT_NE(s, nullptr);
+    Engine engine(s->executor.get(), EngineOptions{.max_seqs = 8, .max_step_tokens = 48, .prefill_chunk = 6,
+                                                   .prefill_lane_tokens = lane_tokens});
+    auto a = RequestStream::Open(&engine, Greedy(shortp, static_cast<int64_t>(shortp.greedy.size())));
+    EXPECT_OK(a);
+    for (int i = 0; i < 3; ++i) engine.StepOnce();  // the stream is decoding
+    auto b = RequestStream::Open(&engine, longr);
+    EXPECT_OK(b);
+    RunToEnd(engine);
+    *beside = engine.stats().steps_beside_lane;
+    auto ra = (*a)->Wait();
+    auto rb = (*b)->Wait();
+    EXPECT_OK(ra);
+    EXPECT_OK(rb);
+    EXPECT_EQ(ra->tokens, shortp.greedy);
+    return rb->tokens;
+  };
+  int64_t beside_off = 0, beside_on = 0;
+  const std::vector<int32_t> off = run(0, &beside_off);
+  const std::vector<int32_t> on = run(threshold, &beside_on);
+  EXPECT_EQ(on, off) << "the lane changed the long prompt's tokens";
+  EXPECT_EQ(off.size(), 8u);
+  EXPECT_EQ(beside_off, 0);
+  EXPECT_GT(beside_on, 0) << "no decode step ran while the long prompt prefilled in the lane";
+}
+
+TEST(PrefillLane, SampledTokensAndLogprobsEqualTheOneBatchPath) {
+  Tiny* t = LoadTiny();
+  ASSERT_NE(t, nullptr);
+  std::vector<Sampled> one, lane;
+  {
+    auto s = MakeStack(*t, 1, false);
+    ASSERT_NE(s, nullptr);
+    one = RunSampled(s->remotes[0].get(), *t);
+  }
+  {
+    auto s = MakeStack(*t, 1, false, 8, /*lane=*/true, /*piece_rows=*/4);
+    ASSERT_NE(s, nullptr);
+    lane = RunSampled(s->executor.get(), *t, /*lane_tokens=*/1);
+    EXPECT_GT(s->executor->lane_steps(), 0);
+  }
+  ASSERT_EQ(one.size(), 6u);
+  ASSERT_EQ(lane.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(lane[i].tokens, one[i].tokens) << "choice " << i;
+    ASSERT_EQ(lane[i].logprobs.size(), one[i].logprobs.size()) << "choice " << i;
+    for (size_t k = 0; k < one[i].logprobs.size(); ++k) {
+      EXPECT_EQ(lane[i].logprobs[k].chosen.token, one[i].logprobs[k].chosen.token);
+      EXPECT_EQ(lane[i].logprobs[k].chosen.logprob, one[i].logprobs[k].chosen.logprob);  // bit for bit
+    }
+  }
+}
+
+// A sequence in the lane's step is refused by Step, Fork and Close until the lane step ends; a sequence is
+// handed back to its part afterwards (it decodes there); a gone lane breaks the executor, and the shared
+// table frees the sequences once no session holds it.
+TEST(PrefillLane, HandOverRefusalsAndAGoneLane) {
+  Tiny* t = LoadTiny();
+  ASSERT_NE(t, nullptr);
+  auto s = MakeStack(*t, 1, false, 8, /*lane=*/true);
+  ASSERT_NE(s, nullptr);
+  MicroBatchExecutor& ex = *s->executor;
+  ASSERT_TRUE(ex.has_prefill_lane());
+  auto a = ex.Open(SamplingParams{});
+  auto b = ex.Open(SamplingParams{});
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  const std::vector<int32_t>& p = t->goldens[0].input_ids;
+  std::vector<StepItem> lane_items{StepItem{.seq = *a, .tokens = std::span<const int32_t>(p.data(), p.size()),
+                                            .sample = true}};
+  ASSERT_OK(ex.StartLaneStep(lane_items));
+  EXPECT_EQ(ex.StartLaneStep(lane_items).code(), absl::StatusCode::kFailedPrecondition);  // one at a time
+  EXPECT_EQ(ex.Close(*a).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ex.Fork(*a, SamplingParams{}).status().code(), absl::StatusCode::kFailedPrecondition);
+  StepOutput out;
+  std::vector<StepItem> decode{StepItem{.seq = *a, .tokens = std::span<const int32_t>(p.data(), 1), .sample = true}};
+  EXPECT_EQ(ex.Step(decode, &out).code(), absl::StatusCode::kFailedPrecondition);
+  // The other sequence steps in its part meanwhile.
+  std::vector<StepItem> other{StepItem{.seq = *b, .tokens = std::span<const int32_t>(p.data(), p.size()),
+                                       .sample = true}};
+  ASSERT_OK(ex.Step(other, &out));
+  const int32_t b_first = out.tokens[0];
+  StepOutput lane_out;
+  ASSERT_OK(ex.FinishLaneStep(&lane_out));
+  ASSERT_EQ(lane_out.tokens.size(), 1u);
+  EXPECT_EQ(lane_out.tokens[0], t->goldens[0].greedy[0]);
+  EXPECT_EQ(b_first, t->goldens[0].greedy[0]);
+  // Back in its part: its next token decodes there, in numoe-gpu's one table.
+  const int32_t next = lane_out.tokens[0];
+  std::vector<StepItem> step{StepItem{.seq = *a, .tokens = std::span<const int32_t>(&next, 1), .sample = true}};
+  ASSERT_OK(ex.Step(step, &out));
+  EXPECT_EQ(out.tokens[0], t->goldens[0].greedy[1]);
+  EXPECT_EQ(s->sessions.front()->table()->size.load(), 2);
+
+  // The lane's session goes away: the executor is unhealthy, the next lane step fails UNAVAILABLE.
+  s->sessions.back()->Stop();
+  ASSERT_OK(ex.StartLaneStep(lane_items = {StepItem{.seq = *b, .tokens = std::span<const int32_t>(&next, 1),
+                                                    .sample = true}}));
+  EXPECT_EQ(ex.FinishLaneStep(&lane_out).code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(ex.healthy());
+  // The decode session still holds the table (its sequences are its); once it goes too, they are freed.
+  std::weak_ptr<gpu::SequenceTable> table = s->sessions.front()->table();
+  EXPECT_EQ(table.lock()->size.load(), 2);
+  s->sessions.front()->Stop();
+  EXPECT_EQ(table.lock()->size.load(), 0);
+}
+
+// Holds every expert call until released (a lane's step stays in flight).
+class Gate final : public ExpertBackend {
+ public:
+  explicit Gate(ExpertBackend* inner) : inner_(inner) {}
+  Status RunRouted(const MoeRequest& r) override {
+    entered.store(true);
+    while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return inner_->RunRouted(r);
+  }
+  std::atomic<bool> entered{false}, open{false};
+
+ private:
+  ExpertBackend* inner_;
+};
+
+// numoe-gpu itself refuses a step that names a sequence another session of the table is stepping (a worker
+// that broke the hand-over rule cannot make two lanes touch one sequence), and the refused step leaves the
+// conversation intact.
+TEST(PrefillLane, NumoeGpuRefusesASequenceAnotherLaneSteps) {
+  Tiny* t = LoadTiny();
+  ASSERT_NE(t, nullptr);
+  auto s = MakeStack(*t, 1, false, 8, /*lane=*/true);
+  ASSERT_NE(s, nullptr);
+  Gate gate(t->experts.get());
+  RemoteExecutor a(s->worker_ends[0].get(), &gate, 1);  // session 0's channel, a gated expert backend
+  RemoteExecutor& b = *s->remotes[1];                  // the lane's
+  auto seq = a.Open(SamplingParams{});
+  ASSERT_OK(seq);
+  const std::vector<int32_t>& p = t->goldens[0].input_ids;
+  std::vector<StepItem> items{StepItem{.seq = *seq, .tokens = std::span<const int32_t>(p.data(), p.size()),
+                                       .sample = true}};
+  StepOutput out_a;
+  Status st_a;
+  std::thread in_flight([&] { st_a = a.Step(items, &out_a); });
+  while (!gate.entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The lane is told the sequence is open (as a hand-over would) while session 0's step holds it.
+  ASSERT_OK(b.Adopt(SeqHandoff{.seq = *seq, .opened = true}));
+  const int32_t tok = p[0];
+  std::vector<StepItem> other{StepItem{.seq = *seq, .tokens = std::span<const int32_t>(&tok, 1), .sample = true}};
+  StepOutput out_b;
+  Status st_b = b.Step(other, &out_b);
+  EXPECT_EQ(st_b.code(), absl::StatusCode::kInvalidArgument) << st_b;
+  EXPECT_NE(st_b.message().find("another lane's step"), std::string::npos) << st_b;
+  EXPECT_TRUE(b.healthy());
+  gate.open.store(true);
+  in_flight.join();
+  ASSERT_OK(st_a);
+  EXPECT_EQ(out_a.tokens[0], t->goldens[0].greedy[0]);
+  // Once that step ended, the lane may step it.
+  const int32_t next = out_a.tokens[0];
+  other[0].tokens = std::span<const int32_t>(&next, 1);
+  ASSERT_OK(b.Step(other, &out_b));
+  EXPECT_EQ(out_b.tokens[0], t->goldens[0].greedy[1]);
 }
 
 }  // namespace

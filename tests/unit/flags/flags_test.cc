@@ -70,6 +70,8 @@ TEST(WorkerFlags, RoundTripsEveryField) {
   c.drafter_experts = DrafterExperts::kGpu;
   c.sim_expert_gbps = 0.0026;  // not exact in binary: the writer must keep every digit
   c.micro_batches = worker::WorkerAppConfig{}.micro_batches == 1 ? 2 : 1;
+  c.prefill_lane_tokens = worker::WorkerAppConfig{}.prefill_lane_tokens == 0 ? 4096 : 0;
+  c.prefill_lane_piece_rows = worker::WorkerAppConfig{}.prefill_lane_piece_rows + 7;
   ExpectRoundTrip(c, worker::WorkerArgv(c), worker::AddWorkerFlags);
 }
 
@@ -91,6 +93,24 @@ TEST(WorkerFlags, SimExpertGbpsMustBeAPositiveFiniteRate) {
   EXPECT_THAT(p.Help(), HasSubstr("--sim-expert-gbps G"));
   // Off by default, and then not written.
   EXPECT_TRUE(worker::WorkerArgv(worker::WorkerAppConfig{}).empty());
+}
+
+TEST(WorkerFlags, PrefillLaneTokensAreNonNegative) {
+  for (const char* bad : {"-1", "many"}) {
+    worker::WorkerAppConfig c;
+    ArgParser p("numoe-worker", "");
+    worker::AddWorkerFlags(p, &c);
+    const Status st = ParseWords(p, {"--model", "m", "--prefill-lane-tokens", bad});
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("--prefill-lane-tokens")) << bad;
+  }
+  worker::WorkerAppConfig c;
+  ArgParser p("numoe-worker", "");
+  worker::AddWorkerFlags(p, &c);
+  ASSERT_TRUE(ParseWords(p, {"--model", "m", "--prefill-lane-tokens", "0", "--prefill-lane-piece-rows", "64"}).ok());
+  EXPECT_EQ(c.prefill_lane_tokens, 0);
+  EXPECT_EQ(c.prefill_lane_piece_rows, 64);
+  EXPECT_THAT(p.Help(), HasSubstr("--prefill-lane-tokens N"));
 }
 
 TEST(WorkerFlags, MicroBatchesAreOneOrTwo) {

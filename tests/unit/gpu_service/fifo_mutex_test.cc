@@ -1,4 +1,5 @@
-// FifoMutex hands the lock over in arrival order: a lane that asked first gets the model first.
+// FifoMutex hands the lock over in arrival order: a lane that asked first gets the model first; a background
+// waiter (a prefill lane) lets the lock() callers waiting go first, but not forever.
 #include "gpu_service/fifo_mutex.h"
 
 #include <gtest/gtest.h>
@@ -47,6 +48,42 @@ TEST(FifoMutex, ExcludesUnderContention) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(counter, 4 * 20000);
+}
+
+// A background waiter that arrived first goes after the lock() waiters queued behind it (at most
+// kBackgroundPasses of them), and takes it at once when nobody else waits.
+TEST(FifoMutex, BackgroundWaitersMakeWayButNotForever) {
+  FifoMutex mu;
+  std::vector<int> order;  // -1: the background waiter
+  std::atomic<int> queued{0};
+  mu.lock();
+  std::vector<std::thread> threads;
+  auto start = [&](int id, bool background) {
+    threads.emplace_back([&, id, background] {
+      queued.fetch_add(1);
+      if (background) {
+        mu.lock_background();
+      } else {
+        mu.lock();
+      }
+      order.push_back(id);
+      mu.unlock();
+    });
+    while (queued.load() < static_cast<int>(threads.size())) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  };
+  start(-1, true);
+  for (int i = 0; i < FifoMutex::kBackgroundPasses + 2; ++i) start(i, false);
+  mu.unlock();
+  for (auto& t : threads) t.join();
+  std::vector<int> want;
+  for (int i = 0; i < FifoMutex::kBackgroundPasses; ++i) want.push_back(i);
+  want.push_back(-1);
+  for (int i = FifoMutex::kBackgroundPasses; i < FifoMutex::kBackgroundPasses + 2; ++i) want.push_back(i);
+  EXPECT_EQ(order, want);
+  // Alone, it takes the lock at once.
+  mu.lock_background();
+  mu.unlock();
 }
 
 }  // namespace

@@ -191,9 +191,10 @@ __global__ void CompStepKernel(CompJobs j, StepDev s, CacheDev cache) {
 // ---- indexer ---------------------------------------------------------------------------------------------
 
 constexpr int kMaxIndexHeads = 64;
-// One block scores kScoreEntries compressed entries (a warp's lanes) of one row; its kScoreWarps warps split
-// the heads (kHeadsPerWarp each) and their partial sums are added in warp order, so a score does not depend
-// on the launch. Short rows still spread over many blocks: at 4K context a CSA row has 1024 entries = 32 blocks.
+// One block scores groups of kScoreEntries compressed entries (a warp's lanes) of one row; its kScoreWarps warps
+// split the heads (kHeadsPerWarp each) and their partial sums are added in warp order, so a score does not
+// depend on the launch. Short rows still spread over many blocks: at 4K context a CSA row has 1024 entries = 32
+// groups.
 constexpr int kScoreEntries = 32;
 constexpr int kScoreWarps = 8;
 constexpr int kScoreThreads = kScoreEntries * kScoreWarps;
@@ -201,7 +202,7 @@ constexpr int kHeadsPerWarp = kMaxIndexHeads / kScoreWarps;
 
 template <typename CacheT>
 __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
-                                                                  float* scores, int64_t lds) {
+                                                                  int groups, float* scores, int64_t lds) {
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ws = qs + a.ih * a.id;
@@ -209,8 +210,8 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
   const int64_t r = r0 + blockIdx.x;
   const int64_t p = s.pos[r];
   const int64_t vis = (p + 1) / a.rate;
-  const int64_t e0 = static_cast<int64_t>(blockIdx.y) * kScoreEntries;
-  if (e0 >= vis) return;
+  const int64_t g0 = static_cast<int64_t>(blockIdx.y) * groups;  // this block's first group of kScoreEntries
+  if (g0 * kScoreEntries >= vis) return;
   const float wscale = 1.0f / sqrtf(static_cast<float>(a.ih));
   {  // 16-byte loads, unrolled: one row's queries (up to 32 KiB) must not be a chain of dependent round trips
     const float4* src = reinterpret_cast<const float4*>(a.iq + r * a.ldq);
@@ -219,51 +220,55 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
     for (int i = threadIdx.x; i < a.ih * a.id / 4; i += blockDim.x) dst[i] = src[i];
   }
   for (int h = threadIdx.x; h < a.ih; h += blockDim.x) ws[h] = a.iw[r * a.ldw + h] * wscale;
-  __syncthreads();
   const int warp = threadIdx.x / kScoreEntries, lane = threadIdx.x % kScoreEntries;
-  const int64_t e = e0 + lane;
   const int h0 = warp * kHeadsPerWarp;
-  float partial = 0.0f;
-  if (e < vis && h0 < a.ih) {
-    const int32_t slot = s.seqs[s.seq[r]].slot;
-    const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
-    float acc[kHeadsPerWarp];
+  const int32_t slot = s.seqs[s.seq[r]].slot;
+  // Several groups per block (many rows): the row's queries are loaded once for all of them.
+  for (int64_t g = g0; g < g0 + groups && g * kScoreEntries < vis; ++g) {
+    __syncthreads();  // the queries are in; the previous group's partial sums are read
+    const int64_t e = g * kScoreEntries + lane;
+    float partial = 0.0f;
+    if (e < vis && h0 < a.ih) {
+      const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
+      float acc[kHeadsPerWarp];
 #pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) acc[j] = 0.0f;
-    // The key in chunks of kKeyChunk channels whose loads are all issued before the first is used (one round
-    // trip per chunk instead of one per 4 channels: the loop used to be a chain of dependent memory latencies).
-    constexpr int kKeyChunk = 64;
-    for (int d0 = 0; d0 < a.id; d0 += kKeyChunk) {
-      float4 kv[kKeyChunk / 4];
+      for (int j = 0; j < kHeadsPerWarp; ++j) acc[j] = 0.0f;
+      // The key in chunks of kKeyChunk channels whose loads are all issued before the first is used (one round
+      // trip per chunk instead of one per 4 channels: the loop used to be a chain of dependent memory latencies).
+      constexpr int kKeyChunk = 64;
+      for (int d0 = 0; d0 < a.id; d0 += kKeyChunk) {
+        float4 kv[kKeyChunk / 4];
 #pragma unroll
-      for (int u = 0; u < kKeyChunk / 4; ++u) {
-        kv[u] = d0 + 4 * u < a.id ? Load4(k, d0 + 4 * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
+        for (int u = 0; u < kKeyChunk / 4; ++u) {
+          kv[u] = d0 + 4 * u < a.id ? Load4(k, d0 + 4 * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
 #pragma unroll
-      for (int u = 0; u < kKeyChunk / 4; ++u) {
-        const int d = d0 + 4 * u;
-        if (d >= a.id) break;
+        for (int u = 0; u < kKeyChunk / 4; ++u) {
+          const int d = d0 + 4 * u;
+          if (d >= a.id) break;
 #pragma unroll
-        for (int j = 0; j < kHeadsPerWarp; ++j) {
-          if (h0 + j < a.ih) {
-            const float4 q = *reinterpret_cast<const float4*>(qs + (h0 + j) * a.id + d);
-            acc[j] = fmaf(q.x, kv[u].x, fmaf(q.y, kv[u].y, fmaf(q.z, kv[u].z, fmaf(q.w, kv[u].w, acc[j]))));
+          for (int j = 0; j < kHeadsPerWarp; ++j) {
+            if (h0 + j < a.ih) {
+              const float4 q = *reinterpret_cast<const float4*>(qs + (h0 + j) * a.id + d);
+              acc[j] = fmaf(q.x, kv[u].x, fmaf(q.y, kv[u].y, fmaf(q.z, kv[u].z, fmaf(q.w, kv[u].w, acc[j]))));
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-      if (h0 + j < a.ih) partial += ws[h0 + j] * fmaxf(acc[j], 0.0f);
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+        if (h0 + j < a.ih) partial += ws[h0 + j] * fmaxf(acc[j], 0.0f);
+      }
+    }
+    part[warp * kScoreEntries + lane] = partial;
+    __syncthreads();
+    if (warp == 0 && e < vis) {
+      float score = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kScoreWarps; ++w) score += part[w * kScoreEntries + lane];
+      scores[blockIdx.x * lds + e] = score * (1.0f / sqrtf(static_cast<float>(a.id)));
     }
   }
-  part[warp * kScoreEntries + lane] = partial;
-  __syncthreads();
-  if (warp != 0 || e >= vis) return;
-  float score = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kScoreWarps; ++w) score += part[w * kScoreEntries + lane];
-  scores[blockIdx.x * lds + e] = score * (1.0f / sqrtf(static_cast<float>(a.id)));
 }
 
 __device__ __forceinline__ uint32_t OrderKey(float f) {
@@ -997,9 +1002,13 @@ template <typename CacheT>
 void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int64_t r0, int64_t rows, int64_t max_vis,
                float* scores, int64_t lds, int32_t* sel, cudaStream_t stream) {
   if (rows <= 0 || max_vis <= 0) return;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((max_vis + kScoreEntries - 1) / kScoreEntries));
+  // Groups of kScoreEntries entries per block: one at few rows (the blocks must fill the GPU), two from 32 rows
+  // on (at 4K context still ~4 blocks per SM; a block loads its row's queries, up to 32 KiB, once for both).
+  const int64_t total = (max_vis + kScoreEntries - 1) / kScoreEntries;
+  const int groups = rows >= 32 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((total + groups - 1) / groups));
   const size_t smem = static_cast<size_t>(a.ih * a.id + a.ih + kScoreThreads) * sizeof(float);
-  IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, scores, lds);
+  IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, groups, scores, lds);
   const bool use_smem = max_vis <= kTopKSmemEntries;
   const size_t tk_smem = use_smem ? static_cast<size_t>(max_vis) * sizeof(float) : 0;
   if (tk_smem > 48 * 1024) {

@@ -949,14 +949,19 @@ TEST(CudaOpsTest, AttentionTensorCoresAgainstTheCpu) {
 // memory) and over 24576 (the radix select reads them from global memory), and a slot whose entries are all
 // equal (every score ties: entries 0..k-1).
 template <typename CacheT>
-void CheckIndexTopK(int ih, int id, int rate, int topk) {
+void CheckIndexTopK(int ih, int id, int rate, int topk, int extra_rows = 0) {
   const std::string what = std::string(std::is_same_v<CacheT, float> ? "fp32" : "bf16") + " cache, " +
-                           std::to_string(ih) + " heads x " + std::to_string(id) + ", top-" + std::to_string(topk);
+                           std::to_string(ih) + " heads x " + std::to_string(id) + ", top-" + std::to_string(topk) +
+                           ", " + std::to_string(extra_rows) + " extra rows";
   std::mt19937 rng(5 + topk);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int32_t deep = 4 * 26000 + 3;
-  Step step({{1, 1, rate * (topk / 2)}, {2, 2, rate * (topk + 1) - 1}, {1, 1, rate * 3000 + 1},
-             {0, 2, rate * (topk + 5)}, {2, 1, deep}});
+  std::vector<SeqSpec> rows = {{1, 1, rate * (topk / 2)}, {2, 2, rate * (topk + 1) - 1}, {1, 1, rate * 3000 + 1},
+                               {0, 2, rate * (topk + 5)}};
+  // More decode rows (a batch-32 pass: several groups of entries per block), before the deep one.
+  for (int i = 0; i < extra_rows; ++i) rows.push_back({1 + i % 2, 1, rate * (topk + 37 * i) + i % rate});
+  rows.push_back({2, 1, deep});
+  Step step(rows);
   const int64_t n = step.dev.n, max_vis = (deep + 1) / rate;
   int64_t max_vis_rest = 0;  // of every row but the last (deep) one
   for (int64_t r = 0; r + 1 < n; ++r) max_vis_rest = std::max<int64_t>(max_vis_rest, (step.pos[static_cast<size_t>(r)] + 1) / rate);
@@ -1044,6 +1049,8 @@ TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   CheckIndexTopK<float>(64, 128, 4, 512);  // V4-Flash's indexer
   CheckIndexTopK<__nv_bfloat16>(64, 128, 4, 512);
+  CheckIndexTopK<__nv_bfloat16>(64, 128, 4, 512, 33);  // 39 rows in the first call
+  CheckIndexTopK<float>(8, 32, 4, 3, 30);
   CheckIndexTopK<float>(8, 32, 4, 3);      // tiny-v4's
 }
 

@@ -201,7 +201,7 @@ constexpr int kScoreThreads = kScoreEntries * kScoreWarps;
 constexpr int kHeadsPerWarp = kMaxIndexHeads / kScoreWarps;
 
 template <typename CacheT>
-__global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
+__global__ void __launch_bounds__(kScoreThreads, 2) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
                                                                   int groups, float* scores, int64_t lds) {
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
       for (int j = 0; j < kHeadsPerWarp; ++j) acc[j] = 0.0f;
       // The key in chunks of kKeyChunk channels whose loads are all issued before the first is used (one round
       // trip per chunk instead of one per 4 channels: the loop used to be a chain of dependent memory latencies).
-      constexpr int kKeyChunk = 64;
+      constexpr int kKeyChunk = 32;
       for (int d0 = 0; d0 < a.id; d0 += kKeyChunk) {
         float4 kv[kKeyChunk / 4];
 #pragma unroll

@@ -154,6 +154,27 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
   const int k = a.hc;
   const int m = a.head_mode ? k : (2 + k) * k;
   const float* mr = a.mixraw + r * m;
+  // Role 0: the loads that do not depend on the mix are issued first, so that their latency overlaps the
+  // reduction of the chunks: the thread's first float4 of each stream and pre's base and scale.
+  const bool vec = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(a.X) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.xn) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 16 == 0 &&
+                   (a.u_out == nullptr || reinterpret_cast<uintptr_t>(a.u_out) % 16 == 0);
+  const float* xr = a.X + r * k * a.D;
+  constexpr int kPrefetch = 4;  // streams prefetched (hc = 4 in V4), 16 registers
+  float4 x0[kPrefetch] = {};
+  float base0 = 0.0f, scale0 = 0.0f;
+  if (!sinkhorn) {
+    if (vec && threadIdx.x < a.D / 4) {
+#pragma unroll
+      for (int j = 0; j < kPrefetch; ++j) {
+        if (j < k) x0[j] = reinterpret_cast<const float4*>(xr + j * a.D)[threadIdx.x];
+      }
+    }
+    if (threadIdx.x < k) {
+      base0 = a.base[threadIdx.x];
+      scale0 = a.scale[0];
+    }
+  }
   float inv;
   if (a.part != nullptr) {  // add HcMix's chunks: warp o sums column o, lanes in a fixed order
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -236,19 +257,18 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
     }
     return;
   }
-  if (threadIdx.x < k) pre[threadIdx.x] = Sigmoid(mr[threadIdx.x] * inv * a.scale[0] + a.base[threadIdx.x]) + a.hc_eps;
+  if (threadIdx.x < k) pre[threadIdx.x] = Sigmoid(mr[threadIdx.x] * inv * scale0 + base0) + a.hc_eps;
   __syncthreads();
   float ss = 0.0f;
-  const float* xr = a.X + r * k * a.D;
-  const bool vec = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(a.X) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(a.xn) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 16 == 0 &&
-                   (a.u_out == nullptr || reinterpret_cast<uintptr_t>(a.u_out) % 16 == 0);
-  if (vec) {  // float4 loads: at D = 4096 each thread's four loads are issued at once
+  if (vec) {  // float4 loads: at D = 4096 a thread's loads are the ones it issued first
     const int64_t D4 = a.D / 4;
     for (int64_t d = threadIdx.x; d < D4; d += blockDim.x) {
       float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int j = 0; j < k; ++j) {
-        const float4 x = reinterpret_cast<const float4*>(xr + j * a.D)[d];
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j) {
+        if (j >= k) break;
+        const float4 x = j < kPrefetch && d == threadIdx.x ? x0[j % kPrefetch]
+                                                          : reinterpret_cast<const float4*>(xr + j * a.D)[d];
         u.x = fmaf(pre[j], x.x, u.x);
         u.y = fmaf(pre[j], x.y, u.y);
         u.z = fmaf(pre[j], x.z, u.z);
@@ -313,7 +333,7 @@ __global__ void __launch_bounds__(1024) NormRopeKernel(NormRopeJobs<CacheT> jobs
   const int64_t r = blockIdx.x;
   int h = static_cast<int>(blockIdx.y);
   const bool second = jobs.count > 1 && h >= jobs.j[0].heads;
-  const NormRopeArgs<CacheT>& a = jobs.j[second ? 1 : 0];
+  const NormRopeArgs<CacheT> a = second ? jobs.j[1] : jobs.j[0];
   if (second) h -= jobs.j[0].heads;
   float* xh = a.x + r * a.ld + static_cast<int64_t>(h) * a.hd;
   const int pairs = a.hd / 2;

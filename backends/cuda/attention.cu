@@ -990,12 +990,15 @@ void CompressStep(const CompJobs& j, const StepDev& s, const CacheDev& cache, in
   if (s.num_seqs <= 0 || j.count <= 0) return;
   const size_t smem = CompSmem(j);
   const unsigned seqs = static_cast<unsigned>(s.num_seqs), comps = static_cast<unsigned>(j.count);
+  // 512 threads: a channel of V4's 512-wide entries each (the channel loops are chains of memory round trips).
+  constexpr int kThreads = 512;
   if (max_windows <= 1) {
-    CompStepKernel<CacheT><<<dim3(seqs, comps), 256, smem, stream>>>(j, s, cache);
+    CompStepKernel<CacheT><<<dim3(seqs, comps), kThreads, smem, stream>>>(j, s, cache);
     return;
   }
-  CompEmitKernel<CacheT><<<dim3(seqs, static_cast<unsigned>(max_windows), comps), 256, smem, stream>>>(j, s, cache);
-  CompUpdateKernel<<<dim3(seqs, comps), 256, 0, stream>>>(j, s, cache);
+  CompEmitKernel<CacheT><<<dim3(seqs, static_cast<unsigned>(max_windows), comps), kThreads, smem, stream>>>(j, s,
+                                                                                                          cache);
+  CompUpdateKernel<<<dim3(seqs, comps), kThreads, 0, stream>>>(j, s, cache);
 }
 
 template <typename CacheT>

@@ -84,42 +84,78 @@ __global__ void __launch_bounds__(256) HcMixKernel(const float* X, int64_t K, co
 // HcPost fused with the next HcMix (hc = 4, m = 24): block s owns the columns d in [s·dc, (s + 1)·dc) of all
 // four streams (dc = D / kHcMixSplits) - a chunk of the mix's K of its own - with their weights in shared
 // memory; a lane owns a column d: it applies the post to the four streams there (the same arithmetic as
-// HcPostKernel), writes them back and adds their products with the weights (and their squares).
+// HcPostKernel), writes them back and adds their products with the weights (and their squares). Every load
+// that does not wait on another is issued before the first is used: the weights (from HBM: 1.5 MB per mix)
+// and the inputs of each warp's first row, then one barrier.
+struct PostMixIn {
+  float pst[4], C[16], old[4], y;
+};
+
+__device__ __forceinline__ PostMixIn LoadPostMixIn(const HcPostMixArgs& a, int64_t r, int64_t d) {
+  PostMixIn in;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) in.pst[i] = a.post[r * 4 + i];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) in.C[i] = a.comb[r * 16 + i];
+  const float* xr = a.X + r * 4 * a.D;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) in.old[j] = xr[j * a.D + d];
+  in.y = a.y2 ? a.y[r * a.D + d] + a.y2[r * a.D + d] : a.y[r * a.D + d];
+  return in;
+}
+
 __global__ void __launch_bounds__(256) HcPostMixKernel(HcPostMixArgs a) {
   constexpr int kHc = 4, M = (2 + kHc) * kHc;
-  extern __shared__ float ws[];  // [M][kHc][dc]
+  extern __shared__ float4 ws4[];  // [M][kHc][dc]
+  float* ws = reinterpret_cast<float*>(ws4);
   const int s = blockIdx.x;
   const int dc = static_cast<int>(a.D / kHcMixSplits);
   const int64_t d0 = static_cast<int64_t>(s) * dc, K = kHc * a.D;
-  for (int e = threadIdx.x; e < M * kHc * dc; e += blockDim.x) {
-    const int o = e / (kHc * dc), j = (e / dc) % kHc, i = e % dc;
-    ws[e] = a.W[o * K + j * a.D + d0 + i];
-  }
-  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * a.rows_per_block;
   const int64_t r_end = min(a.n, r_begin + a.rows_per_block);
+  const bool first_row = r_begin + warp < r_end && lane < dc;
+  PostMixIn first{};
+  if (first_row) first = LoadPostMixIn(a, r_begin + warp, d0 + lane);
+  if (dc % 4 == 0) {  // float4 runs of dc weights: 3 loads per thread at D = 4096, all in flight at once
+    const int dc4 = dc / 4, total = M * kHc * dc4;
+    constexpr int kBatch = 4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += kBatch * blockDim.x) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + u * blockDim.x;
+        if (e < total) {
+          const int o = e / (kHc * dc4), j = (e / dc4) % kHc, i4 = e % dc4;
+          v[u] = reinterpret_cast<const float4*>(a.W + o * K + j * a.D + d0)[i4];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (e0 + u * blockDim.x < total) ws4[e0 + u * blockDim.x] = v[u];
+      }
+    }
+  } else {
+    for (int e = threadIdx.x; e < M * kHc * dc; e += blockDim.x) {
+      const int o = e / (kHc * dc), j = (e / dc) % kHc, i = e % dc;
+      ws[e] = a.W[o * K + j * a.D + d0 + i];
+    }
+  }
+  __syncthreads();
   for (int64_t r = r_begin + warp; r < r_end; r += blockDim.x / 32) {
-    float pst[kHc], C[kHc * kHc];
-#pragma unroll
-    for (int i = 0; i < kHc; ++i) pst[i] = a.post[r * kHc + i];
-#pragma unroll
-    for (int i = 0; i < kHc * kHc; ++i) C[i] = a.comb[r * kHc * kHc + i];
     float acc[M + 1];
 #pragma unroll
     for (int o = 0; o <= M; ++o) acc[o] = 0.0f;
     float* xr = a.X + r * K;
     for (int i = lane; i < dc; i += 32) {
       const int64_t d = d0 + i;
-      float old[kHc], nw[kHc];
-#pragma unroll
-      for (int j = 0; j < kHc; ++j) old[j] = xr[j * a.D + d];
-      const float yv = a.y2 ? a.y[r * a.D + d] + a.y2[r * a.D + d] : a.y[r * a.D + d];
+      const PostMixIn in = first_row && r == r_begin + warp && i == lane ? first : LoadPostMixIn(a, r, d);
+      float nw[kHc];
 #pragma unroll
       for (int q = 0; q < kHc; ++q) {
-        float v = pst[q] * yv;
+        float v = in.pst[q] * in.y;
 #pragma unroll
-        for (int j = 0; j < kHc; ++j) v = fmaf(C[j * kHc + q], old[j], v);
+        for (int j = 0; j < kHc; ++j) v = fmaf(in.C[j * kHc + q], in.old[j], v);
         nw[q] = v;
         xr[q * a.D + d] = v;
       }
@@ -175,6 +211,16 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
       scale0 = a.scale[0];
     }
   }
+  // Role 1, hc = 4: the Sinkhorn's and post's base and scale likewise (lane t: comb element t, post t < 4).
+  float base_c = 0.0f, scale_c = 0.0f, base_p = 0.0f, scale_p = 0.0f;
+  if (sinkhorn && k == 4 && threadIdx.x < 32) {
+    base_c = a.base[8 + (threadIdx.x & 15)];
+    scale_c = a.scale[2];
+    if (threadIdx.x < 4) {
+      base_p = a.base[4 + threadIdx.x];
+      scale_p = a.scale[1];
+    }
+  }
   float inv;
   if (a.part != nullptr) {  // add HcMix's chunks: warp o sums column o, lanes in a fixed order
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -197,8 +243,8 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
       // hc = 4: the 4x4 Sinkhorn on 16 lanes of warp 0 (element t = row j * 4 + column i; row sums over lane
       // xor 1, 2, column sums over xor 4, 8), instead of one thread doing ~700 divisions.
       const int t = threadIdx.x & 15;
-      if (threadIdx.x < 4) a.post[r * 4 + t] = 2.0f * Sigmoid(mr[4 + t] * inv * a.scale[1] + a.base[4 + t]);
-      const float v = mr[8 + t] * inv * a.scale[2] + a.base[8 + t];
+      if (threadIdx.x < 4) a.post[r * 4 + t] = 2.0f * Sigmoid(mr[4 + t] * inv * scale_p + base_p);
+      const float v = mr[8 + t] * inv * scale_c + base_c;
       auto rsum = [](float x) {
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         return x + __shfl_xor_sync(0xffffffffu, x, 2);
@@ -382,21 +428,22 @@ __global__ void __launch_bounds__(1024) NormRopeKernel(NormRopeJobs<CacheT> jobs
   }
 }
 
-// One warp per row, no block barriers: scores in dynamic shared memory [E] (each lane writes and reads its
-// own experts e = lane + 32·i), the top-k as K rounds of a lane scan in increasing e and a warp argmax (ties
-// to the lowest id), the chosen ones marked in a bit map (bit lane of word i: expert lane + 32·i).
+// One block per row: its threads make the scores s and the biased scores sb (dynamic shared memory [2, E]),
+// then warp 0 alone takes the top-k: K rounds of a lane scan over its experts e = lane + 32·i in increasing e
+// and a warp argmax (ties to the lowest id); the chosen expert's sb becomes -inf (skipped as before: a -inf
+// score is never taken). No block barrier inside the rounds.
 constexpr int kMoeGateMaxE = 8192;  // CreateCudaModel's limit
 
-__global__ void __launch_bounds__(32) MoeGateKernel(const float* logits, int E, int K, int scoring, const float* bias,
-                                                    const int32_t* tid2eid, const int32_t* token, float route_scale,
-                                                    int32_t* ids, float* weights) {
-  extern __shared__ float s[];
+__global__ void __launch_bounds__(256) MoeGateKernel(const float* logits, int E, int K, int scoring, const float* bias,
+                                                     const int32_t* tid2eid, const int32_t* token, float route_scale,
+                                                     int32_t* ids, float* weights) {
+  extern __shared__ float s[];  // [E] scores, then [E] scores + bias
+  float* sb = s + E;
+  __shared__ float red[32];
   __shared__ int32_t chosen[16];
-  __shared__ uint32_t taken[kMoeGateMaxE / 32];
   const int64_t r = blockIdx.x;
-  const int lane = threadIdx.x;
   const float* lr = logits + r * E;
-  for (int e = lane; e < E; e += 32) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float l = lr[e];
     float v = l;
     if (scoring == 0) {
@@ -407,25 +454,29 @@ __global__ void __launch_bounds__(32) MoeGateKernel(const float* logits, int E, 
     s[e] = v;
   }
   if (scoring == 1) {  // softmax over all experts
+    __syncthreads();
     float m = -INFINITY;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, s[e]);
-    m = WarpMax(m);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, s[e]);
+    m = BlockMax(m, red);
     float sum = 0.0f;
-    for (int e = lane; e < E; e += 32) sum += expf(s[e] - m);
-    sum = WarpSum(sum);
-    for (int e = lane; e < E; e += 32) s[e] = expf(s[e] - m) / sum;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += expf(s[e] - m);
+    sum = BlockSum(sum, red);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = expf(s[e] - m) / sum;
   }
-  if (tid2eid != nullptr) {
-    if (lane < K) chosen[lane] = tid2eid[static_cast<int64_t>(token[r]) * K + lane];
-  } else {
-    for (int i = lane; i < (E + 31) / 32; i += 32) taken[i] = 0;
-    __syncwarp();
+  if (tid2eid == nullptr) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sb[e] = s[e] + (bias ? bias[e] : 0.0f);
+  } else if (threadIdx.x < K) {
+    chosen[threadIdx.x] = tid2eid[static_cast<int64_t>(token[r]) * K + threadIdx.x];
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  if (tid2eid == nullptr) {
     for (int k = 0; k < K; ++k) {
       float best = -INFINITY;
       int32_t bi = INT32_MAX;
-      for (int e = lane, i = 0; e < E; e += 32, ++i) {
-        if (taken[i] >> lane & 1u) continue;
-        const float v = s[e] + (bias ? bias[e] : 0.0f);
+      for (int e = lane; e < E; e += 32) {
+        const float v = sb[e];
         if (v > best) {  // increasing e: the first maximum of this lane wins
           best = v;
           bi = e;
@@ -439,12 +490,11 @@ __global__ void __launch_bounds__(32) MoeGateKernel(const float* logits, int E, 
           bi = oi;
         }
       }
-      if (bi != INT32_MAX && bi % 32 == lane) taken[bi / 32] |= 1u << lane;
+      if (bi != INT32_MAX && bi % 32 == lane) sb[bi] = -INFINITY;
       if (lane == 0) chosen[k] = bi;
       __syncwarp();
     }
   }
-  __syncwarp();
   if (lane == 0) {
     float sum = 0.0f;
     for (int k = 0; k < K; ++k) sum += s[chosen[k]];
@@ -673,7 +723,11 @@ void MoeGate(const float* logits, int64_t n, int E, int K, int scoring, const fl
              const int32_t* token, float route_scale, int32_t* ids, float* weights, cudaStream_t stream) {
   if (n <= 0) return;
   if (E > kMoeGateMaxE || K > 16) return;  // CreateCudaModel rejects such configs
-  MoeGateKernel<<<static_cast<unsigned>(n), 32, static_cast<size_t>(E) * sizeof(float), stream>>>(
+  const size_t smem = 2 * static_cast<size_t>(E) * sizeof(float);
+  if (smem > 48 * 1024) {
+    cudaFuncSetAttribute(MoeGateKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  }
+  MoeGateKernel<<<static_cast<unsigned>(n), 256, smem, stream>>>(
       logits, E, K, scoring, bias, tid2eid, token, route_scale, ids, weights);
 }
 

@@ -1424,8 +1424,8 @@ void CheckNormRope(int64_t n, std::mt19937& rng) {
   // q heads (normed, roped, copied) and the indexer's heads (roped only) in two buffers of one allocation.
   run({{8, 512, 8 * 512, 0, true, false, true, true}, {4, 128, 4 * 128, n * 8 * 512, false, false, true, false}},
       8 * 512 + 4 * 128);
-  // One job: tiny widths.
-  run({{2, 32, 64, 0, true, true, true, true}}, 64);
+  // One job: small heads, every channel roped.
+  run({{2, 64, 128, 0, true, true, true, true}}, 128);
 }
 
 TEST(CudaOpsTest, NormRopeAgainstTheCpu) {

@@ -32,64 +32,60 @@ __device__ __forceinline__ CompState StateOf(const CompArgs& a, const CacheDev& 
   return s;
 }
 
-// kv and gate (+ape) of channel `half + c` of the token at position q: from this pass's rows, from the
-// window that was open when the pass began (pending), or - only for the overlap half of the window before
-// that - from the saved overlap state.
-__device__ __forceinline__ void Src(const CompArgs& a, const StepSeq& sq, const CompState& st, int64_t q, int half,
-                                    int c, float& kv, float& g) {
+// Where channel `half + c` of the token at position q comes from: kv[c] and gate[c] (+ ape[c] when ape is set):
+// this pass's rows, the window that was open when the pass began (pending), or - only for the overlap half of
+// the window before that - the saved overlap state. Resolved once per token (32-bit positions), so the channel
+// loops are plain loads.
+struct TokSrc {
+  const float* kv;
+  const float* g;
+  const float* ape;
+};
+
+__device__ __forceinline__ TokSrc SrcOf(const CompArgs& a, const StepSeq& sq, const CompState& st, int q, int half) {
   const int cw = a.coff() * a.dim;
-  const int slot = static_cast<int>(q % a.rate);
+  const int slot = q % a.rate;
+  TokSrc t;
   if (q >= sq.start_pos) {
     const int64_t row = sq.begin + (q - sq.start_pos);
-    kv = a.ckv[row * a.ld + half + c];
-    g = a.cg[row * a.ld + half + c] + a.ape[slot * cw + half + c];
-  } else if (q >= (sq.start_pos / a.rate) * static_cast<int64_t>(a.rate)) {
-    kv = st.pend_kv[slot * cw + half + c];
-    g = st.pend_gate[slot * cw + half + c];
+    t.kv = a.ckv + row * a.ld + half;
+    t.g = a.cg + row * a.ld + half;
+    t.ape = a.ape + slot * cw + half;
+  } else if (q >= (sq.start_pos / a.rate) * a.rate) {
+    t.kv = st.pend_kv + slot * cw + half;
+    t.g = st.pend_gate + slot * cw + half;
+    t.ape = nullptr;
   } else {
-    kv = st.prev_kv[slot * a.dim + c];
-    g = st.prev_gate[slot * a.dim + c];
+    t.kv = st.prev_kv + slot * a.dim;
+    t.g = st.prev_gate + slot * a.dim;
+    t.ape = nullptr;
   }
+  return t;
 }
 
+__device__ __forceinline__ float GateOf(const TokSrc& t, int c) { return t.ape ? t.g[c] + t.ape[c] : t.g[c]; }
+
+// Emits window w of sequence sq (its pooled, normalised, roped entry), the whole block. `src` is shared memory
+// for 2·rate token sources, `v` for dim floats. Ends with a barrier.
 template <typename CacheT>
-__global__ void CompEmitKernel(CompArgs a, StepDev s, CacheDev cache) {
-  extern __shared__ float v[];
-  __shared__ float red[32];
-  const StepSeq sq = s.seqs[blockIdx.x];
-  const int64_t start = sq.start_pos, end = start + (sq.end - sq.begin);
-  const int64_t w = start / a.rate + blockIdx.y;
-  if (w >= end / a.rate) return;
-  const CompState st = StateOf(a, cache, sq.slot);
+__device__ void EmitWindow(const CompArgs& a, const StepSeq& sq, const CompState& st, const CacheDev& cache, int w,
+                           TokSrc* src, float* v, float* red) {
   const int cur_half = a.overlap ? a.dim : 0;
-  const bool has_prev = a.overlap && w >= 1;
+  const int nprev = a.overlap && w >= 1 ? a.rate : 0;  // the previous window's overlap half, then this one's
+  const int ntok = nprev + a.rate;
+  for (int t = threadIdx.x; t < ntok; t += blockDim.x) {
+    src[t] = t < nprev ? SrcOf(a, sq, st, (w - 1) * a.rate + t, 0) : SrcOf(a, sq, st, w * a.rate + t - nprev, cur_half);
+  }
+  __syncthreads();
   float ss = 0.0f;
   for (int c = threadIdx.x; c < a.dim; c += blockDim.x) {
-    float m = -INFINITY, kv, g;
-    if (has_prev) {
-      for (int t = 0; t < a.rate; ++t) {
-        Src(a, sq, st, (w - 1) * a.rate + t, 0, c, kv, g);
-        m = fmaxf(m, g);
-      }
-    }
-    for (int t = 0; t < a.rate; ++t) {
-      Src(a, sq, st, w * a.rate + t, cur_half, c, kv, g);
-      m = fmaxf(m, g);
-    }
+    float m = -INFINITY;
+    for (int t = 0; t < ntok; ++t) m = fmaxf(m, GateOf(src[t], c));
     float denom = 0.0f, acc = 0.0f;
-    if (has_prev) {
-      for (int t = 0; t < a.rate; ++t) {
-        Src(a, sq, st, (w - 1) * a.rate + t, 0, c, kv, g);
-        const float e = expf(g - m);
-        denom += e;
-        acc += e * kv;
-      }
-    }
-    for (int t = 0; t < a.rate; ++t) {
-      Src(a, sq, st, w * a.rate + t, cur_half, c, kv, g);
-      const float e = expf(g - m);
+    for (int t = 0; t < ntok; ++t) {
+      const float e = expf(GateOf(src[t], c) - m);
       denom += e;
-      acc += e * kv;
+      acc += e * src[t].kv[c];
     }
     const float pooled = acc / denom;
     v[c] = pooled;
@@ -100,7 +96,7 @@ __global__ void CompEmitKernel(CompArgs a, StepDev s, CacheDev cache) {
   for (int c = threadIdx.x; c < a.dim; c += blockDim.x) v[c] = v[c] * inv * a.norm_w[c];
   __syncthreads();
   const int base = a.dim - a.rope_dim;
-  const float p = static_cast<float>(w * a.rate);
+  const float p = static_cast<float>(static_cast<int64_t>(w) * a.rate);
   for (int i = threadIdx.x; i < a.rope_dim / 2; i += blockDim.x) {
     const float ang = p * a.inv_freq[i];
     const float cs = cosf(ang), sn = sinf(ang);
@@ -111,33 +107,32 @@ __global__ void CompEmitKernel(CompArgs a, StepDev s, CacheDev cache) {
   __syncthreads();
   CacheT* entry = EntryPtr<CacheT>(cache, sq.slot, a.page_off, a.epp, a.dim, w);
   for (int c = threadIdx.x; c < a.dim; c += blockDim.x) entry[c] = FromF32<CacheT>(v[c]);
+  __syncthreads();
 }
 
 // After the emissions: the overlap half of the last window closed in this pass, and the tokens of the window
 // left open. Each thread owns (slot, channel) pairs, so reads of the old pending values precede their
 // overwrite in the same thread.
-__global__ void CompUpdateKernel(CompArgs a, StepDev s, CacheDev cache) {
-  const StepSeq sq = s.seqs[blockIdx.x];
-  const int64_t start = sq.start_pos, end = start + (sq.end - sq.begin);
-  const CompState st = StateOf(a, cache, sq.slot);
+__device__ void UpdateState(const CompArgs& a, const StepSeq& sq, const CompState& st) {
+  const int start = sq.start_pos, end = start + (sq.end - sq.begin);
   const int cw = a.coff() * a.dim;
   const bool closed = end / a.rate > start / a.rate;
-  const int64_t last = end / a.rate - 1;
-  const int64_t open_start = (end / a.rate) * a.rate;
+  const int last = end / a.rate - 1;
+  const int open_start = (end / a.rate) * a.rate;
   for (int t = 0; t < a.rate; ++t) {  // block-uniform skip of the slots this pass leaves alone
-    const int64_t q = open_start + t;
+    const int q = open_start + t;
     const bool pend = q < end && q >= start;
     const bool prev = a.overlap && closed;
     if (!pend && !prev) continue;
+    const TokSrc ps = prev ? SrcOf(a, sq, st, last * a.rate + t, 0) : TokSrc{};
+    const int64_t row = sq.begin + (q - start);
     for (int c = threadIdx.x; c < cw; c += blockDim.x) {
       if (prev && c < a.dim) {
-        float kv, g;
-        Src(a, sq, st, last * a.rate + t, 0, c, kv, g);
+        const float kv = ps.kv[c], g = GateOf(ps, c);
         st.prev_kv[t * a.dim + c] = kv;
         st.prev_gate[t * a.dim + c] = g;
       }
       if (pend) {
-        const int64_t row = sq.begin + (q - start);
         st.pend_kv[t * cw + c] = a.ckv[row * a.ld + c];
         st.pend_gate[t * cw + c] = a.cg[row * a.ld + c] + a.ape[t * cw + c];
       }
@@ -145,20 +140,69 @@ __global__ void CompUpdateKernel(CompArgs a, StepDev s, CacheDev cache) {
   }
 }
 
+// Dynamic shared memory of the compressor kernels: 2·rate token sources, then dim floats.
+size_t CompSmem(const CompJobs& j) {
+  size_t most = 0;
+  for (int i = 0; i < j.count; ++i) {
+    const CompArgs& a = j.c[i];
+    most = std::max(most, static_cast<size_t>(2 * a.rate) * sizeof(TokSrc) + static_cast<size_t>(a.dim) * sizeof(float));
+  }
+  return most;
+}
+
+// Block (sequence, window, compressor).
+template <typename CacheT>
+__global__ void CompEmitKernel(CompJobs j, StepDev s, CacheDev cache) {
+  extern __shared__ float4 comp_smem[];
+  __shared__ float red[32];
+  const CompArgs& a = j.c[blockIdx.z];
+  TokSrc* src = reinterpret_cast<TokSrc*>(comp_smem);
+  float* v = reinterpret_cast<float*>(src + 2 * a.rate);
+  const StepSeq sq = s.seqs[blockIdx.x];
+  const int start = sq.start_pos, end = start + (sq.end - sq.begin);
+  const int w = start / a.rate + static_cast<int>(blockIdx.y);
+  if (w >= end / a.rate) return;
+  EmitWindow<CacheT>(a, sq, StateOf(a, cache, sq.slot), cache, w, src, v, red);
+}
+
+// Block (sequence, compressor).
+__global__ void CompUpdateKernel(CompJobs j, StepDev s, CacheDev cache) {
+  const CompArgs& a = j.c[blockIdx.y];
+  const StepSeq sq = s.seqs[blockIdx.x];
+  UpdateState(a, sq, StateOf(a, cache, sq.slot));
+}
+
+// Passes that close at most one window per sequence (decode): block (sequence, compressor) emits it, if any,
+// and then updates the state - one launch for a layer's compressors.
+template <typename CacheT>
+__global__ void CompStepKernel(CompJobs j, StepDev s, CacheDev cache) {
+  extern __shared__ float4 comp_smem[];
+  __shared__ float red[32];
+  const CompArgs& a = j.c[blockIdx.y];
+  TokSrc* src = reinterpret_cast<TokSrc*>(comp_smem);
+  float* v = reinterpret_cast<float*>(src + 2 * a.rate);
+  const StepSeq sq = s.seqs[blockIdx.x];
+  const CompState st = StateOf(a, cache, sq.slot);
+  const int start = sq.start_pos, end = start + (sq.end - sq.begin);
+  if (end / a.rate > start / a.rate) EmitWindow<CacheT>(a, sq, st, cache, start / a.rate, src, v, red);
+  UpdateState(a, sq, st);
+}
+
 // ---- indexer ---------------------------------------------------------------------------------------------
 
 constexpr int kMaxIndexHeads = 64;
-// One block scores kScoreEntries compressed entries (a warp's lanes) of one row; its kScoreWarps warps split
-// the heads (kHeadsPerWarp each) and their partial sums are added in warp order, so a score does not depend
-// on the launch. Short rows still spread over many blocks: at 4K context a CSA row has 1024 entries = 32 blocks.
+// One block scores groups of kScoreEntries compressed entries (a warp's lanes) of one row; its kScoreWarps warps
+// split the heads (kHeadsPerWarp each) and their partial sums are added in warp order, so a score does not
+// depend on the launch. Short rows still spread over many blocks: at 4K context a CSA row has 1024 entries = 32
+// groups.
 constexpr int kScoreEntries = 32;
 constexpr int kScoreWarps = 8;
 constexpr int kScoreThreads = kScoreEntries * kScoreWarps;
 constexpr int kHeadsPerWarp = kMaxIndexHeads / kScoreWarps;
 
 template <typename CacheT>
-__global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
-                                                                  float* scores, int64_t lds) {
+__global__ void __launch_bounds__(kScoreThreads, 2) IndexScoreKernel(IndexArgs a, StepDev s, CacheDev cache, int64_t r0,
+                                                                  int groups, float* scores, int64_t lds) {
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ws = qs + a.ih * a.id;
@@ -166,8 +210,8 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
   const int64_t r = r0 + blockIdx.x;
   const int64_t p = s.pos[r];
   const int64_t vis = (p + 1) / a.rate;
-  const int64_t e0 = static_cast<int64_t>(blockIdx.y) * kScoreEntries;
-  if (e0 >= vis) return;
+  const int64_t g0 = static_cast<int64_t>(blockIdx.y) * groups;  // this block's first group of kScoreEntries
+  if (g0 * kScoreEntries >= vis) return;
   const float wscale = 1.0f / sqrtf(static_cast<float>(a.ih));
   {  // 16-byte loads, unrolled: one row's queries (up to 32 KiB) must not be a chain of dependent round trips
     const float4* src = reinterpret_cast<const float4*>(a.iq + r * a.ldq);
@@ -176,39 +220,55 @@ __global__ void __launch_bounds__(kScoreThreads) IndexScoreKernel(IndexArgs a, S
     for (int i = threadIdx.x; i < a.ih * a.id / 4; i += blockDim.x) dst[i] = src[i];
   }
   for (int h = threadIdx.x; h < a.ih; h += blockDim.x) ws[h] = a.iw[r * a.ldw + h] * wscale;
-  __syncthreads();
   const int warp = threadIdx.x / kScoreEntries, lane = threadIdx.x % kScoreEntries;
-  const int64_t e = e0 + lane;
   const int h0 = warp * kHeadsPerWarp;
-  float partial = 0.0f;
-  if (e < vis && h0 < a.ih) {
-    const int32_t slot = s.seqs[s.seq[r]].slot;
-    const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
-    float acc[kHeadsPerWarp];
+  const int32_t slot = s.seqs[s.seq[r]].slot;
+  // Several groups per block (many rows): the row's queries are loaded once for all of them.
+  for (int64_t g = g0; g < g0 + groups && g * kScoreEntries < vis; ++g) {
+    __syncthreads();  // the queries are in; the previous group's partial sums are read
+    const int64_t e = g * kScoreEntries + lane;
+    float partial = 0.0f;
+    if (e < vis && h0 < a.ih) {
+      const CacheT* k = EntryPtr<CacheT>(cache, slot, a.page_off, a.epp, a.id, e);
+      float acc[kHeadsPerWarp];
 #pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) acc[j] = 0.0f;
-    for (int d = 0; d < a.id; d += 4) {
-      const float4 kv = Load4(k, d);
+      for (int j = 0; j < kHeadsPerWarp; ++j) acc[j] = 0.0f;
+      // The key in chunks of kKeyChunk channels whose loads are all issued before the first is used (one round
+      // trip per chunk instead of one per 4 channels: the loop used to be a chain of dependent memory latencies).
+      constexpr int kKeyChunk = 32;
+      for (int d0 = 0; d0 < a.id; d0 += kKeyChunk) {
+        float4 kv[kKeyChunk / 4];
 #pragma unroll
-      for (int j = 0; j < kHeadsPerWarp; ++j) {
-        if (h0 + j < a.ih) {
-          const float4 q = *reinterpret_cast<const float4*>(qs + (h0 + j) * a.id + d);
-          acc[j] = fmaf(q.x, kv.x, fmaf(q.y, kv.y, fmaf(q.z, kv.z, fmaf(q.w, kv.w, acc[j]))));
+        for (int u = 0; u < kKeyChunk / 4; ++u) {
+          kv[u] = d0 + 4 * u < a.id ? Load4(k, d0 + 4 * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < kKeyChunk / 4; ++u) {
+          const int d = d0 + 4 * u;
+          if (d >= a.id) break;
+#pragma unroll
+          for (int j = 0; j < kHeadsPerWarp; ++j) {
+            if (h0 + j < a.ih) {
+              const float4 q = *reinterpret_cast<const float4*>(qs + (h0 + j) * a.id + d);
+              acc[j] = fmaf(q.x, kv[u].x, fmaf(q.y, kv[u].y, fmaf(q.z, kv[u].z, fmaf(q.w, kv[u].w, acc[j]))));
+            }
+          }
         }
       }
-    }
 #pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-      if (h0 + j < a.ih) partial += ws[h0 + j] * fmaxf(acc[j], 0.0f);
+      for (int j = 0; j < kHeadsPerWarp; ++j) {
+        if (h0 + j < a.ih) partial += ws[h0 + j] * fmaxf(acc[j], 0.0f);
+      }
+    }
+    part[warp * kScoreEntries + lane] = partial;
+    __syncthreads();
+    if (warp == 0 && e < vis) {
+      float score = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kScoreWarps; ++w) score += part[w * kScoreEntries + lane];
+      scores[blockIdx.x * lds + e] = score * (1.0f / sqrtf(static_cast<float>(a.id)));
     }
   }
-  part[warp * kScoreEntries + lane] = partial;
-  __syncthreads();
-  if (warp != 0 || e >= vis) return;
-  float score = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kScoreWarps; ++w) score += part[w * kScoreEntries + lane];
-  scores[blockIdx.x * lds + e] = score * (1.0f / sqrtf(static_cast<float>(a.id)));
 }
 
 __device__ __forceinline__ uint32_t OrderKey(float f) {
@@ -973,22 +1033,32 @@ int HeadsPerBlock(int heads) {
 }  // namespace
 
 template <typename CacheT>
-void CompressStep(const CompArgs& a, const StepDev& s, const CacheDev& cache, int max_windows, cudaStream_t stream) {
-  if (s.num_seqs <= 0) return;
-  if (max_windows > 0) {
-    const dim3 grid(static_cast<unsigned>(s.num_seqs), static_cast<unsigned>(max_windows));
-    CompEmitKernel<CacheT><<<grid, 256, static_cast<size_t>(a.dim) * sizeof(float), stream>>>(a, s, cache);
+void CompressStep(const CompJobs& j, const StepDev& s, const CacheDev& cache, int max_windows, cudaStream_t stream) {
+  if (s.num_seqs <= 0 || j.count <= 0) return;
+  const size_t smem = CompSmem(j);
+  const unsigned seqs = static_cast<unsigned>(s.num_seqs), comps = static_cast<unsigned>(j.count);
+  // 512 threads: a channel of V4's 512-wide entries each (the channel loops are chains of memory round trips).
+  constexpr int kThreads = 512;
+  if (max_windows <= 1) {
+    CompStepKernel<CacheT><<<dim3(seqs, comps), kThreads, smem, stream>>>(j, s, cache);
+    return;
   }
-  CompUpdateKernel<<<static_cast<unsigned>(s.num_seqs), 256, 0, stream>>>(a, s, cache);
+  CompEmitKernel<CacheT><<<dim3(seqs, static_cast<unsigned>(max_windows), comps), kThreads, smem, stream>>>(j, s,
+                                                                                                          cache);
+  CompUpdateKernel<<<dim3(seqs, comps), kThreads, 0, stream>>>(j, s, cache);
 }
 
 template <typename CacheT>
 void IndexTopK(const IndexArgs& a, const StepDev& s, const CacheDev& cache, int64_t r0, int64_t rows, int64_t max_vis,
                float* scores, int64_t lds, int32_t* sel, cudaStream_t stream) {
   if (rows <= 0 || max_vis <= 0) return;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((max_vis + kScoreEntries - 1) / kScoreEntries));
+  // Groups of kScoreEntries entries per block: one at few rows (the blocks must fill the GPU), two from 32 rows
+  // on (at 4K context still ~4 blocks per SM; a block loads its row's queries, up to 32 KiB, once for both).
+  const int64_t total = (max_vis + kScoreEntries - 1) / kScoreEntries;
+  const int groups = rows >= 32 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((total + groups - 1) / groups));
   const size_t smem = static_cast<size_t>(a.ih * a.id + a.ih + kScoreThreads) * sizeof(float);
-  IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, scores, lds);
+  IndexScoreKernel<CacheT><<<grid, kScoreThreads, smem, stream>>>(a, s, cache, r0, groups, scores, lds);
   const bool use_smem = max_vis <= kTopKSmemEntries;
   const size_t tk_smem = use_smem ? static_cast<size_t>(max_vis) * sizeof(float) : 0;
   if (tk_smem > 48 * 1024) {
@@ -1105,7 +1175,7 @@ void RingUpdate(const CacheT* kv_new, int hd, int window, int64_t ring_off, cons
 #define NUMOE_INSTANTIATE(T)                                                                                   \
   template AttnPlan PlanAttention<T>(const AttnArgs&, const CacheDev&, int64_t);                              \
   template int AttentionSplits<T>(const AttnArgs&, const CacheDev&, int64_t, int, int, int64_t);             \
-  template void CompressStep<T>(const CompArgs&, const StepDev&, const CacheDev&, int, cudaStream_t);         \
+  template void CompressStep<T>(const CompJobs&, const StepDev&, const CacheDev&, int, cudaStream_t);         \
   template void IndexTopK<T>(const IndexArgs&, const StepDev&, const CacheDev&, int64_t, int64_t, int64_t,     \
                              float*, int64_t, int32_t*, cudaStream_t);                                         \
   template void Attention<T>(const AttnArgs&, const StepDev&, const CacheDev&, cudaStream_t);                 \

@@ -27,8 +27,10 @@ void CudaModel::PhaseDrafterFeed(Rank& r, const PassDims& d) {
   for (const LayerDev& S : r.stages) {
     const DevW wkv = S.qkv_fused ? S.wq_a.Rows(c.q_lora_rank, hd_) : S.wkv;
     Gemm(r, wkv, r.main_x, D_, n, s.o, hd_);
-    NormRope<T>(s.o, n, 1, static_cast<int>(hd_), hd_, S.kv_norm, true, eps, static_cast<int>(c.rope_dim), r.inv_main,
-                step.pos, static_cast<T*>(s.kvT), r.stream);
+    NormRopeJobs<T> kv;
+    kv.j[kv.count++] = {s.o, 1, static_cast<int>(hd_), hd_, S.kv_norm, true, eps, static_cast<int>(c.rope_dim),
+                        r.inv_main, static_cast<T*>(s.kvT)};
+    NormRope<T>(kv, n, step.pos, r.stream);
     if (d.spec) {
       const int64_t tsize = sizeof(T);
       SaveSpecRows(s.kvT, hd_ * tsize, hd_ * tsize, n, StepMeta::At(s.meta, rows_cap_).spec_map,

@@ -99,8 +99,16 @@ CompArgs CudaModel::IndexCompArgs(const Rank& r, const LayerDev& L, const float*
   return ia;
 }
 
+// Layer L's compressors (the indexer's too for CSA), for one CompressStep.
+CompJobs CudaModel::LayerCompJobs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const {
+  CompJobs j;
+  j.c[j.count++] = MainCompArgs(r, L, comp, ld);
+  if (L.type == AttnType::kCSA) j.c[j.count++] = IndexCompArgs(r, L, comp, ld);
+  return j;
+}
+
 template <typename T>
-void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
+void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d, float* post_y, const float* post_y2) {
   const LayerDev& L = LayerOf(r, l);
   Scratch& s = r.sc;
   const ModelConfig& c = cfg_;
@@ -112,7 +120,8 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
   const float* inv = L.type == AttnType::kSliding ? r.inv_main : r.inv_compress;
   const int32_t* pos = step.pos;
 
-  HcPreStep(r, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, /*head=*/false);
+  HcPreStep(r, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, /*head=*/false, nullptr, post_y,
+            post_y2);
 
   // q_a (+ kv when stacked) -> s.qa [n, qr + hd]: q_a in columns [0, qr), kv in [qr, qr + hd).
   if (L.qkv_fused) {
@@ -121,13 +130,24 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
     Gemm(r, L.wq_a, s.xn, D_, n, s.qa, s.qa_ld);
     Gemm(r, L.wkv, s.xn, D_, n, s.qa + qr, s.qa_ld);
   }
-  NormRope<T>(s.qa, n, 1, static_cast<int>(qr), s.qa_ld, L.q_norm, true, eps, 0, nullptr, pos, nullptr, r.stream);
+  // q_a's norm and kv's norm + rope in one launch; then q (and the indexer's queries, CSA) from the normed q_a,
+  // their norm/rope in one more.
+  NormRopeJobs<T> qkv;
+  qkv.j[0] = {s.qa, 1, static_cast<int>(qr), s.qa_ld, L.q_norm, true, eps, 0, nullptr, nullptr};
+  qkv.j[1] = {s.qa + qr, 1, static_cast<int>(hd_), s.qa_ld, L.kv_norm, true, eps, rd, inv, static_cast<T*>(s.kvT)};
+  qkv.count = 2;
+  NormRope<T>(qkv, n, pos, r.stream);
   Gemm(r, L.wq_b, s.qa, s.qa_ld, n, s.q, Hl_ * hd_);
   T* const q16 = std::is_same_v<T, __nv_bfloat16> ? static_cast<T*>(s.q16) : nullptr;
-  NormRope<T>(s.q, n, static_cast<int>(Hl_), static_cast<int>(hd_), Hl_ * hd_, nullptr, true, eps, rd, inv, pos,
-              q16, r.stream);
-  NormRope<T>(s.qa + qr, n, 1, static_cast<int>(hd_), s.qa_ld, L.kv_norm, true, eps, rd, inv, pos,
-              static_cast<T*>(s.kvT), r.stream);
+  NormRopeJobs<T> qi;
+  qi.j[qi.count++] = {s.q, static_cast<int>(Hl_), static_cast<int>(hd_), Hl_ * hd_, nullptr, true, eps, rd, inv, q16};
+  const int64_t ih = c.index_n_heads, id = c.index_head_dim;
+  if (L.type == AttnType::kCSA) {
+    Gemm(r, L.index_wq_b, s.qa, s.qa_ld, n, s.iq, ih * id);
+    qi.j[qi.count++] = {s.iq, static_cast<int>(ih), static_cast<int>(id), ih * id, nullptr, false, eps, rd,
+                        r.inv_compress, nullptr};
+  }
+  NormRope<T>(qi, n, pos, r.stream);
 
   if (d.spec && !d.draft) {
     // Speculative rows: keep what the window ring is built from (Rollback replays it).
@@ -144,16 +164,9 @@ void CudaModel::PhaseAttention(Rank& r, int l, const PassDims& d) {
                    static_cast<int32_t>(spec_tokens_), static_cast<char*>(r.spec_log.get()) + L.st.log_comp_off,
                    spec_slot_bytes_, L.st.log_comp_w * 4, r.stream);
     }
-    const CompArgs ca = MainCompArgs(r, L, s.comp, L.comp_width);
     const int windows = L.type == AttnType::kCSA ? d.max_windows_csa : d.max_windows_hca;
-    CompressStep<T>(ca, step, cache, windows, r.stream);
+    CompressStep<T>(LayerCompJobs(r, L, s.comp, L.comp_width), step, cache, windows, r.stream);
     if (L.type == AttnType::kCSA) {
-      CompressStep<T>(IndexCompArgs(r, L, s.comp, L.comp_width), step, cache, windows, r.stream);
-
-      const int64_t ih = c.index_n_heads, id = c.index_head_dim;
-      Gemm(r, L.index_wq_b, s.qa, s.qa_ld, n, s.iq, ih * id);
-      NormRope<T>(s.iq, n, static_cast<int>(ih), static_cast<int>(id), ih * id, nullptr, false, eps, rd,
-                  r.inv_compress, pos, nullptr, r.stream);
       IndexArgs xa;
       xa.iq = s.iq;
       xa.ldq = ih * id;
@@ -227,8 +240,7 @@ void CudaModel::PhaseFfnPre(Rank& r, int l, const PassDims& d) {
   Scratch& s = r.sc;
   const ModelConfig& c = cfg_;
   const int64_t n = d.n;
-  HcPost(s.y, s.post, s.comb, s.X, n, static_cast<int>(hc_), D_, r.stream);
-  HcPreStep(r, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, /*head=*/false);
+  HcPreStep(r, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, /*head=*/false, nullptr, s.y);
   if (r.index != 0) return;  // routing and the expert exchange happen once, on rank 0
   const int E = static_cast<int>(c.n_routed_experts), K = static_cast<int>(c.num_experts_per_tok);
   // Router logits in fp32 (SIMT): top-k decisions must not move with bf16 rounding.
@@ -268,17 +280,18 @@ void CudaModel::PhaseShared(Rank& r, int l, const PassDims& d) {
   Gemm(r, L.sh_w2, s.shh, Il_, n, s.sh, D_);
 }
 
-void CudaModel::PhaseAddRouted(Rank& r, int l, const PassDims& d) {
+const float* CudaModel::PhaseAddRouted(Rank& r, int l, const PassDims& d, bool add) {
   Scratch& s = r.sc;
   const int64_t n = d.n;
-  if (r.index == 0) {
-    // Else PhaseFfnPre computed s.routed on the device (the drafter's stages, or GPU prefill).
-    if (!GpuStageExperts(l) && !(d.host_experts && l < cfg_.num_hidden_layers)) {
-      cudaMemcpyAsync(s.routed, routed_h_.as<float>(), static_cast<size_t>(n * D_) * sizeof(float),
-                      cudaMemcpyHostToDevice, r.stream);
-    }
-    AddInPlace(s.sh, s.routed, n * D_, r.stream);
+  if (r.index != 0) return nullptr;
+  // Else PhaseFfnPre computed s.routed on the device (the drafter's stages, or GPU prefill).
+  if (!GpuStageExperts(l) && !(d.host_experts && l < cfg_.num_hidden_layers)) {
+    cudaMemcpyAsync(s.routed, routed_h_.as<float>(), static_cast<size_t>(n * D_) * sizeof(float),
+                    cudaMemcpyHostToDevice, r.stream);
   }
+  if (!add) return s.routed;
+  AddInPlace(s.sh, s.routed, n * D_, r.stream);
+  return nullptr;
 }
 
 void CudaModel::PhaseFfnPost(Rank& r, const PassDims& d) {
@@ -286,11 +299,32 @@ void CudaModel::PhaseFfnPost(Rank& r, const PassDims& d) {
 }
 
 void CudaModel::HcPreStep(Rank& r, int64_t n, const DevW& fn, const float* base, const float* scale,
-                          const float* norm_w, bool head, float* u_out) {
+                          const float* norm_w, bool head, float* u_out, float* post_y,
+                          const float* post_y2) {
   Scratch& s = r.sc;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   HcPreArgs hp;
-  if (HcMixFits(fn, n)) {
+  if (post_y != nullptr && HcPostMixFits(fn, n, static_cast<int>(hc_), D_)) {
+    HcPostMixArgs pm;
+    pm.y = post_y;
+    pm.y2 = post_y2;
+    pm.post = s.post;
+    pm.comb = s.comb;
+    pm.X = s.X;
+    pm.W = static_cast<const float*>(fn.data);
+    pm.part = s.hc_part;
+    pm.n = n;
+    pm.D = D_;
+    HcPostMix(pm, r.stream);
+    hp.part = s.hc_part;
+  } else if (post_y != nullptr) {
+    // post_y is the FFN's sc.sh when post_y2 is set: the sum goes there, as PhaseAddRouted would have put it.
+    if (post_y2 != nullptr) AddInPlace(post_y, post_y2, n * D_, r.stream);
+    HcPost(post_y, s.post, s.comb, s.X, n, static_cast<int>(hc_), D_, r.stream);
+  }
+  if (hp.part != nullptr) {
+    // the post and the mix ran above
+  } else if (HcMixFits(fn, n)) {
     HcMix(s.X, fn, n, s.hc_part, r.stream);
     hp.part = s.hc_part;
   } else {
@@ -357,9 +391,16 @@ void CudaModel::EnqueueSegment(Rank& r, int seg, const PassDims& d) {
   const int L = static_cast<int>(cfg_.num_hidden_layers);
   if (seg == 0) {
     Embed(r.embed, StepMeta::At(r.sc.meta, rows_cap_).token, d.n, static_cast<int>(hc_), r.sc.X, r.stream);
-  } else {
-    PhaseAddRouted(r, seg - 1, d);  // the shared expert ran during the expert hop (EnqueueTail)
-    PhaseFfnPost(r, d);
+  }
+  // The previous layer's mHC post goes into this layer's first mix, unless something reads sc.X in between
+  // (the hidden hook, DSpark target features of layer seg) or the head comes next.
+  const bool features = std::find(target_layers_.begin(), target_layers_.end(), seg) != target_layers_.end();
+  const bool defer_post = seg > 0 && seg < L && !hidden_hook_ && !features;
+  const float* routed = nullptr;  // the routed experts' sum, when the fused post adds it to sc.sh
+  if (seg > 0) {
+    // The shared expert ran during the expert hop (EnqueueTail).
+    routed = PhaseAddRouted(r, seg - 1, d, /*add=*/!defer_post);
+    if (!defer_post) PhaseFfnPost(r, d);
   }
   if (hidden_hook_) EmitHidden(r, seg - 1, d);
   if (seg < L) {
@@ -368,7 +409,7 @@ void CudaModel::EnqueueSegment(Rank& r, int seg, const PassDims& d) {
       const int64_t TD = static_cast<int64_t>(target_layers_.size()) * D_;
       StreamMean(r.sc.X, d.n, static_cast<int>(hc_), D_, r.features + static_cast<int64_t>(t) * D_, TD, r.stream);
     }
-    PhaseAttention<T>(r, seg, d);
+    PhaseAttention<T>(r, seg, d, defer_post ? r.sc.sh : nullptr, routed);
     PhaseFfnPre(r, seg, d);
   } else if (r.index == 0) {
     if (stages_ > 0) PhaseDrafterFeed<T>(r, d);
@@ -1142,10 +1183,7 @@ Status CudaModel::EnqueueReplay(Rank& r, const std::vector<Seq*>& pending) {
       const int64_t w = L.st.log_comp_w;
       LoadSpecRows(log + L.st.log_comp_off, spec_slot_bytes_, w * 4, spec_t, map, d.n, r.sc.comp, w * 4, r.stream);
       const int windows = L.type == AttnType::kCSA ? csa_windows : hca_windows;
-      CompressStep<T>(MainCompArgs(r, L, r.sc.comp, w), step, cache, windows, r.stream);
-      if (L.type == AttnType::kCSA) {
-        CompressStep<T>(IndexCompArgs(r, L, r.sc.comp, w), step, cache, windows, r.stream);
-      }
+      CompressStep<T>(LayerCompJobs(r, L, r.sc.comp, w), step, cache, windows, r.stream);
     }
     for (const LayerDev& S : r.stages) ring(S);
     NUMOE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -1211,7 +1249,7 @@ Status CudaModel::FillRandomContext(SequenceId seq, int64_t position, uint64_t s
 }
 
 // The DSpark draft pass (cuda_dspark.cc) runs the stages through the same attention phase.
-template void CudaModel::PhaseAttention<float>(Rank&, int, const PassDims&);
-template void CudaModel::PhaseAttention<__nv_bfloat16>(Rank&, int, const PassDims&);
+template void CudaModel::PhaseAttention<float>(Rank&, int, const PassDims&, float*, const float*);
+template void CudaModel::PhaseAttention<__nv_bfloat16>(Rank&, int, const PassDims&, float*, const float*);
 
 }  // namespace numoe::cuda

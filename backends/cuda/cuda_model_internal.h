@@ -286,12 +286,18 @@ class CudaModel final : public CudaBackend {
 
   template <typename T>
   void EnqueueSegment(Rank& r, int seg, const PassDims& d);
+  // post_y (+ post_y2 when set): the previous layer's FFN output whose mHC post (PhaseFfnPost) is still to be
+  // applied to sc.X: it is applied here, fused with the mixing projection where HcPostMixFits (nullptr: sc.X
+  // is up to date).
   template <typename T>
-  void PhaseAttention(Rank& r, int l, const PassDims& d);
+  void PhaseAttention(Rank& r, int l, const PassDims& d, float* post_y = nullptr,
+                      const float* post_y2 = nullptr);
   void PhaseFfnPre(Rank& r, int l, const PassDims& d);
   void PhaseSharedAndRouted(Rank& r, int l, const PassDims& d);  // PhaseShared + PhaseAddRouted
   void PhaseShared(Rank& r, int l, const PassDims& d);            // the shared expert into sc.sh
-  void PhaseAddRouted(Rank& r, int l, const PassDims& d);         // sc.sh += the routed experts' sum
+  // sc.sh += the routed experts' sum (rank 0). add == false: only brings sc.routed to the device (where the
+  // host computed it) and returns it, for the fused mHC post to add; else returns nullptr.
+  const float* PhaseAddRouted(Rank& r, int l, const PassDims& d, bool add = true);
   // What runs on the GPU after segment `seg` hands its MoE rows to the host (RunSegment records ev_hop
   // before it): the shared expert of layer seg, overlapping the worker's routed experts.
   void EnqueueTail(Rank& r, int seg, const PassDims& d);
@@ -322,6 +328,7 @@ class CudaModel final : public CudaBackend {
   Status RunDraft(std::span<const DraftRequest> requests, ExpertBackend* experts, std::vector<DraftResult>* out);
   CompArgs MainCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
   CompArgs IndexCompArgs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
+  CompJobs LayerCompJobs(const Rank& r, const LayerDev& L, const float* comp, int64_t ld) const;
 
   // GPU prefill (cuda_prefill.cc). A pass with host_experts uploads layer l into buffer l % 2 on
   // prefill_stream_ (waiting until the layer two before it is done with the buffer: prefill_free_) and computes
@@ -340,9 +347,10 @@ class CudaModel final : public CudaBackend {
   // The mHC pre step on the residual streams sc.X [n, hc, D] (docs §2.3): each row's inverse RMS, the mixing
   // projection `fn` (fp32), then HcPre. A block's (head == false) writes sc.xn (RMS-normed by `norm_w`),
   // sc.post and sc.comb; the head collapse (head == true) writes sc.xn and, when u_out is given, the
-  // collapsed rows before the norm.
+  // collapsed rows before the norm. post_y (head == false): first apply HcPost with post_y (+ post_y2 when set)
+  // and sc.post/sc.comb to sc.X (fused with the mixing projection where HcPostMixFits).
   void HcPreStep(Rank& r, int64_t n, const DevW& fn, const float* base, const float* scale, const float* norm_w,
-                 bool head, float* u_out = nullptr);
+                 bool head, float* u_out = nullptr, float* post_y = nullptr, const float* post_y2 = nullptr);
 
   ModelConfig cfg_;
   CudaOptions opt_;

@@ -182,16 +182,48 @@ constexpr int kHcMixSplits = 128;   // K chunks (blocks per row group): 128 floa
 constexpr int kHcMixMaxRows = 64;   // larger passes take the GEMM
 bool HcMixFits(const DevW& w, int64_t n);
 void HcMix(const float* X, const DevW& w, int64_t n, float* part, cudaStream_t stream);
+// HcPost (below) and then HcMix of the updated X in one launch (hc = 4, m = 24; needs HcPostMixFits): the
+// partial sums are over other chunks of K than HcMix's, and HcPre adds them the same way.
+struct HcPostMixArgs {
+  const float* y = nullptr;     // [n, D]
+  const float* y2 = nullptr;    // optional [n, D]: y + y2 is the block's output (the shared + routed experts)
+  const float* post = nullptr;  // [n, 4]
+  const float* comb = nullptr;  // [n, 4, 4]
+  float* X = nullptr;           // [n, 4, D], updated in place
+  const float* W = nullptr;     // [24, 4·D] (the next mix's fn)
+  float* part = nullptr;        // [n, kHcMixSplits, 25]
+  int64_t n = 0, D = 0;
+  int rows_per_block = 0;       // set by HcPostMix
+};
+bool HcPostMixFits(const DevW& w, int64_t n, int hc, int64_t D);
+void HcPostMix(const HcPostMixArgs& a, cudaStream_t stream);
 // X[r, k] = post[r, k]·y[r] + Σ_j comb[r, j, k]·X[r, j].
 void HcPost(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc, int64_t D,
             cudaStream_t stream);
 
 // In place on x[r, h·hd ...] (row stride ld): optional RMSNorm (weighted when w != nullptr), optional rope on
 // the trailing rope_dim channels at pos[r] (inv_freq != nullptr), optional copy of the result to
-// copy_out[r, h·hd ...] (CacheT, row stride heads·hd).
+// copy_out[r, h·hd ...] (CacheT, row stride heads·hd). hd and rope_dim even, hd <= 8192.
 template <typename CacheT>
-void NormRope(float* x, int64_t n, int heads, int hd, int64_t ld, const float* w, bool norm, float eps,
-              int rope_dim, const float* inv_freq, const int32_t* pos, CacheT* copy_out, cudaStream_t stream);
+struct NormRopeArgs {
+  float* x = nullptr;
+  int heads = 1, hd = 0;
+  int64_t ld = 0;
+  const float* w = nullptr;
+  bool norm = true;
+  float eps = 1e-6f;
+  int rope_dim = 0;
+  const float* inv_freq = nullptr;
+  CacheT* copy_out = nullptr;
+};
+// One or two of them (independent buffers) in one launch, over the same n rows and positions.
+template <typename CacheT>
+struct NormRopeJobs {
+  NormRopeArgs<CacheT> j[2];
+  int count = 0;
+};
+template <typename CacheT>
+void NormRope(const NormRopeJobs<CacheT>& jobs, int64_t n, const int32_t* pos, cudaStream_t stream);
 
 // Router: scores from logits [n, E] (scoring 0 sqrtsoftplus, 1 softmax, 2 sigmoid); ids from tid2eid[token]
 // (hash layers, tid2eid != nullptr) or top-k of score + bias; weights = renormalised scores · route_scale.
@@ -250,10 +282,18 @@ struct CompArgs {
   int32_t epp = 0;       // entries per page
   NUMOE_HOST_DEVICE int coff() const { return overlap ? 2 : 1; }
 };
-// Emits every window that closes in this pass (grid: seqs x max_windows) and then updates the pending and
-// overlap state. Must run before attention reads the entries.
+// A layer's compressors (CSA: the main one and the indexer's; HCA: one), run by the same launches.
+inline constexpr int kMaxCompressors = 2;
+struct CompJobs {
+  CompArgs c[kMaxCompressors];
+  int count = 0;
+};
+// Emits every window that closes in this pass and then updates the pending and overlap state of each
+// compressor in `j`. max_windows (windows closing per sequence, at most) <= 1 (decode): one launch, a block
+// per (sequence, compressor) that emits and then updates; else a launch of (sequence, window, compressor)
+// blocks and one of updates. Must run before attention reads the entries.
 template <typename CacheT>
-void CompressStep(const CompArgs& a, const StepDev& s, const CacheDev& cache, int max_windows, cudaStream_t stream);
+void CompressStep(const CompJobs& j, const StepDev& s, const CacheDev& cache, int max_windows, cudaStream_t stream);
 
 struct IndexArgs {
   const float* iq = nullptr;  // [n, ih·id] roped

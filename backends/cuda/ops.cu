@@ -81,16 +81,146 @@ __global__ void __launch_bounds__(256) HcMixKernel(const float* X, int64_t K, co
   }
 }
 
-// One block per row; dynamic shared memory holds u [D].
+// HcPost fused with the next HcMix (hc = 4, m = 24): block s owns the columns d in [s·dc, (s + 1)·dc) of all
+// four streams (dc = D / kHcMixSplits) - a chunk of the mix's K of its own - with their weights in shared
+// memory; a lane owns a column d: it applies the post to the four streams there (the same arithmetic as
+// HcPostKernel), writes them back and adds their products with the weights (and their squares). Every load
+// that does not wait on another is issued before the first is used: the weights (from HBM: 1.5 MB per mix)
+// and the inputs of each warp's first row, then one barrier.
+struct PostMixIn {
+  float pst[4], C[16], old[4], y;
+};
+
+__device__ __forceinline__ PostMixIn LoadPostMixIn(const HcPostMixArgs& a, int64_t r, int64_t d) {
+  PostMixIn in;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) in.pst[i] = a.post[r * 4 + i];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) in.C[i] = a.comb[r * 16 + i];
+  const float* xr = a.X + r * 4 * a.D;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) in.old[j] = xr[j * a.D + d];
+  in.y = a.y2 ? a.y[r * a.D + d] + a.y2[r * a.D + d] : a.y[r * a.D + d];
+  return in;
+}
+
+__global__ void __launch_bounds__(256) HcPostMixKernel(HcPostMixArgs a) {
+  constexpr int kHc = 4, M = (2 + kHc) * kHc;
+  extern __shared__ float4 ws4[];  // [M][kHc][dc]
+  float* ws = reinterpret_cast<float*>(ws4);
+  const int s = blockIdx.x;
+  const int dc = static_cast<int>(a.D / kHcMixSplits);
+  const int64_t d0 = static_cast<int64_t>(s) * dc, K = kHc * a.D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * a.rows_per_block;
+  const int64_t r_end = min(a.n, r_begin + a.rows_per_block);
+  const bool first_row = r_begin + warp < r_end && lane < dc;
+  PostMixIn first{};
+  if (first_row) first = LoadPostMixIn(a, r_begin + warp, d0 + lane);
+  if (dc % 4 == 0) {  // float4 runs of dc weights: 3 loads per thread at D = 4096, all in flight at once
+    const int dc4 = dc / 4, total = M * kHc * dc4;
+    constexpr int kBatch = 4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += kBatch * blockDim.x) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + u * blockDim.x;
+        if (e < total) {
+          const int o = e / (kHc * dc4), j = (e / dc4) % kHc, i4 = e % dc4;
+          v[u] = reinterpret_cast<const float4*>(a.W + o * K + j * a.D + d0)[i4];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (e0 + u * blockDim.x < total) ws4[e0 + u * blockDim.x] = v[u];
+      }
+    }
+  } else {
+    for (int e = threadIdx.x; e < M * kHc * dc; e += blockDim.x) {
+      const int o = e / (kHc * dc), j = (e / dc) % kHc, i = e % dc;
+      ws[e] = a.W[o * K + j * a.D + d0 + i];
+    }
+  }
+  __syncthreads();
+  for (int64_t r = r_begin + warp; r < r_end; r += blockDim.x / 32) {
+    float acc[M + 1];
+#pragma unroll
+    for (int o = 0; o <= M; ++o) acc[o] = 0.0f;
+    float* xr = a.X + r * K;
+    for (int i = lane; i < dc; i += 32) {
+      const int64_t d = d0 + i;
+      const PostMixIn in = first_row && r == r_begin + warp && i == lane ? first : LoadPostMixIn(a, r, d);
+      float nw[kHc];
+#pragma unroll
+      for (int q = 0; q < kHc; ++q) {
+        float v = in.pst[q] * in.y;
+#pragma unroll
+        for (int j = 0; j < kHc; ++j) v = fmaf(in.C[j * kHc + q], in.old[j], v);
+        nw[q] = v;
+        xr[q * a.D + d] = v;
+      }
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) {
+        acc[M] = fmaf(nw[j], nw[j], acc[M]);
+#pragma unroll
+        for (int o = 0; o < M; ++o) acc[o] = fmaf(nw[j], ws[(o * kHc + j) * dc + i], acc[o]);
+      }
+    }
+    float* dst = a.part + (r * kHcMixSplits + s) * (M + 1);
+#pragma unroll
+    for (int o = 0; o <= M; ++o) {
+      const float v = WarpSum(acc[o]);
+      if (lane == 0) dst[o] = v;
+    }
+  }
+}
+
+// Block (row, role). Role 0 collapses the streams: u = Σ pre_j X_j (dynamic shared memory holds u [D]) and
+// xn = RMSNorm_w(u). Role 1 (not in head mode) does post and the Sinkhorn on warp 0, at the same time on
+// another multiprocessor: the Sinkhorn is a chain of ~80 dependent steps and used to hold up xn. Both add
+// HcMix's chunks (or take mixraw and inv) the same way, so both see the same mix.
 __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
-  extern __shared__ float us[];
+  extern __shared__ float4 us4[];
+  float* us = reinterpret_cast<float*>(us4);
   __shared__ float red[32];
   __shared__ float pre[kMaxHc], post[kMaxHc], C[kMaxHc * kMaxHc];
   __shared__ float mix_s[kMaxHc * (kMaxHc + 2) + 1];
   const int64_t r = blockIdx.x;
+  const bool sinkhorn = blockIdx.y == 1;
   const int k = a.hc;
   const int m = a.head_mode ? k : (2 + k) * k;
   const float* mr = a.mixraw + r * m;
+  // Role 0: the loads that do not depend on the mix are issued first, so that their latency overlaps the
+  // reduction of the chunks: the thread's first float4 of each stream and pre's base and scale.
+  const bool vec = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(a.X) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.xn) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 16 == 0 &&
+                   (a.u_out == nullptr || reinterpret_cast<uintptr_t>(a.u_out) % 16 == 0);
+  const float* xr = a.X + r * k * a.D;
+  constexpr int kPrefetch = 4;  // streams prefetched (hc = 4 in V4), 16 registers
+  float4 x0[kPrefetch] = {};
+  float base0 = 0.0f, scale0 = 0.0f;
+  if (!sinkhorn) {
+    if (vec && threadIdx.x < a.D / 4) {
+#pragma unroll
+      for (int j = 0; j < kPrefetch; ++j) {
+        if (j < k) x0[j] = reinterpret_cast<const float4*>(xr + j * a.D)[threadIdx.x];
+      }
+    }
+    if (threadIdx.x < k) {
+      base0 = a.base[threadIdx.x];
+      scale0 = a.scale[0];
+    }
+  }
+  // Role 1, hc = 4: the Sinkhorn's and post's base and scale likewise (lane t: comb element t, post t < 4).
+  float base_c = 0.0f, scale_c = 0.0f, base_p = 0.0f, scale_p = 0.0f;
+  if (sinkhorn && k == 4 && threadIdx.x < 32) {
+    base_c = a.base[8 + (threadIdx.x & 15)];
+    scale_c = a.scale[2];
+    if (threadIdx.x < 4) {
+      base_p = a.base[4 + threadIdx.x];
+      scale_p = a.scale[1];
+    }
+  }
   float inv;
   if (a.part != nullptr) {  // add HcMix's chunks: warp o sums column o, lanes in a fixed order
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -107,20 +237,14 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
   } else {
     inv = a.inv[r];
   }
-  // pre first: u needs it, the Sinkhorn does not. Then warp 0 does the Sinkhorn (and post) while the other
-  // warps collapse the streams into u.
-  if (threadIdx.x < k) pre[threadIdx.x] = Sigmoid(mr[threadIdx.x] * inv * a.scale[0] + a.base[threadIdx.x]) + a.hc_eps;
-  __syncthreads();
-  float ss = 0.0f;
-  if (threadIdx.x < 32) {
-    if (a.head_mode) {
-      // nothing but pre
-    } else if (k == 4) {
+  if (sinkhorn) {
+    if (threadIdx.x >= 32) return;
+    if (k == 4) {
       // hc = 4: the 4x4 Sinkhorn on 16 lanes of warp 0 (element t = row j * 4 + column i; row sums over lane
       // xor 1, 2, column sums over xor 4, 8), instead of one thread doing ~700 divisions.
       const int t = threadIdx.x & 15;
-      if (threadIdx.x < 4) post[t] = 2.0f * Sigmoid(mr[4 + t] * inv * a.scale[1] + a.base[4 + t]);
-      const float v = mr[8 + t] * inv * a.scale[2] + a.base[8 + t];
+      if (threadIdx.x < 4) a.post[r * 4 + t] = 2.0f * Sigmoid(mr[4 + t] * inv * scale_p + base_p);
+      const float v = mr[8 + t] * inv * scale_c + base_c;
       auto rsum = [](float x) {
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         return x + __shfl_xor_sync(0xffffffffu, x, 2);
@@ -139,7 +263,6 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
         c = c / (csum(c) + a.hc_eps);
       }
       if (threadIdx.x < 16) a.comb[r * 16 + t] = c;
-      if (threadIdx.x < 4) a.post[r * 4 + t] = post[t];
     } else if (threadIdx.x == 0) {
       for (int j = 0; j < k; ++j) post[j] = 2.0f * Sigmoid(mr[k + j] * inv * a.scale[1] + a.base[k + j]);
       for (int j = 0; j < k; ++j) {
@@ -178,9 +301,33 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
       for (int j = 0; j < k; ++j) a.post[r * k + j] = post[j];
       for (int j = 0; j < k * k; ++j) a.comb[r * k * k + j] = C[j];
     }
+    return;
+  }
+  if (threadIdx.x < k) pre[threadIdx.x] = Sigmoid(mr[threadIdx.x] * inv * scale0 + base0) + a.hc_eps;
+  __syncthreads();
+  float ss = 0.0f;
+  if (vec) {  // float4 loads: at D = 4096 a thread's loads are the ones it issued first
+    const int64_t D4 = a.D / 4;
+    for (int64_t d = threadIdx.x; d < D4; d += blockDim.x) {
+      float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j) {
+        if (j >= k) break;
+        const float4 x = j < kPrefetch && d == threadIdx.x ? x0[j % kPrefetch]
+                                                          : reinterpret_cast<const float4*>(xr + j * a.D)[d];
+        u.x = fmaf(pre[j], x.x, u.x);
+        u.y = fmaf(pre[j], x.y, u.y);
+        u.z = fmaf(pre[j], x.z, u.z);
+        u.w = fmaf(pre[j], x.w, u.w);
+      }
+      us4[d] = u;
+      ss = fmaf(u.x, u.x, ss);
+      ss = fmaf(u.y, u.y, ss);
+      ss = fmaf(u.z, u.z, ss);
+      ss = fmaf(u.w, u.w, ss);
+    }
   } else {
-    const float* xr = a.X + r * k * a.D;
-    for (int64_t d = threadIdx.x - 32; d < a.D; d += blockDim.x - 32) {
+    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
       float u = 0.0f;
       for (int j = 0; j < k; ++j) u = fmaf(pre[j], xr[j * a.D + d], u);
       us[d] = u;
@@ -189,9 +336,19 @@ __global__ void __launch_bounds__(1024) HcPreKernel(HcPreArgs a) {
   }
   ss = BlockSum(ss, red);
   const float inv_u = 1.0f / sqrtf(ss / static_cast<float>(a.D) + a.rms_eps);
-  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.xn[r * a.D + d] = us[d] * inv_u * a.norm_w[d];
-  if (a.u_out != nullptr) {
-    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.u_out[r * a.D + d] = us[d];
+  if (vec) {
+    const int64_t D4 = a.D / 4;
+    for (int64_t d = threadIdx.x; d < D4; d += blockDim.x) {
+      const float4 u = us4[d], w = reinterpret_cast<const float4*>(a.norm_w)[d];
+      reinterpret_cast<float4*>(a.xn + r * a.D)[d] =
+          make_float4(u.x * inv_u * w.x, u.y * inv_u * w.y, u.z * inv_u * w.z, u.w * inv_u * w.w);
+      if (a.u_out != nullptr) reinterpret_cast<float4*>(a.u_out + r * a.D)[d] = u;
+    }
+  } else {
+    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.xn[r * a.D + d] = us[d] * inv_u * a.norm_w[d];
+    if (a.u_out != nullptr) {
+      for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) a.u_out[r * a.D + d] = us[d];
+    }
   }
 }
 
@@ -212,53 +369,77 @@ __global__ void HcPostKernel(const float* y, const float* post, const float* com
   }
 }
 
-// One block per (row, head); dynamic shared memory holds the head [hd].
+// Block (row, head of one of the jobs: heads of job 0 first). Each thread holds channel pairs (2i, 2i + 1) in
+// registers, so the rope needs no shared memory and the only barrier is the norm's sum.
+constexpr int kNormRopePairs = 4;  // pairs per thread at most: heads of up to 8·1024 channels
+
 template <typename CacheT>
-__global__ void NormRopeKernel(float* x, int heads, int hd, int64_t ld, const float* w, bool norm, float eps,
-                               int rope_dim, const float* inv_freq, const int32_t* pos, CacheT* copy_out) {
-  extern __shared__ float v[];
+__global__ void __launch_bounds__(1024) NormRopeKernel(NormRopeJobs<CacheT> jobs, const int32_t* pos) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
-  const int h = blockIdx.y;
-  float* xh = x + r * ld + static_cast<int64_t>(h) * hd;
+  int h = static_cast<int>(blockIdx.y);
+  const bool second = jobs.count > 1 && h >= jobs.j[0].heads;
+  const NormRopeArgs<CacheT> a = second ? jobs.j[1] : jobs.j[0];
+  if (second) h -= jobs.j[0].heads;
+  float* xh = a.x + r * a.ld + static_cast<int64_t>(h) * a.hd;
+  const int pairs = a.hd / 2;
+  float2 v[kNormRopePairs];
   float ss = 0.0f;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    v[d] = xh[d];
-    ss = fmaf(v[d], v[d], ss);
+#pragma unroll
+  for (int q = 0; q < kNormRopePairs; ++q) {
+    const int i = threadIdx.x + q * blockDim.x;
+    v[q] = make_float2(0.0f, 0.0f);
+    if (i < pairs) {
+      v[q] = make_float2(xh[2 * i], xh[2 * i + 1]);
+      ss = fmaf(v[q].x, v[q].x, ss);
+      ss = fmaf(v[q].y, v[q].y, ss);
+    }
   }
   float inv = 1.0f;
-  if (norm) {
+  if (a.norm) {
     ss = BlockSum(ss, red);
-    inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
+    inv = 1.0f / sqrtf(ss / static_cast<float>(a.hd) + a.eps);
   }
-  __syncthreads();
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) v[d] = norm ? (w ? v[d] * inv * w[d] : v[d] * inv) : v[d];
-  __syncthreads();
-  if (inv_freq != nullptr) {
-    const float p = static_cast<float>(pos[r]);
-    const int base = hd - rope_dim;
-    for (int i = threadIdx.x; i < rope_dim / 2; i += blockDim.x) {
-      const float ang = p * inv_freq[i];
-      const float c = cosf(ang), s = sinf(ang);
-      const float a0 = v[base + 2 * i], b0 = v[base + 2 * i + 1];
-      v[base + 2 * i] = a0 * c - b0 * s;
-      v[base + 2 * i + 1] = b0 * c + a0 * s;
+  const float p = a.inv_freq != nullptr ? static_cast<float>(pos[r]) : 0.0f;
+  const int base = (a.hd - a.rope_dim) / 2;  // first rotated pair
+#pragma unroll
+  for (int q = 0; q < kNormRopePairs; ++q) {
+    const int i = threadIdx.x + q * blockDim.x;
+    if (i >= pairs) continue;
+    float x0 = v[q].x, x1 = v[q].y;
+    if (a.norm) {
+      x0 = a.w ? x0 * inv * a.w[2 * i] : x0 * inv;
+      x1 = a.w ? x1 * inv * a.w[2 * i + 1] : x1 * inv;
     }
-    __syncthreads();
-  }
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    xh[d] = v[d];
-    if (copy_out) copy_out[(r * heads + h) * hd + d] = FromF32<CacheT>(v[d]);
+    if (a.inv_freq != nullptr && i >= base) {
+      const float ang = p * a.inv_freq[i - base];
+      const float c = cosf(ang), s = sinf(ang);
+      const float r0 = x0 * c - x1 * s, r1 = x1 * c + x0 * s;
+      x0 = r0;
+      x1 = r1;
+    }
+    xh[2 * i] = x0;
+    xh[2 * i + 1] = x1;
+    if (a.copy_out) {
+      CacheT* o = a.copy_out + (r * a.heads + h) * a.hd;
+      o[2 * i] = FromF32<CacheT>(x0);
+      o[2 * i + 1] = FromF32<CacheT>(x1);
+    }
   }
 }
 
-// One block per row. Scores live in dynamic shared memory [E].
-__global__ void MoeGateKernel(const float* logits, int E, int K, int scoring, const float* bias, const int32_t* tid2eid,
-                              const int32_t* token, float route_scale, int32_t* ids, float* weights) {
-  extern __shared__ float s[];
+// One block per row: its threads make the scores s and the biased scores sb (dynamic shared memory [2, E]),
+// then warp 0 alone takes the top-k: K rounds of a lane scan over its experts e = lane + 32·i in increasing e
+// and a warp argmax (ties to the lowest id); the chosen expert's sb becomes -inf (skipped as before: a -inf
+// score is never taken). No block barrier inside the rounds.
+constexpr int kMoeGateMaxE = 8192;  // CreateCudaModel's limit
+
+__global__ void __launch_bounds__(256) MoeGateKernel(const float* logits, int E, int K, int scoring, const float* bias,
+                                                     const int32_t* tid2eid, const int32_t* token, float route_scale,
+                                                     int32_t* ids, float* weights) {
+  extern __shared__ float s[];  // [E] scores, then [E] scores + bias
+  float* sb = s + E;
   __shared__ float red[32];
-  __shared__ float rv[32];
-  __shared__ int32_t ri[32];
   __shared__ int32_t chosen[16];
   const int64_t r = blockIdx.x;
   const float* lr = logits + r * E;
@@ -282,30 +463,39 @@ __global__ void MoeGateKernel(const float* logits, int E, int K, int scoring, co
     sum = BlockSum(sum, red);
     for (int e = threadIdx.x; e < E; e += blockDim.x) s[e] = expf(s[e] - m) / sum;
   }
+  if (tid2eid == nullptr) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sb[e] = s[e] + (bias ? bias[e] : 0.0f);
+  } else if (threadIdx.x < K) {
+    chosen[threadIdx.x] = tid2eid[static_cast<int64_t>(token[r]) * K + threadIdx.x];
+  }
   __syncthreads();
-  if (tid2eid != nullptr) {
-    if (threadIdx.x < K) chosen[threadIdx.x] = tid2eid[static_cast<int64_t>(token[r]) * K + threadIdx.x];
-  } else {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  if (tid2eid == nullptr) {
     for (int k = 0; k < K; ++k) {
       float best = -INFINITY;
       int32_t bi = INT32_MAX;
-      for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        bool taken = false;
-        for (int q = 0; q < k; ++q) taken |= chosen[q] == e;
-        if (taken) continue;
-        const float v = s[e] + (bias ? bias[e] : 0.0f);
-        if (v > best || (v == best && e < bi)) {
+      for (int e = lane; e < E; e += 32) {
+        const float v = sb[e];
+        if (v > best) {  // increasing e: the first maximum of this lane wins
           best = v;
           bi = e;
         }
       }
-      BlockArgmax(best, bi, rv, ri);
-      if (threadIdx.x == 0) chosen[k] = bi;
-      __syncthreads();
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+          best = ov;
+          bi = oi;
+        }
+      }
+      if (bi != INT32_MAX && bi % 32 == lane) sb[bi] = -INFINITY;
+      if (lane == 0) chosen[k] = bi;
+      __syncwarp();
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     float sum = 0.0f;
     for (int k = 0; k < K; ++k) sum += s[chosen[k]];
     const float mul = route_scale / (sum + 1e-20f);
@@ -456,8 +646,6 @@ unsigned Blocks(int64_t count, int threads) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
 }
 
-int RowThreads(int64_t width) { return width >= 1024 ? 256 : width >= 256 ? 128 : 64; }
-
 }  // namespace
 
 void Embed(const DevW& table, const int32_t* token, int64_t n, int hc, float* X, cudaStream_t stream) {
@@ -473,7 +661,8 @@ void RowInvRms(const float* x, int64_t n, int64_t len, float eps, float* inv, cu
 void HcPre(const HcPreArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
   // 1024 threads: with one row per block (decode), the row's loads must be spread wide to hide latency.
-  HcPreKernel<<<static_cast<unsigned>(a.n), 1024, static_cast<size_t>(a.D) * sizeof(float), stream>>>(a);
+  const dim3 grid(static_cast<unsigned>(a.n), a.head_mode ? 1u : 2u);
+  HcPreKernel<<<grid, 1024, static_cast<size_t>(a.D) * sizeof(float), stream>>>(a);
 }
 
 bool HcMixFits(const DevW& w, int64_t n) {
@@ -495,6 +684,19 @@ void HcMix(const float* X, const DevW& w, int64_t n, float* part, cudaStream_t s
   }
 }
 
+bool HcPostMixFits(const DevW& w, int64_t n, int hc, int64_t D) {
+  return HcMixFits(w, n) && hc == 4 && w.out == 24 && w.in == hc * D && D % kHcMixSplits == 0;
+}
+
+void HcPostMix(const HcPostMixArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  HcPostMixArgs b = a;
+  b.rows_per_block = 16;  // 2 rows per warp, as HcMix
+  const dim3 grid(kHcMixSplits, static_cast<unsigned>((a.n + b.rows_per_block - 1) / b.rows_per_block));
+  const size_t smem = static_cast<size_t>(24 * 4 * (a.D / kHcMixSplits)) * sizeof(float);
+  HcPostMixKernel<<<grid, 256, smem, stream>>>(b);
+}
+
 void HcPost(const float* y, const float* post, const float* comb, float* X, int64_t n, int hc, int64_t D,
             cudaStream_t stream) {
   if (n <= 0) return;
@@ -502,22 +704,30 @@ void HcPost(const float* y, const float* post, const float* comb, float* X, int6
 }
 
 template <typename CacheT>
-void NormRope(float* x, int64_t n, int heads, int hd, int64_t ld, const float* w, bool norm, float eps, int rope_dim,
-              const float* inv_freq, const int32_t* pos, CacheT* copy_out, cudaStream_t stream) {
-  if (n <= 0) return;
+void NormRope(const NormRopeJobs<CacheT>& jobs, int64_t n, const int32_t* pos, cudaStream_t stream) {
+  if (n <= 0 || jobs.count <= 0) return;
+  int heads = 0, pairs = 0;
+  for (int i = 0; i < jobs.count; ++i) {
+    heads += jobs.j[i].heads;
+    pairs = std::max(pairs, jobs.j[i].hd / 2);
+  }
+  // Threads: one pair each up to 1024 (a 32-multiple), more pairs per thread beyond.
+  const int threads = std::min(1024, std::max(32, (pairs + 31) / 32 * 32));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(heads));
-  NormRopeKernel<CacheT><<<grid, RowThreads(hd), static_cast<size_t>(hd) * sizeof(float), stream>>>(
-      x, heads, hd, ld, w, norm, eps, rope_dim, inv_freq, pos, copy_out);
+  NormRopeKernel<CacheT><<<grid, threads, 0, stream>>>(jobs, pos);
 }
-template void NormRope<float>(float*, int64_t, int, int, int64_t, const float*, bool, float, int, const float*,
-                              const int32_t*, float*, cudaStream_t);
-template void NormRope<__nv_bfloat16>(float*, int64_t, int, int, int64_t, const float*, bool, float, int, const float*,
-                                      const int32_t*, __nv_bfloat16*, cudaStream_t);
+template void NormRope<float>(const NormRopeJobs<float>&, int64_t, const int32_t*, cudaStream_t);
+template void NormRope<__nv_bfloat16>(const NormRopeJobs<__nv_bfloat16>&, int64_t, const int32_t*, cudaStream_t);
 
 void MoeGate(const float* logits, int64_t n, int E, int K, int scoring, const float* bias, const int32_t* tid2eid,
              const int32_t* token, float route_scale, int32_t* ids, float* weights, cudaStream_t stream) {
   if (n <= 0) return;
-  MoeGateKernel<<<static_cast<unsigned>(n), 256, static_cast<size_t>(E) * sizeof(float), stream>>>(
+  if (E > kMoeGateMaxE || K > 16) return;  // CreateCudaModel rejects such configs
+  const size_t smem = 2 * static_cast<size_t>(E) * sizeof(float);
+  if (smem > 48 * 1024) {
+    cudaFuncSetAttribute(MoeGateKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  }
+  MoeGateKernel<<<static_cast<unsigned>(n), 256, smem, stream>>>(
       logits, E, K, scoring, bias, tid2eid, token, route_scale, ids, weights);
 }
 

@@ -5,7 +5,10 @@
 // keys; the fp32 kernel and the tensor-core one at 4, 8 and 32 decode rows, verify and prefill rows) and
 // the indexer's scores and top-k on caches laid out as the backend lays them out; and the routed
 // experts of a prefill step on the worker's packed layout (PackedMoe) against a float64 reference from the
-// checkpoint-format weights. Skips without a device, and compiles to a skip in a build without CUDA.
+// checkpoint-format weights; the mHC kernels (HcMix, HcPre, HcPostMix; 1/8/32/64 decode rows, prefill rows on
+// the GEMM path, the head collapse), NormRope's two-job launches, the router (MoeGate), and the compressors (CSA main + indexer in
+// one call, HCA; decode, verify and prefill rows) against the CPU backend's CompressorState. Skips without a
+// device, and compiles to a skip in a build without CUDA.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -26,6 +30,8 @@
 #if NUMOE_OPS_TEST_CUDA
 #include <cuda_runtime.h>
 
+#include "backends/cpu/compressor.h"
+#include "backends/cpu/ops.h"
 #include "backends/cuda/kernels.h"
 #include "tests/kernels/expert_test_util.h"
 #include "worker/experts/expert_layer.h"
@@ -1005,14 +1011,19 @@ TEST(CudaOpsTest, AttentionTensorCoresAgainstTheCpu) {
 // memory) and over 24576 (the radix select reads them from global memory), and a slot whose entries are all
 // equal (every score ties: entries 0..k-1).
 template <typename CacheT>
-void CheckIndexTopK(int ih, int id, int rate, int topk) {
+void CheckIndexTopK(int ih, int id, int rate, int topk, int extra_rows = 0) {
   const std::string what = std::string(std::is_same_v<CacheT, float> ? "fp32" : "bf16") + " cache, " +
-                           std::to_string(ih) + " heads x " + std::to_string(id) + ", top-" + std::to_string(topk);
+                           std::to_string(ih) + " heads x " + std::to_string(id) + ", top-" + std::to_string(topk) +
+                           ", " + std::to_string(extra_rows) + " extra rows";
   std::mt19937 rng(5 + topk);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int32_t deep = 4 * 26000 + 3;
-  Step step({{1, 1, rate * (topk / 2)}, {2, 2, rate * (topk + 1) - 1}, {1, 1, rate * 3000 + 1},
-             {0, 2, rate * (topk + 5)}, {2, 1, deep}});
+  std::vector<SeqSpec> rows = {{1, 1, rate * (topk / 2)}, {2, 2, rate * (topk + 1) - 1}, {1, 1, rate * 3000 + 1},
+                               {0, 2, rate * (topk + 5)}};
+  // More decode rows (a batch-32 pass: several groups of entries per block), before the deep one.
+  for (int i = 0; i < extra_rows; ++i) rows.push_back({1 + i % 2, 1, rate * (topk + 37 * i) + i % rate});
+  rows.push_back({2, 1, deep});
+  Step step(rows);
   const int64_t n = step.dev.n, max_vis = (deep + 1) / rate;
   int64_t max_vis_rest = 0;  // of every row but the last (deep) one
   for (int64_t r = 0; r + 1 < n; ++r) max_vis_rest = std::max<int64_t>(max_vis_rest, (step.pos[static_cast<size_t>(r)] + 1) / rate);
@@ -1100,7 +1111,695 @@ TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   CheckIndexTopK<float>(64, 128, 4, 512);  // V4-Flash's indexer
   CheckIndexTopK<__nv_bfloat16>(64, 128, 4, 512);
+  CheckIndexTopK<__nv_bfloat16>(64, 128, 4, 512, 33);  // 39 rows in the first call
+  CheckIndexTopK<float>(8, 32, 4, 3, 30);
   CheckIndexTopK<float>(8, 32, 4, 3);      // tiny-v4's
+}
+
+// ---- mHC (HcMix, HcPre, HcPostMix) and norm + rope ------------------------------------------------------------
+
+// The mHC pre step of one row as the CPU backend computes it (CpuModel::HyperPre and CollapseStreams, which
+// are private to it; here in double): the mix from the RMS-normalised streams, pre and post, the Sinkhorn
+// comb, u = Σ pre_j X_j and xn = RMSNorm_w(u).
+struct HcRef {
+  std::vector<double> post, comb, u, xn;
+};
+struct HcW {
+  int hc = 4;
+  int64_t D = 0;
+  std::vector<float> fn, base, norm_w;
+  float scale[3] = {0.5f, 0.7f, 1.3f};
+  int m(bool head) const { return head ? hc : (2 + hc) * hc; }
+};
+HcW MakeHcW(int64_t D, bool head, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  HcW w;
+  w.D = D;
+  const int64_t K = w.hc * D;
+  w.fn.resize(static_cast<size_t>(w.m(head) * K));
+  for (float& v : w.fn) v = u(rng) * 1.5f / std::sqrt(static_cast<float>(K));  // mix values of order 1
+  w.base.resize(static_cast<size_t>(w.m(head)));
+  for (float& v : w.base) v = 0.5f * u(rng);
+  w.norm_w.resize(static_cast<size_t>(D));
+  for (float& v : w.norm_w) v = 1.0f + 0.5f * u(rng);
+  return w;
+}
+constexpr double kHcEps = 1e-6, kRmsEps = 1e-6;
+constexpr int kSinkhornIters = 20;
+
+HcRef HcPreRef(const float* x, const HcW& w, bool head) {
+  const int hc = w.hc, m = w.m(head);
+  const int64_t D = w.D, K = hc * D;
+  auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  double ss = 0;
+  for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(x[k]) * x[k];
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(K) + kRmsEps);
+  std::vector<double> mix(static_cast<size_t>(m));
+  for (int o = 0; o < m; ++o) {
+    double s = 0;
+    for (int64_t k = 0; k < K; ++k) s += static_cast<double>(x[k]) * w.fn[static_cast<size_t>(o * K + k)];
+    mix[static_cast<size_t>(o)] = s * inv;
+  }
+  HcRef ref;
+  std::vector<double> pre(static_cast<size_t>(hc));
+  for (int j = 0; j < hc; ++j) pre[static_cast<size_t>(j)] = sig(mix[static_cast<size_t>(j)] * w.scale[0] + w.base[static_cast<size_t>(j)]) + kHcEps;
+  if (!head) {
+    ref.post.resize(static_cast<size_t>(hc));
+    for (int j = 0; j < hc; ++j) {
+      ref.post[static_cast<size_t>(j)] = 2.0 * sig(mix[static_cast<size_t>(hc + j)] * w.scale[1] + w.base[static_cast<size_t>(hc + j)]);
+    }
+    std::vector<double>& C = ref.comb;
+    C.resize(static_cast<size_t>(hc * hc));
+    for (int j = 0; j < hc; ++j) {
+      double mx = -1e300, s = 0;
+      for (int i = 0; i < hc; ++i) {
+        const size_t e = static_cast<size_t>(j * hc + i);
+        C[e] = mix[static_cast<size_t>(2 * hc) + e] * w.scale[2] + w.base[static_cast<size_t>(2 * hc) + e];
+        mx = std::max(mx, C[e]);
+      }
+      for (int i = 0; i < hc; ++i) s += (C[static_cast<size_t>(j * hc + i)] = std::exp(C[static_cast<size_t>(j * hc + i)] - mx));
+      for (int i = 0; i < hc; ++i) C[static_cast<size_t>(j * hc + i)] = C[static_cast<size_t>(j * hc + i)] / s + kHcEps;
+    }
+    auto norm = [&](bool cols) {
+      for (int a = 0; a < hc; ++a) {
+        double s = 0;
+        for (int b = 0; b < hc; ++b) s += C[static_cast<size_t>(cols ? b * hc + a : a * hc + b)];
+        for (int b = 0; b < hc; ++b) C[static_cast<size_t>(cols ? b * hc + a : a * hc + b)] /= (s + kHcEps);
+      }
+    };
+    norm(true);
+    for (int it = 1; it < kSinkhornIters; ++it) {
+      norm(false);
+      norm(true);
+    }
+  }
+  ref.u.resize(static_cast<size_t>(D));
+  double su = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    double s = 0;
+    for (int j = 0; j < hc; ++j) s += pre[static_cast<size_t>(j)] * x[j * D + d];
+    ref.u[static_cast<size_t>(d)] = s;
+    su += s * s;
+  }
+  const double inv_u = 1.0 / std::sqrt(su / static_cast<double>(D) + kRmsEps);
+  ref.xn.resize(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) ref.xn[static_cast<size_t>(d)] = ref.u[static_cast<size_t>(d)] * inv_u * w.norm_w[static_cast<size_t>(d)];
+  return ref;
+}
+
+// The mHC weights on the device and HcPre's arguments for them (outputs not set).
+struct DevHcW {
+  Dev<float> fn, base, scale, norm_w;
+  cuda::DevW w;
+  explicit DevHcW(const HcW& h, bool head) : fn(h.fn.size()), base(h.base.size()), scale(3), norm_w(h.norm_w.size()) {
+    fn.Put(h.fn);
+    base.Put(h.base);
+    scale.Put(std::vector<float>(h.scale, h.scale + 3));
+    norm_w.Put(h.norm_w);
+    w.type = cuda::WType::kF32;
+    w.data = fn.p;
+    w.out = h.m(head);
+    w.in = h.hc * h.D;
+  }
+  cuda::HcPreArgs Args(const float* X, int64_t n, const HcW& h, bool head) const {
+    cuda::HcPreArgs a;
+    a.base = base.p;
+    a.scale = scale.p;
+    a.X = X;
+    a.norm_w = norm_w.p;
+    a.n = n;
+    a.D = h.D;
+    a.hc = h.hc;
+    a.iters = kSinkhornIters;
+    a.hc_eps = static_cast<float>(kHcEps);
+    a.rms_eps = static_cast<float>(kRmsEps);
+    a.head_mode = head;
+    return a;
+  }
+};
+
+bool NoSentinel(const std::vector<float>& all) {
+  for (int64_t i = kGuard; i < static_cast<int64_t>(all.size()) - kGuard; ++i) {
+    if (IsSentinel(all[static_cast<size_t>(i)])) return false;
+  }
+  return true;
+}
+
+// HcPre of n rows of X on the device (HcMix's partial sums where HcMixFits, else RowInvRms + the fp32 GEMM, as
+// CudaModel::HcPreStep chooses; `part` given: those sums were made already) against HcPreRef. Bounds: post
+// and comb 2e-5 absolute (values in (0, 2)), xn and u 1e-4 relative + 1e-5.
+void CheckHcPreRows(const float* dX, const std::vector<float>& X, int64_t n, const HcW& h, const DevHcW& dw, bool head,
+                    const float* part, const std::string& what) {
+  SCOPED_TRACE(what + ": " + std::to_string(n) + " rows, D " + std::to_string(h.D) + (head ? ", head" : ""));
+  const int hc = h.hc, m = h.m(head);
+  const int64_t D = h.D, K = hc * D;
+  Guarded xn(static_cast<size_t>(n * D)), post(static_cast<size_t>(n * hc)), comb(static_cast<size_t>(n * hc * hc)),
+      u_out(static_cast<size_t>(n * D));
+  Dev<float> dpart(static_cast<size_t>(std::min<int64_t>(n, cuda::kHcMixMaxRows) * cuda::kHcMixSplits * (m + 1)));
+  Dev<float> inv(static_cast<size_t>(n)), mix(static_cast<size_t>(n * m));
+  cuda::HcPreArgs a = dw.Args(dX, n, h, head);
+  if (part != nullptr) {
+    a.part = part;
+  } else if (cuda::HcMixFits(dw.w, n)) {
+    cuda::HcMix(dX, dw.w, n, dpart.p, nullptr);
+    a.part = dpart.p;
+  } else {
+    cuda::RowInvRms(dX, n, K, static_cast<float>(kRmsEps), inv.p, nullptr);
+    cuda::GemmCall g;
+    g.w = &dw.w;
+    g.x = dX;
+    g.ldx = K;
+    g.n = n;
+    g.y = mix.p;
+    g.ldy = m;
+    cuda::Gemm(g, false, Sms(), nullptr);
+    a.mixraw = mix.p;
+    a.inv = inv.p;
+  }
+  a.xn = xn.out();
+  if (head) {
+    a.u_out = u_out.out();
+  } else {
+    a.post = post.out();
+    a.comb = comb.out();
+  }
+  cuda::HcPre(a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> gx = xn.All(), gp = post.All(), gc = comb.All(), gu = u_out.All();
+  ASSERT_TRUE(GuardsIntact(gx) && GuardsIntact(gp) && GuardsIntact(gc) && GuardsIntact(gu));
+  ASSERT_TRUE(NoSentinel(gx));
+  ASSERT_TRUE(head ? NoSentinel(gu) : NoSentinel(gp) && NoSentinel(gc));
+  for (int64_t r = 0; r < n; ++r) {
+    const HcRef ref = HcPreRef(X.data() + r * K, h, head);
+    for (int64_t d = 0; d < D; ++d) {
+      const double want = ref.xn[static_cast<size_t>(d)];
+      ASSERT_NEAR(gx[static_cast<size_t>(kGuard + r * D + d)], want, 1e-4 * std::fabs(want) + 1e-5) << "xn " << r << "," << d;
+      if (head) {
+        const double wu = ref.u[static_cast<size_t>(d)];
+        ASSERT_NEAR(gu[static_cast<size_t>(kGuard + r * D + d)], wu, 1e-4 * std::fabs(wu) + 1e-5) << "u " << r << "," << d;
+      }
+    }
+    if (head) continue;
+    for (int j = 0; j < hc; ++j) {
+      ASSERT_NEAR(gp[static_cast<size_t>(kGuard + r * hc + j)], ref.post[static_cast<size_t>(j)], 2e-5) << "post " << r << "," << j;
+    }
+    for (int e = 0; e < hc * hc; ++e) {
+      ASSERT_NEAR(gc[static_cast<size_t>(kGuard + r * hc * hc + e)], ref.comb[static_cast<size_t>(e)], 2e-5) << "comb " << r << "," << e;
+    }
+  }
+}
+
+void CheckHcPre(int64_t n, int64_t D, bool head, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const HcW h = MakeHcW(D, head, rng);
+  const DevHcW dw(h, head);
+  std::vector<float> X(static_cast<size_t>(n * h.hc * D));
+  for (float& v : X) v = u(rng);
+  Dev<float> dX(X.size());
+  dX.Put(X);
+  CheckHcPreRows(dX.p, X, n, h, dw, head, nullptr, cuda::HcMixFits(dw.w, n) ? "HcMix + HcPre" : "GEMM + HcPre");
+}
+
+// HcPostMix: X' = post·(y [+ y2]) + combᵀ·X (as the CPU's HyperPost, in double) in place with guards, its partial sums
+// added over the chunks against X'·fnᵀ and |X'|² (1e-5 of the sum of |terms|), and HcPre on them.
+void CheckHcPostMix(int64_t n, int64_t D, bool with_y2, std::mt19937& rng) {
+  SCOPED_TRACE("HcPostMix: " + std::to_string(n) + " rows, D " + std::to_string(D) + (with_y2 ? ", y + y2" : ""));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const HcW h = MakeHcW(D, false, rng);
+  const DevHcW dw(h, false);
+  const int hc = h.hc, m = h.m(false);
+  const int64_t K = hc * D;
+  ASSERT_TRUE(cuda::HcPostMixFits(dw.w, n, hc, D));
+  std::vector<float> X(static_cast<size_t>(n * K)), y(static_cast<size_t>(n * D)), y2(y.size(), 0.0f),
+      post(static_cast<size_t>(n * hc)), comb(static_cast<size_t>(n * hc * hc));
+  for (float& v : X) v = u(rng);
+  for (float& v : y) v = u(rng);
+  if (with_y2) {
+    for (float& v : y2) v = u(rng);
+  }
+  for (float& v : post) v = 1.0f + u(rng);
+  for (float& v : comb) v = 0.25f + 0.2f * u(rng);
+  Guarded gX(X.size()), part(static_cast<size_t>(n * cuda::kHcMixSplits * (m + 1)));
+  CUDA_OK(cudaMemcpy(gX.out(), X.data(), X.size() * 4, cudaMemcpyHostToDevice));
+  Dev<float> dy(y.size()), dy2(y2.size()), dpost(post.size()), dcomb(comb.size());
+  dy.Put(y);
+  dy2.Put(y2);
+  dpost.Put(post);
+  dcomb.Put(comb);
+  cuda::HcPostMixArgs a;
+  a.y = dy.p;
+  a.y2 = with_y2 ? dy2.p : nullptr;
+  a.post = dpost.p;
+  a.comb = dcomb.p;
+  a.X = gX.out();
+  a.W = dw.fn.p;
+  a.part = part.out();
+  a.n = n;
+  a.D = D;
+  cuda::HcPostMix(a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> gx = gX.All(), gpart = part.All();
+  ASSERT_TRUE(GuardsIntact(gx) && GuardsIntact(gpart) && NoSentinel(gpart));
+  std::vector<float> Xp(X.size());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int i = 0; i < hc; ++i) {
+      for (int64_t d = 0; d < D; ++d) {
+        const float yv = y[static_cast<size_t>(r * D + d)] + y2[static_cast<size_t>(r * D + d)];
+        double s = static_cast<double>(post[static_cast<size_t>(r * hc + i)]) * yv;
+        for (int j = 0; j < hc; ++j) {
+          s += static_cast<double>(comb[static_cast<size_t>(r * hc * hc + j * hc + i)]) * X[static_cast<size_t>(r * K + j * D + d)];
+        }
+        const size_t at = static_cast<size_t>(r * K + i * D + d);
+        ASSERT_NEAR(gx[kGuard + at], s, 1e-5 * std::fabs(s) + 1e-6) << "X " << r << "," << i << "," << d;
+        Xp[at] = gx[kGuard + at];
+      }
+    }
+    for (int o = 0; o <= m; ++o) {
+      double want = 0, mag = 0, got = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double x = Xp[static_cast<size_t>(r * K + k)];
+        const double t = o < m ? x * h.fn[static_cast<size_t>(o * K + k)] : x * x;
+        want += t;
+        mag += std::fabs(t);
+      }
+      for (int s = 0; s < cuda::kHcMixSplits; ++s) got += gpart[static_cast<size_t>(kGuard + (r * cuda::kHcMixSplits + s) * (m + 1) + o)];
+      ASSERT_NEAR(got, want, 1e-5 * mag + 1e-6) << "mix " << r << "," << o;
+    }
+  }
+  CheckHcPreRows(gX.out(), Xp, n, h, dw, false, part.out(), "HcPostMix + HcPre");
+}
+
+TEST(CudaOpsTest, MhcKernelsAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  for (const int64_t n : {1, 8, 32, 64, 65, 100}) CheckHcPre(n, 4096, false, rng);  // 65, 100: prefill (the GEMM)
+  for (const int64_t n : {1, 8, 65}) CheckHcPre(n, 4096, true, rng);
+  CheckHcPre(3, 256, false, rng);  // tiny-v4's width
+  CheckHcPre(1, 102, false, rng);  // no float4 path, no HcMix
+  for (const int64_t n : {1, 8, 32, 64}) CheckHcPostMix(n, 4096, n == 8, rng);
+  CheckHcPostMix(1, 4096, true, rng);
+  CheckHcPostMix(5, 256, false, rng);
+}
+
+// NormRope, two jobs per launch as the attention phase runs them (q_a's norm with kv's norm + rope in one
+// buffer; the heads of q with the indexer's unnormed queries), against the CPU's RmsNorm and ApplyRope per
+// head: 1e-5 relative + 1e-5 (the rope's angles reach ~5000 rad), the CacheT copy within its rounding.
+template <typename CacheT>
+void CheckNormRope(int64_t n, std::mt19937& rng) {
+  SCOPED_TRACE(std::string("NormRope ") + (std::is_same_v<CacheT, float> ? "fp32" : "bf16") + ", " +
+               std::to_string(n) + " rows");
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  const int rope = 64;
+  std::vector<float> inv_freq(rope / 2);
+  for (int i = 0; i < rope / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / rope);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) pos[static_cast<size_t>(r)] = static_cast<int32_t>(4000 + 37 * r);
+  Dev<float> dfreq(inv_freq.size());
+  dfreq.Put(inv_freq);
+  Dev<int32_t> dpos(pos.size());
+  dpos.Put(pos);
+  struct Job {
+    int heads, hd;
+    int64_t ld, col;  // row stride and first column in the buffer
+    bool norm, weighted, rope, copy;
+  };
+  auto run = [&](const std::vector<Job>& jobs, int64_t width) {
+    std::vector<float> x(static_cast<size_t>(n * width));
+    for (float& v : x) v = u(rng);
+    Guarded gx(x.size());
+    CUDA_OK(cudaMemcpy(gx.out(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<std::vector<float>> w(jobs.size());
+    std::vector<std::unique_ptr<Dev<float>>> dw;
+    std::vector<std::unique_ptr<Dev<CacheT>>> copy;
+    cuda::NormRopeJobs<CacheT> nj;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Job& jb = jobs[i];
+      w[i].resize(static_cast<size_t>(jb.hd));
+      for (float& v : w[i]) v = 1.0f + 0.3f * u(rng);
+      dw.push_back(std::make_unique<Dev<float>>(w[i].size()));
+      dw.back()->Put(w[i]);
+      copy.push_back(std::make_unique<Dev<CacheT>>(static_cast<size_t>(n * jb.heads * jb.hd)));
+      nj.j[nj.count++] = {gx.out() + jb.col, jb.heads, jb.hd, jb.ld, jb.weighted ? dw.back()->p : nullptr, jb.norm,
+                          1e-6f, jb.rope ? rope : 0, jb.rope ? dfreq.p : nullptr, jb.copy ? copy.back()->p : nullptr};
+    }
+    cuda::NormRope<CacheT>(nj, n, dpos.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> all = gx.All();
+    ASSERT_TRUE(GuardsIntact(all));
+    std::vector<bool> touched(x.size(), false);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Job& jb = jobs[i];
+      std::vector<CacheT> cp;
+      if (jb.copy) cp = copy[i]->Get(static_cast<size_t>(n * jb.heads * jb.hd));
+      for (int64_t r = 0; r < n; ++r) {
+        for (int h = 0; h < jb.heads; ++h) {
+          const size_t at = static_cast<size_t>(r * jb.ld + jb.col + h * jb.hd);
+          std::vector<float> v(x.begin() + static_cast<std::ptrdiff_t>(at), x.begin() + static_cast<std::ptrdiff_t>(at + jb.hd));
+          if (jb.norm) cpu::RmsNorm(v.data(), jb.weighted ? w[i].data() : nullptr, jb.hd, 1e-6f, v.data());
+          if (jb.rope) cpu::ApplyRope(v.data(), jb.hd, rope, inv_freq.data(), pos[static_cast<size_t>(r)]);
+          for (int d = 0; d < jb.hd; ++d) {
+            const float got = all[kGuard + at + static_cast<size_t>(d)];
+            ASSERT_NEAR(got, v[static_cast<size_t>(d)], 1e-5 * std::fabs(v[static_cast<size_t>(d)]) + 1e-5)
+                << "job " << i << " row " << r << " head " << h << " ch " << d;
+            touched[at + static_cast<size_t>(d)] = true;
+            if (jb.copy) {
+              float c;
+              if constexpr (std::is_same_v<CacheT, float>) {
+                c = cp[static_cast<size_t>((r * jb.heads + h) * jb.hd + d)];
+              } else {
+                c = __bfloat162float(cp[static_cast<size_t>((r * jb.heads + h) * jb.hd + d)]);
+              }
+              const float want = std::is_same_v<CacheT, float> ? got : Bf16Exact(got);
+              ASSERT_EQ(c, want) << "copy of job " << i << " row " << r << " head " << h << " ch " << d;
+            }
+          }
+        }
+      }
+    }
+    for (size_t k = 0; k < x.size(); ++k) {
+      if (touched[k]) continue;
+      ASSERT_EQ(all[kGuard + k], x[k]) << "column outside every job changed at " << k;
+    }
+  };
+  // q_a (1024, weighted norm) and kv (512, weighted norm + rope, copied) side by side in one row of 1600.
+  run({{1, 1024, 1600, 0, true, true, false, false}, {1, 512, 1600, 1024, true, true, true, true}}, 1600);
+  // q heads (normed, roped, copied) and the indexer's heads (roped only) in two buffers of one allocation.
+  run({{8, 512, 8 * 512, 0, true, false, true, true}, {4, 128, 4 * 128, n * 8 * 512, false, false, true, false}},
+      8 * 512 + 4 * 128);
+  // One job: small heads, every channel roped.
+  run({{2, 64, 128, 0, true, true, true, true}}, 128);
+}
+
+TEST(CudaOpsTest, NormRopeAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(13);
+  for (const int64_t n : {1, 8, 32, 65}) {
+    CheckNormRope<float>(n, rng);
+    CheckNormRope<__nv_bfloat16>(n, rng);
+  }
+}
+
+// MoeGate against the CPU backend's routing (CpuModel::Moe: the scores with cpu::Softplus / SoftmaxInPlace,
+// the top-k of score + bias with ties to the lower id, weights renormalised · route_scale): the ids must
+// be the CPU's, except that two experts whose biased scores are within 1e-5 may trade places; weights 1e-5
+// relative. Row 0's logits all tie (without a bias its ids are exactly 0..K-1).
+void CheckMoeGate(int64_t n, int E, int K, int scoring, bool with_bias, bool hash, std::mt19937& rng) {
+  SCOPED_TRACE("MoeGate: " + std::to_string(n) + " rows, E " + std::to_string(E) + ", K " + std::to_string(K) +
+               ", scoring " + std::to_string(scoring) + (with_bias ? ", bias" : "") + (hash ? ", hash" : ""));
+  std::uniform_int_distribution<int> grid(-256, 256);
+  std::vector<float> logits(static_cast<size_t>(n * E)), bias(static_cast<size_t>(E), 0.0f);
+  for (float& v : logits) v = static_cast<float>(grid(rng)) / 64.0f;
+  std::fill_n(logits.begin(), E, 0.5f);
+  if (with_bias) {
+    for (float& v : bias) v = static_cast<float>(grid(rng)) / 512.0f;
+  }
+  const int vocab = 50;
+  std::vector<int32_t> tid2eid(static_cast<size_t>(vocab * K)), token(static_cast<size_t>(n));
+  for (int t = 0; t < vocab; ++t) {
+    for (int k = 0; k < K; ++k) tid2eid[static_cast<size_t>(t * K + k)] = (t * 7 + k * 13) % E;
+  }
+  for (int64_t r = 0; r < n; ++r) token[static_cast<size_t>(r)] = static_cast<int32_t>((r * 11) % vocab);
+  Dev<float> dl(logits.size()), db(bias.size());
+  dl.Put(logits);
+  db.Put(bias);
+  Dev<int32_t> dt(tid2eid.size()), dtok(token.size());
+  dt.Put(tid2eid);
+  dtok.Put(token);
+  Guarded wts(static_cast<size_t>(n * K)), ids_f(static_cast<size_t>(n * K));  // ids as int32 bits in a guarded buffer
+  const float scale = 2.5f;
+  cuda::MoeGate(dl.p, n, E, K, scoring, with_bias ? db.p : nullptr, hash ? dt.p : nullptr, dtok.p, scale,
+                reinterpret_cast<int32_t*>(ids_f.out()), wts.out(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> gw = wts.All(), gi = ids_f.All();
+  ASSERT_TRUE(GuardsIntact(gw) && GuardsIntact(gi) && NoSentinel(gw) && NoSentinel(gi));
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<float> s(logits.begin() + r * E, logits.begin() + (r + 1) * E);
+    if (scoring == 0) {
+      for (float& v : s) v = std::sqrt(cpu::Softplus(v));
+    } else if (scoring == 2) {
+      for (float& v : s) v = 1.0f / (1.0f + std::exp(-v));
+    } else {
+      cpu::SoftmaxInPlace(s.data(), E);
+    }
+    std::vector<int32_t> ref(static_cast<size_t>(K)), got(static_cast<size_t>(K));
+    std::vector<float> sel(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) sel[static_cast<size_t>(e)] = s[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)];
+    if (hash) {
+      std::copy_n(tid2eid.begin() + token[static_cast<size_t>(r)] * K, K, ref.begin());
+    } else {
+      std::vector<int32_t> order(static_cast<size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t i, int32_t j) {
+        return sel[static_cast<size_t>(i)] > sel[static_cast<size_t>(j)] || (sel[static_cast<size_t>(i)] == sel[static_cast<size_t>(j)] && i < j);
+      });
+      std::copy_n(order.begin(), K, ref.begin());
+    }
+    for (int k = 0; k < K; ++k) std::memcpy(&got[static_cast<size_t>(k)], &gi[static_cast<size_t>(kGuard + r * K + k)], 4);
+    for (int k = 0; k < K; ++k) {
+      const int32_t g = got[static_cast<size_t>(k)], w = ref[static_cast<size_t>(k)];
+      ASSERT_TRUE(g >= 0 && g < E) << "row " << r << " slot " << k << " id " << g;
+      if (hash || (r == 0 && !with_bias)) {
+        ASSERT_EQ(g, w) << "row " << r << " slot " << k;
+      } else if (g != w) {
+        ASSERT_NEAR(sel[static_cast<size_t>(g)], sel[static_cast<size_t>(w)], 1e-5) << "row " << r << " slot " << k;
+      }
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += s[static_cast<size_t>(got[static_cast<size_t>(k)])];
+    const float mul = scale / (sum + 1e-20f);
+    for (int k = 0; k < K; ++k) {
+      const double want = s[static_cast<size_t>(got[static_cast<size_t>(k)])] * mul;
+      ASSERT_NEAR(gw[static_cast<size_t>(kGuard + r * K + k)], want, 1e-5 * std::fabs(want) + 1e-7) << "row " << r << " slot " << k;
+    }
+  }
+}
+
+TEST(CudaOpsTest, MoeGateAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(19);
+  for (const int64_t n : {1, 8, 32, 65}) {
+    CheckMoeGate(n, 256, 6, 0, true, false, rng);  // V4-Flash: sqrt(softplus), biased top-6 of 256
+    CheckMoeGate(n, 256, 6, 0, true, true, rng);   // its hash layers
+  }
+  CheckMoeGate(8, 256, 8, 1, false, false, rng);   // softmax, no bias
+  CheckMoeGate(8, 64, 16, 2, true, false, rng);    // sigmoid, K = 16
+  CheckMoeGate(3, 2000, 6, 0, true, false, rng);   // many experts per lane, a partial last word
+  CheckMoeGate(2, 8192, 6, 0, false, false, rng);  // the largest E the backend takes
+}
+
+// ---- compressors ---------------------------------------------------------------------------------------------
+
+// CompressStep on sequences whose history went through the CPU backend's CompressorState: each slot's pending
+// and overlap state is the CPU's (SaveFixed's layout is the slot's), the pass's rows go to both, and the
+// entries of the windows the pass closes (pages looked up through a shuffled table) must match the CPU's: fp32
+// caches 2e-5 relative + 2e-6, bf16 ones within one rounding (1/128 relative) of that. Entries nobody closed
+// keep their sentinel; afterwards the open window's pending slots and the overlap halves match the CPU's
+// exactly (they are copies). CSA: the main compressor and the indexer's in one call (two jobs); HCA: one.
+template <typename CacheT>
+void CheckCompress(bool csa, const std::vector<SeqSpec>& specs, std::mt19937& rng) {
+  const std::string name = std::string(csa ? "CSA" : "HCA") + (std::is_same_v<CacheT, float> ? " fp32" : " bf16");
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int rate = csa ? 4 : 128, rope = 64, epp = 16;
+  const bool overlap = csa;
+  const std::vector<int> dims = csa ? std::vector<int>{512, 128} : std::vector<int>{512};
+  const int jobs = static_cast<int>(dims.size()), coff = overlap ? 2 : 1;
+  std::vector<float> inv_freq(rope / 2);
+  for (int i = 0; i < rope / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / rope);
+  Dev<float> dfreq(inv_freq.size());
+  dfreq.Put(inv_freq);
+  // Per job: ape, norm; columns of its kv and gate in a comp row; its state's offset in a slot; its page_off.
+  std::vector<std::vector<float>> ape(dims.size()), norm(dims.size());
+  std::vector<std::unique_ptr<Dev<float>>> dape, dnorm;
+  std::vector<int64_t> kv_col(dims.size()), state_off(dims.size()), page_off(dims.size());
+  int64_t ld = 0, slot_bytes = 0, page_elems = 0;
+  for (int j = 0; j < jobs; ++j) {
+    const int64_t cw = coff * dims[static_cast<size_t>(j)];
+    ape[static_cast<size_t>(j)].resize(static_cast<size_t>(rate * cw));
+    for (float& v : ape[static_cast<size_t>(j)]) v = 0.5f * u(rng);
+    norm[static_cast<size_t>(j)].resize(static_cast<size_t>(dims[static_cast<size_t>(j)]));
+    for (float& v : norm[static_cast<size_t>(j)]) v = 1.0f + 0.3f * u(rng);
+    dape.push_back(std::make_unique<Dev<float>>(ape[static_cast<size_t>(j)].size()));
+    dape.back()->Put(ape[static_cast<size_t>(j)]);
+    dnorm.push_back(std::make_unique<Dev<float>>(norm[static_cast<size_t>(j)].size()));
+    dnorm.back()->Put(norm[static_cast<size_t>(j)]);
+    kv_col[static_cast<size_t>(j)] = ld;
+    ld += 2 * cw;
+    state_off[static_cast<size_t>(j)] = slot_bytes;
+    slot_bytes += (2 * rate * cw + (overlap ? 2 * rate * dims[static_cast<size_t>(j)] : 0)) * 4;
+    page_off[static_cast<size_t>(j)] = page_elems;
+    page_elems += epp * dims[static_cast<size_t>(j)];
+  }
+  ld += 3;  // a row stride that is no multiple of anything
+  int32_t slots = 0;
+  int64_t max_entries = 1, n = 0;
+  for (const SeqSpec& q : specs) {
+    slots = std::max(slots, q.slot + 1);
+    max_entries = std::max<int64_t>(max_entries, (q.start_pos + q.rows) / rate + 1);
+    n += q.rows;
+  }
+  const int32_t max_pages = static_cast<int32_t>((max_entries + epp - 1) / epp);
+  std::vector<int32_t> table(static_cast<size_t>(slots * max_pages));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::shuffle(table.begin(), table.end(), rng);
+  const CacheT sentinel = ToCache<CacheT>({std::nanf("")})[0];
+  std::vector<CacheT> pages(static_cast<size_t>(slots * max_pages * page_elems), sentinel);
+  std::vector<uint8_t> fixed(static_cast<size_t>(slots * slot_bytes), 0);
+  // The CPU side: history, then the slot state from it.
+  std::vector<std::vector<cpu::CompressorState>> cpu(static_cast<size_t>(slots));
+  for (const SeqSpec& q : specs) {
+    for (int j = 0; j < jobs; ++j) {
+      cpu::CompressorParams p;
+      p.rate = rate;
+      p.dim = dims[static_cast<size_t>(j)];
+      p.overlap = overlap;
+      p.ape = ape[static_cast<size_t>(j)].data();
+      p.norm = norm[static_cast<size_t>(j)].data();
+      p.rope_dim = rope;
+      p.inv_freq = inv_freq.data();
+      cpu[static_cast<size_t>(q.slot)].emplace_back(p);
+      cpu::CompressorState& st = cpu[static_cast<size_t>(q.slot)].back();
+      std::vector<float> kv(static_cast<size_t>(coff * p.dim)), g(kv.size());
+      for (int32_t t = 0; t < q.start_pos; ++t) {
+        for (float& v : kv) v = u(rng);
+        for (float& v : g) v = u(rng);
+        st.Append(t, kv.data(), g.data());
+      }
+      std::vector<uint8_t> bytes;
+      st.SaveFixed(&bytes);
+      std::copy(bytes.begin() + 16, bytes.end(), fixed.begin() + q.slot * slot_bytes + state_off[static_cast<size_t>(j)]);
+    }
+  }
+  // The pass's rows.
+  std::vector<float> comp(static_cast<size_t>(n * ld));
+  for (float& v : comp) v = u(rng);
+  Step step(specs);
+  int max_windows = 0;
+  for (const SeqSpec& q : specs) {
+    max_windows = std::max(max_windows, (q.start_pos + q.rows) / rate - q.start_pos / rate);
+    for (int32_t t = 0; t < q.rows; ++t) {
+      const int64_t row = step.seqs[&q - specs.data()].begin + t;
+      for (int j = 0; j < jobs; ++j) {
+        const int64_t cw = coff * dims[static_cast<size_t>(j)];
+        const float* kv = comp.data() + row * ld + kv_col[static_cast<size_t>(j)];
+        cpu[static_cast<size_t>(q.slot)][static_cast<size_t>(j)].Append(q.start_pos + t, kv, kv + cw);
+      }
+    }
+  }
+  Dev<float> dcomp(comp.size());
+  dcomp.Put(comp);
+  Dev<uint8_t> dfixed(fixed.size());
+  dfixed.Put(fixed);
+  Dev<CacheT> dpages(pages.size());
+  dpages.Put(pages);
+  Dev<int32_t> dtable(table.size());
+  dtable.Put(table);
+  cuda::CacheDev cache;
+  cache.fixed = reinterpret_cast<char*>(dfixed.p);
+  cache.slot_bytes = slot_bytes;
+  cache.pages = dpages.p;
+  cache.page_elems = page_elems;
+  cache.table = dtable.p;
+  cache.max_pages = max_pages;
+  cuda::CompJobs cj;
+  for (int j = 0; j < jobs; ++j) {
+    const int64_t cw = coff * dims[static_cast<size_t>(j)], off = state_off[static_cast<size_t>(j)];
+    cuda::CompArgs& a = cj.c[cj.count++];
+    a.rate = rate;
+    a.dim = dims[static_cast<size_t>(j)];
+    a.overlap = overlap;
+    a.ckv = dcomp.p + kv_col[static_cast<size_t>(j)];
+    a.cg = a.ckv + cw;
+    a.ld = ld;
+    a.ape = dape[static_cast<size_t>(j)]->p;
+    a.norm_w = dnorm[static_cast<size_t>(j)]->p;
+    a.eps = 1e-6f;
+    a.rope_dim = rope;
+    a.inv_freq = dfreq.p;
+    a.pend_kv_off = off;
+    a.pend_gate_off = off + rate * cw * 4;
+    a.prev_kv_off = off + 2 * rate * cw * 4;
+    a.prev_gate_off = a.prev_kv_off + rate * a.dim * 4;
+    a.page_off = page_off[static_cast<size_t>(j)];
+    a.epp = epp;
+  }
+  // Decode-shaped passes take the one-launch path; with max_windows <= 1 also try the wider grid's path.
+  for (const bool wide : {false, true}) {
+    if (wide && max_windows > 1) break;
+    SCOPED_TRACE(name + ", " + std::to_string(n) + " rows, max_windows " + std::to_string(max_windows) +
+                 (wide ? " (emit + update kernels)" : ""));
+    dfixed.Put(fixed);
+    dpages.Put(pages);
+    cuda::CompressStep<CacheT>(cj, step.dev, cache, wide ? 2 : max_windows, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<CacheT> gp = dpages.Get(pages.size());
+    const std::vector<uint8_t> gf = dfixed.Get(fixed.size());
+    auto val = [](CacheT c) {
+      if constexpr (std::is_same_v<CacheT, float>) {
+        return c;
+      } else {
+        return __bfloat162float(c);
+      }
+    };
+    const double rel = std::is_same_v<CacheT, float> ? 2e-5 : 1.0 / 128;
+    for (const SeqSpec& q : specs) {
+      const int64_t first = q.start_pos / rate, end_w = (q.start_pos + q.rows) / rate;
+      for (int j = 0; j < jobs; ++j) {
+        const cpu::CompressorState& st = cpu[static_cast<size_t>(q.slot)][static_cast<size_t>(j)];
+        const int dim = dims[static_cast<size_t>(j)];
+        ASSERT_EQ(st.entries().rows(), end_w);
+        for (int64_t w = 0; w < max_pages * epp; ++w) {
+          const int32_t page = table[static_cast<size_t>(q.slot * max_pages + w / epp)];
+          const size_t at = static_cast<size_t>(page * page_elems + page_off[static_cast<size_t>(j)] + (w % epp) * dim);
+          for (int c = 0; c < dim; ++c) {
+            const float got = val(gp[at + static_cast<size_t>(c)]);
+            if (w >= first && w < end_w) {
+              const float want = st.entries().Row(w)[c];
+              ASSERT_NEAR(got, want, rel * std::fabs(want) + 2e-6) << "slot " << q.slot << " job " << j << " window " << w << " ch " << c;
+            } else {
+              ASSERT_TRUE(std::isnan(got)) << "slot " << q.slot << " job " << j << " entry " << w << " written";
+            }
+          }
+        }
+        std::vector<uint8_t> bytes;
+        st.SaveFixed(&bytes);
+        const float* want = reinterpret_cast<const float*>(bytes.data() + 16);
+        const float* got = reinterpret_cast<const float*>(gf.data() + q.slot * slot_bytes + state_off[static_cast<size_t>(j)]);
+        const int64_t cw = coff * dim, end = q.start_pos + q.rows;
+        for (int64_t p = (end / rate) * rate; p < end; ++p) {  // the open window's tokens
+          const int64_t t = p % rate;
+          for (int64_t c = 0; c < cw; ++c) {
+            ASSERT_EQ(got[t * cw + c], want[t * cw + c]) << "pending kv slot " << q.slot << " job " << j << " t " << t;
+            ASSERT_EQ(got[rate * cw + t * cw + c], want[rate * cw + t * cw + c]) << "pending gate " << q.slot << " t " << t;
+          }
+        }
+        if (overlap && end_w > 0) {
+          for (int64_t e = 0; e < 2 * rate * dim; ++e) {
+            ASSERT_EQ(got[2 * rate * cw + e], want[2 * rate * cw + e]) << "overlap state slot " << q.slot << " job " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaOpsTest, CompressorsAgainstTheCpu) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(17);
+  // Decode rows: one closes its CSA window (position 4k + 3), one opens one, one is the first token, and
+  // one closes the first window (no overlap half before it).
+  const std::vector<SeqSpec> decode = {{0, 1, 303}, {1, 1, 300}, {2, 1, 0}, {3, 1, 3}};
+  // Verify-sized and prefill rows: several windows per sequence.
+  const std::vector<SeqSpec> verify = {{0, 6, 297}, {1, 6, 130}, {2, 6, 0}};
+  const std::vector<SeqSpec> prefill = {{0, 37, 0}, {1, 1, 255}, {2, 21, 110}};
+  for (const auto* specs : {&decode, &verify, &prefill}) {
+    CheckCompress<float>(true, *specs, rng);
+    CheckCompress<__nv_bfloat16>(true, *specs, rng);
+  }
+  // HCA (rate 128): a decode row that closes its window, one that does not, a prefill across two windows.
+  const std::vector<SeqSpec> hca = {{0, 1, 255}, {1, 1, 200}, {2, 140, 120}};
+  CheckCompress<float>(false, hca, rng);
+  CheckCompress<__nv_bfloat16>(false, hca, rng);
+  CheckCompress<float>(false, {{0, 1, 127}, {1, 1, 5}}, rng);
 }
 
 #else  // a build without CUDA
@@ -1113,6 +1812,10 @@ TEST(CudaOpsTest, PackedMoeAgainstTheCpu) { GTEST_SKIP() << "numoe was built wit
 TEST(CudaOpsTest, AttentionEveryTypeSplitAndUnsplitAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, AttentionTensorCoresAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 TEST(CudaOpsTest, IndexerScoresAndTopKAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, MhcKernelsAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, NormRopeAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, CompressorsAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
+TEST(CudaOpsTest, MoeGateAgainstTheCpu) { GTEST_SKIP() << "numoe was built without CUDA"; }
 
 #endif
 

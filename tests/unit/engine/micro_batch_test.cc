@@ -204,6 +204,24 @@ std::vector<Sampled> RunSampled(Executor* ex, const Tiny& t, int64_t lane_tokens
   return out;
 }
 
+// `got` equals `want` bit for bit: tokens, chosen logprobs and every top alternative.
+void ExpectSameSampled(const std::vector<Sampled>& got, const std::vector<Sampled>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "choice " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "choice " << i;
+    for (size_t k = 0; k < want[i].logprobs.size(); ++k) {
+      EXPECT_EQ(got[i].logprobs[k].chosen.token, want[i].logprobs[k].chosen.token);
+      EXPECT_EQ(got[i].logprobs[k].chosen.logprob, want[i].logprobs[k].chosen.logprob);  // bit for bit
+      ASSERT_EQ(got[i].logprobs[k].top.size(), want[i].logprobs[k].top.size());
+      for (size_t j = 0; j < want[i].logprobs[k].top.size(); ++j) {
+        EXPECT_EQ(got[i].logprobs[k].top[j].token, want[i].logprobs[k].top[j].token);
+        EXPECT_EQ(got[i].logprobs[k].top[j].logprob, want[i].logprobs[k].top[j].logprob);
+      }
+    }
+  }
+}
+
 TEST(MicroBatches, SampledTokensAndLogprobsEqualTheOneBatchPath) {
   Tiny* t = LoadTiny();
   ASSERT_NE(t, nullptr);
@@ -220,20 +238,7 @@ TEST(MicroBatches, SampledTokensAndLogprobsEqualTheOneBatchPath) {
     EXPECT_GT(s->executor->split_steps(), 0);
   }
   ASSERT_EQ(one.size(), 6u);
-  ASSERT_EQ(two.size(), one.size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_EQ(two[i].tokens, one[i].tokens) << "choice " << i;
-    ASSERT_EQ(two[i].logprobs.size(), one[i].logprobs.size()) << "choice " << i;
-    for (size_t k = 0; k < one[i].logprobs.size(); ++k) {
-      EXPECT_EQ(two[i].logprobs[k].chosen.token, one[i].logprobs[k].chosen.token);
-      EXPECT_EQ(two[i].logprobs[k].chosen.logprob, one[i].logprobs[k].chosen.logprob);  // bit for bit
-      ASSERT_EQ(two[i].logprobs[k].top.size(), one[i].logprobs[k].top.size());
-      for (size_t j = 0; j < one[i].logprobs[k].top.size(); ++j) {
-        EXPECT_EQ(two[i].logprobs[k].top[j].token, one[i].logprobs[k].top[j].token);
-        EXPECT_EQ(two[i].logprobs[k].top[j].logprob, one[i].logprobs[k].top[j].logprob);
-      }
-    }
-  }
+  ExpectSameSampled(two, one);
   EXPECT_FALSE(one[0].logprobs.empty() && one[1].logprobs.empty() && one[2].logprobs.empty());
 }
 
@@ -403,15 +408,7 @@ TEST(PrefillLane, SampledTokensAndLogprobsEqualTheOneBatchPath) {
     EXPECT_GT(s->executor->lane_steps(), 0);
   }
   ASSERT_EQ(one.size(), 6u);
-  ASSERT_EQ(lane.size(), one.size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_EQ(lane[i].tokens, one[i].tokens) << "choice " << i;
-    ASSERT_EQ(lane[i].logprobs.size(), one[i].logprobs.size()) << "choice " << i;
-    for (size_t k = 0; k < one[i].logprobs.size(); ++k) {
-      EXPECT_EQ(lane[i].logprobs[k].chosen.token, one[i].logprobs[k].chosen.token);
-      EXPECT_EQ(lane[i].logprobs[k].chosen.logprob, one[i].logprobs[k].chosen.logprob);  // bit for bit
-    }
-  }
+  ExpectSameSampled(lane, one);
 }
 
 // A sequence in the lane's step is refused by Step, Fork and Close until the lane step ends; a sequence is

@@ -142,14 +142,10 @@ EngineRequest Greedy(const test::GoldenPrompt& g, int64_t new_tokens) {
   return r;
 }
 
-TEST(MicroBatches, GreedyEqualsTheGoldensWithBothMicroBatchesInEveryStep) {
-  Tiny* t = LoadTiny();
-  ASSERT_NE(t, nullptr);
-  auto s = MakeStack(*t, 2, false);
-  ASSERT_NE(s, nullptr);
-  Engine engine(s->executor.get(), EngineOptions{.max_seqs = 8, .max_step_tokens = 48, .prefill_chunk = 16});
+// Runs every golden prompt greedily through `engine` to its end and checks each against its golden tokens.
+void ExpectGreedyGoldens(Engine& engine, const Tiny& t, const std::string& what = "") {
   std::vector<std::unique_ptr<RequestStream>> streams;
-  for (const auto& g : t->goldens) {
+  for (const auto& g : t.goldens) {
     auto st = RequestStream::Open(&engine, Greedy(g, static_cast<int64_t>(g.greedy.size())));
     ASSERT_OK(st);
     streams.push_back(std::move(*st));
@@ -157,9 +153,18 @@ TEST(MicroBatches, GreedyEqualsTheGoldensWithBothMicroBatchesInEveryStep) {
   RunToEnd(engine);
   for (size_t i = 0; i < streams.size(); ++i) {
     auto r = streams[i]->Wait();
-    ASSERT_OK(r);
-    EXPECT_EQ(r->tokens, t->goldens[i].greedy) << t->goldens[i].name;
+    ASSERT_OK(r) << what;
+    EXPECT_EQ(r->tokens, t.goldens[i].greedy) << t.goldens[i].name << ", " << what;
   }
+}
+
+TEST(MicroBatches, GreedyEqualsTheGoldensWithBothMicroBatchesInEveryStep) {
+  Tiny* t = LoadTiny();
+  ASSERT_NE(t, nullptr);
+  auto s = MakeStack(*t, 2, false);
+  ASSERT_NE(s, nullptr);
+  Engine engine(s->executor.get(), EngineOptions{.max_seqs = 8, .max_step_tokens = 48, .prefill_chunk = 16});
+  ExpectGreedyGoldens(engine, *t);
   EXPECT_GT(s->executor->split_steps(), 0) << "no step ran both micro-batches";
   for (auto& session : s->sessions) {
     EXPECT_GT(session->steps(), 0u) << session->info().worker_id;
@@ -326,18 +331,7 @@ TEST(PrefillLane, GreedyEqualsTheGoldensForEveryChunking) {
         ASSERT_NE(s, nullptr);
         Engine engine(s->executor.get(), EngineOptions{.max_seqs = 8, .max_step_tokens = 48, .prefill_chunk = chunk,
                                                        .prefill_lane_tokens = lane_tokens});
-        std::vector<std::unique_ptr<RequestStream>> streams;
-        for (const auto& g : t->goldens) {
-          auto st = RequestStream::Open(&engine, Greedy(g, static_cast<int64_t>(g.greedy.size())));
-          ASSERT_OK(st);
-          streams.push_back(std::move(*st));
-        }
-        RunToEnd(engine);
-        for (size_t i = 0; i < streams.size(); ++i) {
-          auto r = streams[i]->Wait();
-          ASSERT_OK(r) << what;
-          EXPECT_EQ(r->tokens, t->goldens[i].greedy) << t->goldens[i].name << ", " << what;
-        }
+        ExpectGreedyGoldens(engine, *t, what);
         EXPECT_GT(s->executor->lane_steps(), 0) << what;
         EXPECT_EQ(engine.stats().lane_steps, s->executor->lane_steps()) << what;
         EXPECT_GT(s->sessions.back()->steps(), 0u) << what;

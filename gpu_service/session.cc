@@ -388,17 +388,12 @@ Status WorkerSession::HandleStep() {
   }
 
   // A prefill lane's step takes the model after the decode steps waiting for it (FifoMutex::lock_background).
-  struct Turn {
-    FifoMutex& mu;
-    Turn(FifoMutex& m, bool background) : mu(m) {
-      if (background) {
-        m.lock_background();
-      } else {
-        m.lock();
-      }
-    }
-    ~Turn() { mu.unlock(); }
-  } lk(host_->forward_mu, info_.background);
+  if (info_.background) {
+    host_->forward_mu.lock_background();
+  } else {
+    host_->forward_mu.lock();
+  }
+  std::lock_guard<FifoMutex> lk(host_->forward_mu, std::adopt_lock);
   if (host_->steps_in_progress.fetch_add(1) > 0) host_->overlapped_steps.fetch_add(1);
   struct InProgress {
     std::atomic<int64_t>* n;

@@ -137,9 +137,8 @@ __device__ __forceinline__ float BlockMax(float v, float* red) {
   return WarpMax(t);
 }
 
-// Block-wide argmax (largest value, then lowest index). `rv`/`ri` shared scratch of >= 32 entries.
-__device__ __forceinline__ void BlockArgmax(float& v, int32_t& idx, float* rv, int32_t* ri) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+// Warp-wide argmax (largest value, then lowest index): every lane ends with the warp's (v, idx).
+__device__ __forceinline__ void WarpArgmax(float& v, int32_t& idx) {
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, v, o);
     const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -148,6 +147,12 @@ __device__ __forceinline__ void BlockArgmax(float& v, int32_t& idx, float* rv, i
       idx = oi;
     }
   }
+}
+
+// Block-wide argmax (largest value, then lowest index). `rv`/`ri` shared scratch of >= 32 entries.
+__device__ __forceinline__ void BlockArgmax(float& v, int32_t& idx, float* rv, int32_t* ri) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  WarpArgmax(v, idx);
   __syncthreads();
   if (lane == 0) {
     rv[warp] = v;
@@ -156,14 +161,7 @@ __device__ __forceinline__ void BlockArgmax(float& v, int32_t& idx, float* rv, i
   __syncthreads();
   v = lane < nw ? rv[lane] : -INFINITY;
   idx = lane < nw ? ri[lane] : INT32_MAX;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ov > v || (ov == v && oi < idx)) {
-      v = ov;
-      idx = oi;
-    }
-  }
+  WarpArgmax(v, idx);
 }
 
 // Address of compressed entry `e` of a store (page_off, epp entries per page, dim wide) of slot `slot`.

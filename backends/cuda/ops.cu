@@ -482,14 +482,7 @@ __global__ void __launch_bounds__(256) MoeGateKernel(const float* logits, int E,
           bi = e;
         }
       }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-          best = ov;
-          bi = oi;
-        }
-      }
+      WarpArgmax(best, bi);
       if (bi != INT32_MAX && bi % 32 == lane) sb[bi] = -INFINITY;
       if (lane == 0) chosen[k] = bi;
       __syncwarp();

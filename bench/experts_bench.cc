@@ -223,7 +223,8 @@ int RunExpertsBench(int argc, char** argv) {
   parser.AddString("compare-set", "SPECS",
                    "also run these variants, interleaved the same way: ';'-separated, each a ','-separated list of "
                    "KEY=VALUE that changes several settings at once (keys: prefetch, page-lines, streams, "
-                   "gate-up-chunk, down-chunk, vbmi, prefill-min-rows, read-ahead, prefetch-l1), e.g. "
+                   "gate-up-chunk, down-chunk, vbmi, prefill-min-rows, read-ahead, prefetch-l1, prefill-prepare, "
+                   "prefill-next-prefetch, prefill-even-runs), e.g. "
                    "'streams=1,page-lines=0,prefetch=2048;gate-up-chunk=8'",
                    &compare_set);
   parser.AddFlag("compare-huge-pages",
@@ -451,10 +452,17 @@ int RunExpertsBench(int argc, char** argv) {
         o.read_ahead = v;
       } else if (key == "prefetch-l1" && v <= 1) {
         o.prefetch_l1 = v;
+      } else if (key == "prefill-prepare" && v <= 1) {
+        o.prefill_prepare = v;
+      } else if (key == "prefill-next-prefetch" && v <= 1) {
+        o.prefill_next_prefetch = v;
+      } else if (key == "prefill-even-runs" && v <= 1) {
+        o.prefill_even_runs = v;
       } else {
         return fail(absl::InvalidArgumentError(absl::StrCat("--compare-set: unknown key or bad value in '", kv,
                                                             "' (keys: prefetch, page-lines, streams, gate-up-chunk, "
-                                                            "down-chunk, vbmi 0|1, prefill-min-rows, read-ahead 0-3, prefetch-l1 0|1)")));
+                                                            "down-chunk, vbmi 0|1, prefill-min-rows, read-ahead 0-3, prefetch-l1 0|1, prefill-prepare 0|1, "
+                                                            "prefill-next-prefetch 0|1, prefill-even-runs 0|1)")));
       }
     }
     variants.push_back({std::string(spec), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});

@@ -57,6 +57,14 @@ struct TileArgs {
   // The tiles were read ahead by the previous call (they are in L2): the int8 kernels skip their software
   // prefetch into L2 (not one into L1).
   bool tiles_read_ahead = false;
+  // The tiles of the caller's next kernel call on this thread, [next_tiles, next_tiles_end) (null: unknown).
+  // The prefill kernels (int8 prefill path, AMX) prefetch its first run of tiles into L2 while their own
+  // last run computes, so that the next call does not start from DRAM; the streaming kernels ignore it.
+  const uint8_t* next_tiles = nullptr;
+  const uint8_t* next_tiles_end = nullptr;
+  // The int8 prefill path splits the call's tiles into runs as even as possible (false: full runs and a
+  // shorter last one). MoeComputeOptions::prefill_even_runs; the results are the same either way.
+  bool even_runs = true;
 };
 
 struct KernelOps {

@@ -53,6 +53,7 @@ struct MoeCompute::Plan {
   int64_t rows = 0;          // routed rows (duplicates in a row merged)
   int64_t first_route = 0;   // its routes are [first_route, first_route + rows)
   const KernelOps* ops = nullptr;
+  bool prefill = false;           // ops is a prefill kernel (int8 prefill path or AMX), not the streaming one
   size_t x_acts = 0, h_acts = 0;  // offsets into x_acts_ / h_acts_
 };
 
@@ -178,6 +179,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
     p.rows = counts_[e];
     p.first_route = pos;
     p.ops = &OpsFor(p.rows, layer.bf16_exact());
+    p.prefill = (isa_ == Isa::kAvx512 || isa_ == Isa::kAmx) && p.ops != &Int8Ops();
     p.x_acts = x_bytes;
     p.h_acts = h_bytes;
     x_bytes += Align64(p.ops->act_bytes(p.rows, hidden_p));
@@ -229,6 +231,19 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
     }
   }
   const int64_t down_units = experts::CeilDiv(hidden_tiles, down_chunk);
+  // Prefill steps (some expert on a prefill kernel): its activations are prepared first, one plan per work
+  // item, by all threads (otherwise the first thread to reach an expert prepares them while the others wait
+  // for it), and each thread claims its next item before running the current one, so that every kernel call
+  // knows the next call's tiles and prefetches their first run (TileArgs::next_tiles).
+  prep_plans_.clear();
+  bool prefill_step = false;
+  for (size_t i = 0; i < plans_.size(); ++i) {
+    if (!plans_[i].prefill) continue;
+    prefill_step = true;
+    if (options_.prefill_prepare > 0) prep_plans_.push_back(static_cast<int32_t>(i));
+  }
+  const bool next_prefetch = prefill_step && options_.prefill_next_prefetch > 0;
+  const int64_t prep_items = static_cast<int64_t>(prep_plans_.size());
   for (auto& n : next_) n.store(0, std::memory_order_relaxed);
   const float limit = swiglu_limit;
 
@@ -267,8 +282,13 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       int phase = -1;
       int64_t index = 0;
     };
-    bool gate_up_left = true;
+    bool prep_left = prep_items > 0, gate_up_left = true;
     const auto claim = [&]() -> Item {
+      if (prep_left) {
+        const int64_t u = next_[2].fetch_add(1, std::memory_order_relaxed);
+        if (u < prep_items) return {2, u};
+        prep_left = false;
+      }
       if (gate_up_left) {
         const int64_t u = next_[0].fetch_add(1, std::memory_order_relaxed);
         if (u < gate_up_units) return {0, u};
@@ -295,6 +315,21 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       scratch.read_ahead = {nullptr, nullptr, scratch.ahead.data(), scratch.ahead.data() + scratch.ahead.size(),
                             static_cast<int>(options_.read_ahead)};
     };
+    // The tiles of an item's first kernel call (prefill steps: the calls before it prefetch their first run).
+    const auto first_tiles = [&](const Item& item) -> experts::ByteRange {
+      if (item.phase == 0) {
+        const Unit& unit = units_[item.index];
+        const uint8_t* t = layer.expert_data(plans_[unit.plan].expert) + shape.gate_tile_offset(unit.tile_begin);
+        return {t, t + 2 * (unit.tile_end - unit.tile_begin) * shape.gate_up().tile_bytes()};
+      }
+      if (item.phase == 1 && !plans_.empty()) {
+        const int64_t t0 = item.index * down_chunk, t1 = std::min(hidden_tiles, t0 + down_chunk);
+        const uint8_t* t = layer.expert_data(plans_[0].expert) + shape.down_tile_offset(t0);
+        return {t, t + (t1 - t0) * shape.down().tile_bytes()};
+      }
+      return {};
+    };
+    experts::ByteRange next_item_tiles;  // first_tiles of the item claimed after the current one
     bool current_read_ahead = false;  // the current item's bytes were read ahead
     const auto set_args = [&](experts::TileArgs& args) {
       args.scratch = scratch.kernel.data();
@@ -304,21 +339,27 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       args.read_ahead = read_ahead ? &scratch.read_ahead : nullptr;
       args.tiles_read_ahead = current_read_ahead;
       args.prefetch_l1 = options_.prefetch_l1 > 0;
+      args.even_runs = options_.prefill_even_runs > 0;
     };
     // 1. Gate and up, tile pair by tile pair, then SwiGLU into h. The first thread to reach an expert
     //    prepares its activations (the others wait for that); the last one to finish an expert's units
     //    prepares its h activations for the down projection.
-    const auto gate_up = [&](int64_t u) {
-      const Unit& unit = units_[u];
-      const Plan& p = plans_[unit.plan];
-      PlanSync& sync = plan_sync_[unit.plan];
+    const auto prepare_x = [&](int64_t plan, bool wait) {
+      const Plan& p = plans_[plan];
+      PlanSync& sync = plan_sync_[plan];
       int expected = 0;
       if (sync.x_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
         p.ops->prepare_acts(&x_rows_[p.first_route], p.rows, hidden, hidden_p, x_acts + p.x_acts);
         sync.x_state.store(2, std::memory_order_release);
-      } else {
+      } else if (wait) {
         wait_for(sync.x_state, 2);
       }
+    };
+    const auto gate_up = [&](int64_t u) {
+      const Unit& unit = units_[u];
+      const Plan& p = plans_[unit.plan];
+      PlanSync& sync = plan_sync_[unit.plan];
+      prepare_x(unit.plan, true);
       const int64_t pairs = unit.tile_end - unit.tile_begin;
       float* y = reinterpret_cast<float*>(scratch.out.data());
       experts::TileArgs args;
@@ -331,6 +372,8 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       args.out = y;
       args.ldo = 2 * pairs * kTileRows;
       set_args(args);
+      args.next_tiles = next_item_tiles.begin;
+      args.next_tiles_end = next_item_tiles.end;
       p.ops->tiles(args);
       for (int64_t i = 0; i < p.rows; ++i) {
         float* hrow = reinterpret_cast<float*>(h) + (p.first_route + i) * ldh + unit.tile_begin * kTileRows;
@@ -371,6 +414,15 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
         args.out = y;
         args.ldo = (t1 - t0) * kTileRows;
         set_args(args);
+        if (!next_prefetch) {
+          // no hint: the call's first run is read cold
+        } else if (pi + 1 < plans_.size()) {
+          args.next_tiles = layer.expert_data(plans_[pi + 1].expert) + shape.down_tile_offset(t0);
+          args.next_tiles_end = args.next_tiles + (t1 - t0) * shape.down().tile_bytes();
+        } else {
+          args.next_tiles = next_item_tiles.begin;
+          args.next_tiles_end = next_item_tiles.end;
+        }
         p.ops->tiles(args);
         for (int64_t i = 0; i < p.rows; ++i) {
           const int64_t q = p.first_route + i;
@@ -381,13 +433,17 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
         }
       }
     };
+    const bool claim_ahead = read_ahead || next_prefetch;
     for (Item item = claim(); item.phase >= 0;) {
       Item next_item;
-      if (read_ahead) {
+      if (claim_ahead) {
         next_item = claim();
-        set_ahead(next_item);
+        if (read_ahead) set_ahead(next_item);
+        if (next_prefetch) next_item_tiles = first_tiles(next_item);
       }
-      if (item.phase == 0) {
+      if (item.phase == 2) {
+        prepare_x(prep_plans_[item.index], false);
+      } else if (item.phase == 0) {
         gate_up(item.index);
       } else {
         down(item.index);
@@ -396,7 +452,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       // computed, so a smaller current item, or one on a kernel that does not read ahead, leaves some).
       const experts::ReadAhead& ra = scratch.read_ahead;
       current_read_ahead = read_ahead && next_item.phase >= 0 && ra.next == ra.last && ra.p >= ra.end;
-      item = read_ahead ? next_item : claim();
+      item = claim_ahead ? next_item : claim();
     }
   };
   // Pooled runs time their threads' first start and last finish, for handoff_seconds().

@@ -153,6 +153,18 @@ struct MoeComputeOptions {
   // 1: the int8 kernels' software prefetch (prefetch_bytes, prefetch_page_lines) goes into L1 (prefetcht0)
   // instead of L2 (prefetcht1), so that a line prefetched ahead is not fetched once more from L2.
   int64_t prefetch_l1 = 1;
+  // Prefill steps (some expert on a prefill kernel: the int8 prefill path or AMX), each 0|1 (the README's
+  // Performance section, CPU prefill kernels, has the measurements):
+  //   prefill_prepare: the experts' activations are prepared first, one expert per work item, by all
+  //     threads (0: by the first thread to reach an expert, while the others that reach it wait).
+  //   prefill_next_prefetch: each thread claims its next work item before running the current one, and
+  //     each kernel call prefetches the next call's first run of tiles (TileArgs::next_tiles), so that no
+  //     call starts from DRAM (0: the first run of every call is read cold).
+  //   prefill_even_runs: the int8 prefill path splits a call's tiles into runs as even as possible
+  //     (TileArgs::even_runs).
+  int64_t prefill_prepare = 1;
+  int64_t prefill_next_prefetch = 1;
+  int64_t prefill_even_runs = 1;
 };
 
 class MoeCompute {
@@ -202,6 +214,7 @@ class MoeCompute {
   std::vector<float> route_weight_;
   std::vector<Plan> plans_;
   std::vector<Unit> units_;
+  std::vector<int32_t> prep_plans_;  // plans whose activations a prefill step prepares up front (Run)
   std::vector<const float*> x_rows_, h_rows_;
   std::unique_ptr<Buffer> h_, x_acts_, h_acts_;
   std::vector<ThreadScratch> thread_scratch_;
@@ -209,7 +222,7 @@ class MoeCompute {
   size_t plan_sync_capacity_ = 0;
   int64_t inline_runs_ = 0, pooled_runs_ = 0;
   double handoff_seconds_ = 0;
-  alignas(kCacheLine) std::atomic<int64_t> next_[2];
+  alignas(kCacheLine) std::atomic<int64_t> next_[3];  // work claimed: gate/up units, down units, preparations
   alignas(kCacheLine) std::atomic<int64_t> first_enter_ns_{0}, last_exit_ns_{0};
 };
 

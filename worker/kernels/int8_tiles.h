@@ -368,26 +368,34 @@ constexpr int PrefillTiles() {
   return kLevels == 2 ? 2 : 3;
 }
 
-// One decoded tile: weights [Kp/32 blocks][8 vectors: chunks 0-3 low nibbles, then 0-3 high][64 bytes],
-// then the scales [Kp/32][16] as floats.
-constexpr int64_t DecodedTileBytes(int64_t kp) { return kp * kTileRows + (kp / kBlockCols) * 64; }
+// The K range goes in chunks of kPrefillChunkSupers super-blocks: a chunk of the run's tiles is decoded into
+// the scratch and every row group runs over it before the next chunk is decoded, so the decoded weights are
+// read from L1 (a run's whole decoded K, 72 KB per tile at K = 4096, only fits L2, and streaming it from L2
+// for every row group capped the microkernel near L2's bandwidth). The rows' fp32 accumulators go through
+// `out` between chunks: stored and loaded exactly, so the sums and their order are unchanged.
+inline constexpr int64_t kPrefillChunkSupers = 2;
+// One decoded tile chunk: weights [blocks][8 vectors: chunks 0-3 low nibbles, then 0-3 high][64 bytes],
+// then the scales [blocks][16] as floats.
+constexpr int64_t DecodedChunkBytes(int64_t blocks) { return blocks * (kTileRows * kBlockCols + 64); }
 
 template <int kLevels>
-size_t Int8PrefillScratchBytes(int64_t kp) {
-  return static_cast<size_t>(PrefillTiles<kLevels>() * DecodedTileBytes(kp));
+size_t Int8PrefillScratchBytes(int64_t) {
+  return static_cast<size_t>(PrefillTiles<kLevels>() * DecodedChunkBytes(4 * kPrefillChunkSupers));
 }
 
+// Super-blocks [s0, s1) of a tile into `dst` (DecodedChunkBytes(4 (s1 - s0)) bytes).
 template <class S>
-inline void DecodeTile(const uint8_t* tile, int64_t supers, uint8_t* dst) {
+inline void DecodeTileChunk(const uint8_t* tile, int64_t s0, int64_t s1, uint8_t* dst) {
   static_assert(S::kLanes == kTileRows, "the prefill path needs one register per 16-row tile");
   using VI = typename S::VI;
   const VI lut = S::WeightLut();
-  float* scales = reinterpret_cast<float*>(dst + supers * kSuperCols * kTileRows);
-  for (int64_t s = 0; s < supers; ++s) {
+  float* scales = reinterpret_cast<float*>(dst + (s1 - s0) * 4 * 512);
+  for (int64_t s = s0; s < s1; ++s) {
     const uint8_t* p = tile + s * kSuperBytes;
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
-      uint8_t* d = dst + (4 * s + b) * 512;
+      const int64_t kb = 4 * (s - s0) + b;
+      uint8_t* d = dst + kb * 512;
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
         VI lo, hi;
@@ -395,27 +403,31 @@ inline void DecodeTile(const uint8_t* tile, int64_t supers, uint8_t* dst) {
         S::StoreChunk(d + 64 * g, lo);
         S::StoreChunk(d + 256 + 64 * g, hi);
       }
-      S::StoreF(scales + (4 * s + b) * 16, S::Scales(p + kSuperNibbleBytes + 16 * b));
+      S::StoreF(scales + kb * 16, S::Scales(p + kSuperNibbleBytes + 16 * b));
     }
   }
 }
 
-// R rows (one activation group) x NT decoded tiles over the whole K. While it runs, it prefetches its share
-// of the next run's packed tiles into L2, `pf_per_block` lines per block from `pf` up to `pf_end`.
+// R rows (one activation group) x NT decoded tiles over one chunk of K: blocks [kb0, kb0 + nb) of the
+// activations, the chunk's decoded tiles `dec_bytes` apart. The accumulators start from zero (`first`) or
+// from `out`, and end in `out`. While it runs, it prefetches `pf_per_block` lines per block of the next
+// run's packed tiles into L2, from `pf` up to `pf_end`; returns where it got to.
 template <class S, int R, int NT, int kLevels>
-inline void PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_t blocks, const GroupActs<kLevels>& ga,
-                         float* out, int64_t ldo, const uint8_t* pf, int64_t pf_per_block, const uint8_t* pf_end) {
+inline const uint8_t* PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_t kb0, int64_t nb, bool first,
+                                   const GroupActs<kLevels>& ga, float* out, int64_t ldo, const uint8_t* pf,
+                                   int64_t pf_per_block, const uint8_t* pf_end) {
   using VI = typename S::VI;
   using VF = typename S::VF;
   VF acc[R][NT];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) acc[r][t] = S::ZeroF();
+    for (int t = 0; t < NT; ++t) acc[r][t] = first ? S::ZeroF() : S::LoadUF(out + r * ldo + 16 * t);
   }
-  const float* scales = reinterpret_cast<const float*>(dec + blocks * 512);
+  const float* scales = reinterpret_cast<const float*>(dec + nb * 512);
   const int64_t scale_stride = dec_bytes / 4;
-  for (int64_t kb = 0; kb < blocks; ++kb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t kb = kb0 + i;
     for (int64_t j = 0; j < pf_per_block && pf < pf_end; ++j, pf += 64) PrefetchL2(pf);
     VI bq[R][NT], bl[R][kLevels == 2 ? NT : 1];
 #pragma GCC unroll 4
@@ -426,7 +438,7 @@ inline void PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_t blocks, 
         if constexpr (kLevels == 2) bl[r][t] = S::SetI(ga.corr[kb * R + r]);
       }
     }
-    const uint8_t* w = dec + kb * 512;
+    const uint8_t* w = dec + i * 512;
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       VI v[NT];
@@ -444,7 +456,7 @@ inline void PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_t blocks, 
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
-      const VF sv = S::LoadF(scales + t * scale_stride + kb * 16);
+      const VF sv = S::LoadF(scales + t * scale_stride + i * 16);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         VI total = bq[r][t];
@@ -458,48 +470,63 @@ inline void PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_t blocks, 
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) S::StoreF(out + r * ldo + 16 * t, acc[r][t]);
   }
+  return pf;
 }
 
 template <class S, int R, int NT, int kLevels>
-inline void PrefillDispatch(int gs, int nt, const uint8_t* dec, int64_t dec_bytes, int64_t blocks,
-                            const GroupActs<kLevels>& ga, float* out, int64_t ldo, const uint8_t* pf,
-                            int64_t pf_per_block, const uint8_t* pf_end) {
+inline const uint8_t* PrefillDispatch(int gs, int nt, const uint8_t* dec, int64_t dec_bytes, int64_t kb0, int64_t nb,
+                                      bool first, const GroupActs<kLevels>& ga, float* out, int64_t ldo,
+                                      const uint8_t* pf, int64_t pf_per_block, const uint8_t* pf_end) {
   if constexpr (R >= 1 && NT >= 1) {
     if (gs < R) {
-      PrefillDispatch<S, R - 1, NT, kLevels>(gs, nt, dec, dec_bytes, blocks, ga, out, ldo, pf, pf_per_block, pf_end);
+      return PrefillDispatch<S, R - 1, NT, kLevels>(gs, nt, dec, dec_bytes, kb0, nb, first, ga, out, ldo, pf,
+                                                    pf_per_block, pf_end);
     } else if (nt < NT) {
-      PrefillDispatch<S, R, NT - 1, kLevels>(gs, nt, dec, dec_bytes, blocks, ga, out, ldo, pf, pf_per_block, pf_end);
+      return PrefillDispatch<S, R, NT - 1, kLevels>(gs, nt, dec, dec_bytes, kb0, nb, first, ga, out, ldo, pf,
+                                                    pf_per_block, pf_end);
     } else {
-      PrefillMicro<S, R, NT, kLevels>(dec, dec_bytes, blocks, ga, out, ldo, pf, pf_per_block, pf_end);
+      return PrefillMicro<S, R, NT, kLevels>(dec, dec_bytes, kb0, nb, first, ga, out, ldo, pf, pf_per_block, pf_end);
     }
   }
+  return pf;
 }
 
 template <class S, int kLevels>
 void Int8PrefillTiles(const TileArgs& a) {
   constexpr int NT = PrefillTiles<kLevels>();
-  const int64_t kp = a.supers * kSuperCols, blocks = kp / kBlockCols, dec_bytes = DecodedTileBytes(kp);
+  const int64_t kp = a.supers * kSuperCols, blocks = kp / kBlockCols;
   const uint8_t* end = a.tiles + a.num_tiles * a.tile_stride;
-  for (int64_t t0 = 0; t0 < a.num_tiles; t0 += NT) {
-    const int nt = static_cast<int>(a.num_tiles - t0 < NT ? a.num_tiles - t0 : NT);
-    for (int i = 0; i < nt; ++i) DecodeTile<S>(a.tiles + (t0 + i) * a.tile_stride, a.supers, a.scratch + i * dec_bytes);
-    // The next run's packed bytes, spread evenly over all row groups' blocks (group i prefetches the i-th
-    // share), so that DRAM streams the next run while the whole of this one computes.
-    const uint8_t* pf = a.tiles + (t0 + nt) * a.tile_stride;
-    const uint8_t* pf_end = pf + NT * a.tile_stride < end ? pf + NT * a.tile_stride : end;
+  const int64_t groups = (a.m + kPrefillRows - 1) / kPrefillRows;
+  // Runs of at most NT tiles, as even as possible (4 tiles at NT = 3: 2 + 2, not 3 + 1: a one-tile run
+  // loads a weight vector per R dot products instead of one per R x NT). Per tile the arithmetic is the same
+  // whatever run it is in.
+  const int64_t runs = (a.num_tiles + NT - 1) / NT;
+  for (int64_t run = 0, t0 = 0; run < runs; ++run) {
+    const int64_t left = a.num_tiles - t0;
+    const int nt = static_cast<int>(a.even_runs ? (left + (runs - run) - 1) / (runs - run) : (left < NT ? left : NT));
+    // The next run's packed bytes (after the last run: the first run of the caller's next call, where it
+    // says), spread evenly over all the run's row groups and blocks, so that DRAM streams the next run while
+    // the whole of this one computes.
+    const bool last = run + 1 == runs;
+    const uint8_t* pf = last ? a.next_tiles : a.tiles + (t0 + nt) * a.tile_stride;
+    const uint8_t* run_end = last ? a.next_tiles_end : end;
+    const uint8_t* pf_end =
+        pf == nullptr ? nullptr : (pf + NT * a.tile_stride < run_end ? pf + NT * a.tile_stride : run_end);
     const int64_t lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
-    const int64_t groups = (a.m + kPrefillRows - 1) / kPrefillRows;
-    const int64_t group_lines = (lines + groups - 1) / groups;
-    const int64_t pf_per_block = a.prefetch_bytes > 0 ? (group_lines + blocks - 1) / blocks : 0;
-    for (int64_t g0 = 0; g0 < a.m; g0 += kPrefillRows) {
-      const int gs = static_cast<int>(a.m - g0 < kPrefillRows ? a.m - g0 : kPrefillRows);
-      const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), gs, kp);
-      const int64_t first = g0 / kPrefillRows * group_lines;
-      const uint8_t* gpf = first < lines ? pf + 64 * first : pf_end;
-      const uint8_t* gpf_end = first + group_lines < lines ? pf + 64 * (first + group_lines) : pf_end;
-      PrefillDispatch<S, kPrefillRows, NT, kLevels>(gs, nt, a.scratch, dec_bytes, blocks, ga,
-                                                    a.out + g0 * a.ldo + 16 * t0, a.ldo, gpf, pf_per_block, gpf_end);
+    const int64_t pf_per_block = a.prefetch_bytes > 0 ? (lines + groups * blocks - 1) / (groups * blocks) : 0;
+    for (int64_t s0 = 0; s0 < a.supers; s0 += kPrefillChunkSupers) {
+      const int64_t s1 = s0 + kPrefillChunkSupers < a.supers ? s0 + kPrefillChunkSupers : a.supers;
+      const int64_t nb = 4 * (s1 - s0), dec_bytes = DecodedChunkBytes(nb);
+      for (int i = 0; i < nt; ++i) DecodeTileChunk<S>(a.tiles + (t0 + i) * a.tile_stride, s0, s1, a.scratch + i * dec_bytes);
+      for (int64_t g0 = 0; g0 < a.m; g0 += kPrefillRows) {
+        const int gs = static_cast<int>(a.m - g0 < kPrefillRows ? a.m - g0 : kPrefillRows);
+        const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), gs, kp);
+        pf = PrefillDispatch<S, kPrefillRows, NT, kLevels>(gs, nt, a.scratch, dec_bytes, 4 * s0, nb, s0 == 0, ga,
+                                                           a.out + g0 * a.ldo + 16 * t0, a.ldo, pf, pf_per_block,
+                                                           pf_end);
+      }
     }
+    t0 += nt;
   }
 }
 

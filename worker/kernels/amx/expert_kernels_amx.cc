@@ -283,11 +283,8 @@ void TileGroup(const Decoder& dec, const TileArgs& a, const PanelRef& pr, int64_
   const int64_t pf_lines = pf < pr.pf_end ? (pr.pf_end - pf + 63) / 64 : 0;
   const int64_t pf_per_block = (pf_lines + nblocks - 1) / nblocks;
   for (int64_t kb = 0; kb < nblocks; ++kb) {
-    if (pr.decode) {
-      if (kb + 1 < nblocks) decode(kb + 1);
-    } else {
-      for (int64_t j = 0; j < pf_per_block && pf < pr.pf_end; ++j, pf += 64) __builtin_prefetch(pf, 0, 2);
-    }
+    if (pr.decode && kb + 1 < nblocks) decode(kb + 1);
+    for (int64_t j = 0; j < pf_per_block && pf < pr.pf_end; ++j, pf += 64) __builtin_prefetch(pf, 0, 2);
     if (kb + 1 < nblocks) {  // the next block's tiles into L1: a tile load alone gets little memory parallelism
       const uint8_t* nb = pr.panel + ((kb + 1) * kPanelTiles + j0) * kBTileBytes;
       for (int64_t l = 0; l < NN * kBTileBytes; l += 64) __builtin_prefetch(nb + l, 0, 3);
@@ -350,15 +347,21 @@ void AmxTiles(const TileArgs& a) {
   const uint8_t* end = a.tiles + a.num_tiles * a.tile_stride;
   for (int64_t t0 = 0; t0 < a.num_tiles; t0 += kPanelTiles) {
     const int64_t n = a.num_tiles - t0 < kPanelTiles ? a.num_tiles - t0 : kPanelTiles;
-    const uint8_t* next = a.tiles + (t0 + n) * a.tile_stride;
-    const uint8_t* next_end = next + kPanelTiles * a.tile_stride < end ? next + kPanelTiles * a.tile_stride : end;
-    // Rows [0, 32) decode; the other row groups prefetch the next panel, a share each.
-    const int64_t lines = (next_end - next + 63) / 64, groups = (mp - 1) / 32;
+    // The next panel (after the last one: the first panel of the caller's next call, where it says).
+    const bool last = t0 + n >= a.num_tiles;
+    const uint8_t* next = last ? a.next_tiles : a.tiles + (t0 + n) * a.tile_stride;
+    const uint8_t* limit = last ? a.next_tiles_end : end;
+    const uint8_t* next_end = next == nullptr ? nullptr
+                              : (next + kPanelTiles * a.tile_stride < limit ? next + kPanelTiles * a.tile_stride : limit);
+    // Rows [0, 32) decode; the other row groups prefetch the next panel, a share each (with no other row
+    // group, the decoding one prefetches it too).
+    const int64_t lines = next < next_end ? (next_end - next + 63) / 64 : 0, groups = (mp - 1) / 32;
     const int64_t share = groups > 0 ? (lines + groups - 1) / groups : 0;
     for (int64_t m0 = 0; m0 < mp; m0 += 32) {
-      const int64_t first = m0 == 0 ? lines : (m0 / 32 - 1) * share;
+      const int64_t first = groups == 0 ? 0 : (m0 == 0 ? lines : (m0 / 32 - 1) * share);
+      const int64_t count = groups == 0 ? lines : share;
       const uint8_t* pf = first < lines ? next + 64 * first : next_end;
-      const uint8_t* pf_end = first + share < lines ? next + 64 * (first + share) : next_end;
+      const uint8_t* pf_end = first + count < lines ? next + 64 * (first + count) : next_end;
       const PanelRef pr{panel, t0, m0 == 0, pf, pf_end};
       if (mp - m0 >= 32) {
         TileGroups<T, kLevels, 2>(dec, a, pr, n, m0, stage);

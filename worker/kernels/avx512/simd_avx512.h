@@ -53,6 +53,7 @@ struct SimdAvx512 {
   // The prefill path's decoded tiles (int8_tiles.h DecodeTile), 64-byte aligned.
   static void StoreChunk(uint8_t* p, VI v) { _mm512_store_si512(p, v); }
   static VF LoadF(const float* p) { return _mm512_load_ps(p); }
+  static VF LoadUF(const float* p) { return _mm512_loadu_ps(p); }  // the prefill path's accumulators in `out`
 };
 
 }  // namespace

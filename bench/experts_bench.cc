@@ -151,7 +151,8 @@ int RunExpertsBench(int argc, char** argv) {
   std::string preset_name = "v4-flash", isa_name, precision_name = "high";
   int64_t tokens = 1, threads = 0, layers = 0, runs = 5, seed = 1, amx_min_rows = -1, prefill_min_rows = -1;
   int64_t prefetch = -1, gate_up_chunk = 0, down_chunk = 0, huge_pages = 1, read_trials = 3, spin_us = -1, vbmi = 1,
-          page_lines = -1, read_ahead = -1, prefetch_l1 = -1;
+          page_lines = -1, read_ahead = -1, prefetch_l1 = -1,
+          in_cache_rows = 0;
   double seconds = 1.0, max_ratio = 1.05;
   bool json = false, peak = false, in_cache = false, compare_vbmi = false, compare_huge_pages = false;
   std::vector<int> compare_prefetch, compare_streams, compare_page_lines, compare_prefill_min_rows;
@@ -243,6 +244,8 @@ int RunExpertsBench(int argc, char** argv) {
   parser.AddFlag("peak", "also measure the multiply instruction's register-resident peak on the same threads", &peak);
   parser.AddFlag("in-cache", "also measure the decode kernel's GB/s per thread on L2-resident weights (same rows)",
                  &in_cache);
+  parser.AddInt("in-cache-rows", "N", "rows of the --in-cache measurement (default: min(T, 8))", &in_cache_rows, 0,
+                1 << 16);
   parser.AddFlag("json", "print only the JSON line (the last line is JSON either way)", &json);
   parser.AddEpilog("\nExample: numoe-bench experts --preset v4-flash --tokens 1 --threads 2 --runs 5\n");
   int rc = 0;
@@ -391,13 +394,17 @@ int RunExpertsBench(int argc, char** argv) {
     }
   }
   if (in_cache && !json) {
-    const int64_t rows = std::min<int64_t>(tokens, 8);  // rows an expert gets at T tokens, about
+    const int64_t rows = in_cache_rows > 0 ? in_cache_rows : std::min<int64_t>(tokens, 8);
     const experts::KernelOps& ops = MoeCompute(&pool, isa, moe_options).OpsFor(rows, packed[0]->bf16_exact());
     std::vector<double> per_thread(pool.size());
     pool.RunOnAll([&](int t) { per_thread[t] = InCacheGbps(ops, *packed[0], t, rows, 0.3); });
+    // 2 flops per weight and row: a packed tile of tile_bytes holds 16 x Kp weights.
+    const double flops_per_byte = 2.0 * rows * experts::kTileRows * packed[0]->shape().gate_up().padded_cols() /
+                                  static_cast<double>(packed[0]->shape().gate_up().tile_bytes());
     std::printf("in-cache kernel (%s, %ld rows, weights in L2): %.2f GB/s per thread (median of %d), %.2f GB/s on "
-                "all\n",
-                ops.name, rows, Median(per_thread), pool.size(), Median(per_thread) * pool.size());
+                "all = %.3f TFLOP/s\n",
+                ops.name, rows, Median(per_thread), pool.size(), Median(per_thread) * pool.size(),
+                Median(per_thread) * pool.size() * flops_per_byte / 1e3);
   }
   // The main setting, then the --compare-* variants: each run times them one after another between its two
   // read passes.

@@ -24,6 +24,23 @@ size_t Align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 inline float Silu(float g) { return g / (1.0f + std::exp(-g)); }
 
+// o[c] += w * y[c] for c < n, four columns at a time: the same multiply and add per column as the scalar
+// loop (so the same bits), a quarter of the instructions (GCC -O2 leaves the scalar loop scalar: o and y may
+// alias). At prefill sizes this is every routed row's down output, 6 x 4096 per token.
+inline void AddScaled(float* o, const float* y, float w, int64_t n) {
+  typedef float V4 __attribute__((vector_size(16), aligned(4)));
+  const V4 wv = {w, w, w, w};
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4) {
+    V4 ov, yv;
+    std::memcpy(&ov, o + c, sizeof(ov));
+    std::memcpy(&yv, y + c, sizeof(yv));
+    ov += wv * yv;
+    std::memcpy(o + c, &ov, sizeof(ov));
+  }
+  for (; c < n; ++c) o[c] += w * y[c];
+}
+
 }  // namespace
 
 // A 64-byte aligned byte buffer that only grows.
@@ -429,7 +446,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
           const float w = route_weight_[q];
           float* o = b.out + route_row_[q] * hidden + c0;
           const float* yi = y + i * args.ldo;
-          for (int64_t c = 0; c < c1 - c0; ++c) o[c] += w * yi[c];
+          AddScaled(o, yi, w, c1 - c0);
         }
       }
     };

@@ -431,11 +431,16 @@ inline const uint8_t* PrefillMicro(const uint8_t* dec, int64_t dec_bytes, int64_
     for (int64_t j = 0; j < pf_per_block && pf < pf_end; ++j, pf += 64) PrefetchL2(pf);
     VI bq[R][NT], bl[R][kLevels == 2 ? NT : 1];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < NT; ++t) {
+      // Each accumulator starts from its own broadcast load of the correction (a load-port uop), not from a
+      // register copy of one broadcast: copies compete with vpdpbusd for the vector ports. The barrier keeps
+      // GCC from merging the loads.
+      const int32_t* corr = ga.corr + kb * R;
+      asm("" : "+r"(corr));
 #pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t) {
-        bq[r][t] = S::SetI(kLevels == 2 ? 0 : ga.corr[kb * R + r]);
-        if constexpr (kLevels == 2) bl[r][t] = S::SetI(ga.corr[kb * R + r]);
+      for (int r = 0; r < R; ++r) {
+        bq[r][t] = kLevels == 2 ? S::ZeroI() : S::SetI(corr[r]);
+        if constexpr (kLevels == 2) bl[r][t] = S::SetI(corr[r]);
       }
     }
     const uint8_t* w = dec + i * 512;

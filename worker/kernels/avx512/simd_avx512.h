@@ -40,6 +40,8 @@ struct SimdAvx512 {
   static VI SetI(int32_t v) { return _mm512_set1_epi32(v); }
   static VF SetF(float v) { return _mm512_set1_ps(v); }
   static VF ZeroF() { return _mm512_setzero_ps(); }
+  static VI ZeroI() { return _mm512_setzero_si512(); }
+  static VI AddI(VI a, VI b) { return _mm512_add_epi32(a, b); }
   // 16 E8M0 bytes -> 2^(e-127) (e = 0 gives 0 instead of 2^-127; e = 255 is rejected when packing).
   static VF Scales(const uint8_t* p) {
     const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

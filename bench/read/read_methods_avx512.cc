@@ -6,11 +6,32 @@
 #include <immintrin.h>
 
 #include "bench/read/read_methods.h"
+#include "bench/read/read_streams.h"
 
 namespace numoe::bench {
 namespace {
 
 enum class Hint { kNone, kL1, kL2 };
+
+// The fold every loop returns (read_methods.h): the xor of the four 128-bit quarters, its halves summed.
+// (Through memory: GCC 12's extract intrinsics trip -Werror=uninitialized, as _mm512_reduce_add_epi64 does.)
+uint64_t Fold512(__m512i a) {
+  alignas(64) uint64_t v[8];
+  _mm512_store_si512(v, a);
+  return (v[0] ^ v[2] ^ v[4] ^ v[6]) + (v[1] ^ v[3] ^ v[5] ^ v[7]);
+}
+
+struct V512 {  // read_streams.h's vector type
+  using T = __m512i;
+  static constexpr int kBytes = 64;
+  static T Zero() { return _mm512_setzero_si512(); }
+  static T Load(const uint8_t* p) { return _mm512_load_si512(p); }
+  static T Xor(T a, T b) { return _mm512_xor_si512(a, b); }
+  static uint64_t Fold(T a) { return Fold512(a); }
+};
+
+using read_streams::ReadStreams;
+using read_streams::ReadTileGroups;
 
 // kLines lines per iteration into kLines independent xor accumulators (no dependency chain between loads);
 // kNt: non-temporal loads; kHint/kAhead: one software prefetch per line, kAhead bytes ahead.
@@ -31,11 +52,7 @@ uint64_t Read512(const uint8_t* p, size_t bytes) {
     }
   }
   for (int j = 1; j < kLines; ++j) acc[0] = _mm512_xor_si512(acc[0], acc[j]);
-  alignas(64) uint64_t lanes[8];  // not _mm512_reduce_add_epi64: GCC 12's header trips -Werror=uninitialized
-  _mm512_store_si512(lanes, acc[0]);
-  uint64_t s = 0;
-  for (uint64_t v : lanes) s += v;
-  return s;
+  return Fold512(acc[0]);
 }
 
 constexpr ReadMethod kMethods[] = {
@@ -46,6 +63,13 @@ constexpr ReadMethod kMethods[] = {
     {"avx512-x4-pf2-4k", Read512<4, false, Hint::kL2, 4096>},
     {"avx512-x4-pf2-8k", Read512<4, false, Hint::kL2, 8192>},
     {"avx512-x4-nt", Read512<4, true, Hint::kNone, 0>},
+    {"avx512-s2", ReadStreams<V512, 2, 0>},
+    {"avx512-s4", ReadStreams<V512, 4, 0>},
+    {"avx512-s8", ReadStreams<V512, 8, 0>},
+    {"avx512-s2-pf2k", ReadStreams<V512, 2, 2048>},
+    {"avx512-s4-pf2k", ReadStreams<V512, 4, 2048>},
+    {"avx512-s8-pf2k", ReadStreams<V512, 8, 2048>},
+    {"avx512-s4-pf2k-272k", ReadTileGroups<V512, 4, 2048, kKernelTileBytes>, kKernelPieceBytes},
 };
 
 }  // namespace

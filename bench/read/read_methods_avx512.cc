@@ -72,6 +72,8 @@ constexpr ReadMethod kMethods[] = {
     {"avx512-s4-pf2k", ReadStreams<V512, 4, 2048>},
     {"avx512-s8-pf2k", ReadStreams<V512, 8, 2048>},
     {"avx512-s4-pf2k-272k", ReadTileGroups<V512, 4, 2048, kKernelTileBytes>, kKernelPieceBytes},
+    // The same claimed pieces read as one stream: whether the claiming or the four streams make the difference.
+    {"avx512-x8-272k", Read512<8, false, Hint::kNone, 0>, kKernelPieceBytes},
 };
 
 }  // namespace

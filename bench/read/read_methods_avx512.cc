@@ -1,8 +1,8 @@
 // The yardstick's 512-bit read loops (compiled with -mavx512f only). Why several: which read is fastest
 // depends on the CPU and on how many threads share the memory (prefetchers, fill buffers, whether vmovntdqa
 // differs from vmovdqa64 on write-back memory), so read_bandwidth.cc times them all on the buffer and keeps
-// the best. On the Emerald Rapids host the winner changed with the thread count: avx512-x8 at 2 threads
-// (25.3 GB/s against 22.2 for x4), a prefetching one at 16 (pf2k/pf4k/pf2-4k within 1% of each other).
+// the best. On the Emerald Rapids host the winner changed with the thread count: avx512-x8 at 2 threads,
+// claimed pieces (x8-272k) at 8 and 16 (below).
 #include <immintrin.h>
 
 #include "bench/read/read_methods.h"
@@ -55,24 +55,22 @@ uint64_t Read512(const uint8_t* p, size_t bytes) {
   return Fold512(acc[0]);
 }
 
-// Timed on the 2-vCPU Emerald Rapids VM (2 threads, 10.27 GB, medians of 5 passes round robin, two runs, GB/s):
-// x4 29.4 / 29.1, x8 32.1 / 32.1, x4-pf2k 33.4 / 33.7, x4-pf4k 30.2 / 29.9, x4-pf2-4k 30.7 / 30.5, x4-pf2-8k
-// 29.7 / 29.8, x4-nt 26.6 / 26.5, s2 31.2 / 31.0, s4 32.6 / 32.5, s8 31.8 / 31.9, s2-pf2k 32.3 / 32.3, s4-pf2k
-// 33.1 / 32.5, s8-pf2k 32.7 / 32.2, s4-pf2k-272k 32.4 / 32.1, and the old loop u64x8-pf2k 35.4 / 35.5 (it won
-// both). Left out since: x4 (x8 read more in every run, here and on the GPU host), x4-pf4k (within 1% of
-// x4-pf2k at 16 threads there, below it here), s2 and s2-pf2k (fewer streams than the kernel's four, below
-// s4), s8 (below s8-pf2k). Kept: the best of each kind, for the thread counts of the GPU host.
+// Which loops are timed, from the GPU host (Emerald Rapids, 16 cores; numoe-bench experts, 6.85 GB, medians
+// of 2 passes, GB/s) and the 2-vCPU VM. At 8 and 16 threads the threads that CLAIM 272 KiB pieces in turn
+// (piece_bytes: all threads read close together in the buffer, as the kernel's work units do) read 25-45%
+// more than any loop on contiguous per-thread shares, single- or multi-stream: 16 threads, amx T=1 / T=4
+// runs: x8-272k 130.1 / 140.1, s4-pf2k-272k 124.0 / 133.9, the best other 95.7 / 116.5 (s4-pf2k 93.1 /
+// 112.1); 8 threads 82.4 / 96.0, 78.0 / 91.3, best other 60.2 / 92.8. The four streams are not what does it
+// (x8-272k, one stream, led s4-pf2k-272k in all 5 runs). At 2 threads there the winners were x8 (3 of 4) and
+// x4-pf2-8k (1), 272k within 1-10% below; on the VM the old loop u64x8-pf2k won every run (35.4-36.7 against
+// 33-34 for the rest). Never the best in 15 runs over both machines, and left out: x4, x4-pf2k, x4-pf4k,
+// x4-pf2-4k, s2, s2-pf2k, s4, s4-pf2k, s8, s8-pf2k (contiguous multi-stream loops: the best of them within
+// 0-5% of x8 everywhere). x4-nt never won either; it stays as the non-temporal load (issue #14 asks for it).
 constexpr ReadMethod kMethods[] = {
     {"avx512-x8", Read512<8, false, Hint::kNone, 0>},
-    {"avx512-x4-pf2k", Read512<4, false, Hint::kL1, 2048>},
-    {"avx512-x4-pf2-4k", Read512<4, false, Hint::kL2, 4096>},
     {"avx512-x4-pf2-8k", Read512<4, false, Hint::kL2, 8192>},
     {"avx512-x4-nt", Read512<4, true, Hint::kNone, 0>},
-    {"avx512-s4", ReadStreams<V512, 4, 0>},
-    {"avx512-s4-pf2k", ReadStreams<V512, 4, 2048>},
-    {"avx512-s8-pf2k", ReadStreams<V512, 8, 2048>},
     {"avx512-s4-pf2k-272k", ReadTileGroups<V512, 4, 2048, kKernelTileBytes>, kKernelPieceBytes},
-    // The same claimed pieces read as one stream: whether the claiming or the four streams make the difference.
     {"avx512-x8-272k", Read512<8, false, Hint::kNone, 0>, kKernelPieceBytes},
 };
 

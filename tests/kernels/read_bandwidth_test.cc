@@ -97,7 +97,7 @@ TEST(ReadBandwidth, EveryLoopReturnsTheScalarFold) {
       EXPECT_EQ(m.read(buf.get(), bytes), ScalarFold(buf.get(), bytes));
     }
   }
-  EXPECT_GE(multi_stream, 2) << "the multi-stream loops are missing";
+  EXPECT_GE(multi_stream, 1) << "the multi-stream loop (the kernel's four tile streams) is missing";
 }
 
 // A pass of a method that claims pieces (piece_bytes > 0) reads each piece once, whichever thread claims

@@ -15,8 +15,9 @@ namespace numoe::bench {
 struct ReadMethod {
   // e.g. "avx512-x4" (4 lines per iteration into 4 accumulators), "avx512-x4-pf2k" (software prefetch 2 KiB
   // ahead, into L1), "avx512-x4-pf2-8k" (into L2, 8 KiB ahead), "avx512-x4-nt" (non-temporal vmovntdqa loads),
-  // "avx512-s4-pf2k" (4 streams in lock step, each prefetched 2 KiB ahead: read/read_streams.h),
-  // "avx512-s4-pf2k-272k" (the kernel's way: 272 KiB pieces claimed in turn, 4 tile streams at a time).
+  // "sse2-s4-pf2k" (4 streams in lock step, each prefetched 2 KiB ahead: read/read_streams.h),
+  // "avx512-s4-pf2k-272k" (the kernel's way: 272 KiB pieces claimed in turn, 4 tile streams at a time),
+  // "avx512-x8-272k" (the same pieces, each read as one stream).
   const char* name;
   // Reads [p, p + bytes) once and returns a value that depends on every byte (so no load can be dropped):
   // for every method but the old one, the two 64-bit halves, summed, of the xor of all 16-byte words

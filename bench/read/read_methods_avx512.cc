@@ -56,16 +56,16 @@ uint64_t Read512(const uint8_t* p, size_t bytes) {
 }
 
 // Which loops are timed, from the GPU host (Emerald Rapids, 16 cores; numoe-bench experts, 6.85 GB, medians
-// of 2 passes, GB/s) and the 2-vCPU VM. At 8 and 16 threads the threads that CLAIM 272 KiB pieces in turn
-// (piece_bytes: all threads read close together in the buffer, as the kernel's work units do) read 25-45%
-// more than any loop on contiguous per-thread shares, single- or multi-stream: 16 threads, amx T=1 / T=4
-// runs: x8-272k 130.1 / 140.1, s4-pf2k-272k 124.0 / 133.9, the best other 95.7 / 116.5 (s4-pf2k 93.1 /
-// 112.1); 8 threads 82.4 / 96.0, 78.0 / 91.3, best other 60.2 / 92.8. The four streams are not what does it
+// of 2 passes, GB/s) and the 2-vCPU VM. Threads that CLAIM 272 KiB pieces in turn (piece_bytes: all threads
+// read close together in the buffer, as the kernel's work units do) read more than any loop on contiguous
+// per-thread shares at 16 threads, 1.20-1.36x in 4 runs: amx T=1 / T=4 x8-272k 130.1 / 140.1, s4-pf2k-272k
+// 124.0 / 133.9, the best other 95.7 / 116.5 (s4-pf2k 93.1 / 112.1); at 8 threads 1.03-1.37x at T=1 (82.4
+// and 78.0 against 60.2 in one run) but 0.91-1.03x at T=4 (x8 won 2 of 3). The four streams are not what does it
 // (x8-272k, one stream, led s4-pf2k-272k in all 5 runs). At 2 threads there the winners were x8 (3 of 4) and
 // x4-pf2-8k (1), 272k within 1-10% below; on the VM the old loop u64x8-pf2k won every run (35.4-36.7 against
-// 33-34 for the rest). Never the best in 15 runs over both machines, and left out: x4, x4-pf2k, x4-pf4k,
-// x4-pf2-4k, s2, s2-pf2k, s4, s4-pf2k, s8, s8-pf2k (contiguous multi-stream loops: the best of them within
-// 0-5% of x8 everywhere). x4-nt never won either; it stays as the non-temporal load (issue #14 asks for it).
+// 33-34 for the rest). Never the best in any run on either machine, and left out: x4, x4-pf2k, x4-pf4k,
+// x4-pf2-4k, s2, s2-pf2k, s4, s4-pf2k, s8, s8-pf2k (the contiguous multi-stream loops: their best from 24%
+// below to 5% above x8). x4-nt never won either; it stays as the non-temporal load (issue #14 asks for it).
 constexpr ReadMethod kMethods[] = {
     {"avx512-x8", Read512<8, false, Hint::kNone, 0>},
     {"avx512-x4-pf2-8k", Read512<4, false, Hint::kL2, 8192>},

@@ -1,10 +1,11 @@
 // The multi-stream read loops of the yardstick, one template for every ISA: each read_methods_<isa>.cc
 // instantiates them with its own vector type V (declared in that file's anonymous namespace, so that each
-// instantiation is compiled with that file's flags only). Why several streams: the decode kernel reads four
-// tiles at once, each its own sequential stream prefetched 2 KiB ahead into L1 (worker/kernels/int8_tiles.h,
+// instantiation is compiled with that file's flags only). Why: the decode kernel reads four tiles at once,
+// each its own sequential stream prefetched 2 KiB ahead into L1 (worker/kernels/int8_tiles.h,
 // TilePassGroup), and at 16 threads on the Emerald Rapids host it read faster (1.11x) than every
-// single-stream loop: more 4 KiB pages streaming at once per core than one sequential stream gets from the
-// L2 streamer. A yardstick that is "the fastest read the threads can do" has to read that way too.
+// single-stream loop on contiguous per-thread shares. Measured since (read_methods_avx512.cc): what made the
+// difference there was the kernel's claiming of 272 KiB work units in turn (ReadMethod::piece_bytes), not its
+// four streams; ReadTileGroups stays as the loop that reads exactly like the kernel.
 //
 // V provides: T (a vector), kBytes (its size: 16, 32 or 64), Zero(), Load(p) (aligned), Xor(a, b), and
 // Fold(a): the two 64-bit halves, summed, of the xor of a's 16-byte parts. Every loop of every ISA returns

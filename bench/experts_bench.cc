@@ -540,8 +540,8 @@ int RunExpertsBench(int argc, char** argv) {
   const ReadChoice choice = ChooseReadMethod(pool, spans, static_cast<int>(read_trials), &sink);
   const ReadMethod& reader = *choice.best;
   if (!json) {
-    std::printf("read loops (median of %ld passes each): %s; using %s\n", read_trials, choice.Summary().c_str(),
-                reader.name);
+    std::printf("read loops (median of %ld passes each, %.1f s in all): %s; using %s\n", read_trials, choice.seconds,
+                choice.Summary().c_str(), reader.name);
   }
   // The pool's own hand-off, on an empty job: back to back, and after 2 ms idle (the workers asleep).
   const Handoff warm_handoff = EmptyJobHandoff(pool, 200, 0);

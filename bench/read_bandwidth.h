@@ -3,7 +3,8 @@
 //
 // It is meant to be the fastest streaming read those threads can do, so a ratio means "fraction of what the
 // memory gives": ChooseReadMethod times every read loop this CPU can run (read/read_methods.h: the widest
-// vector loads, several accumulators, with and without software prefetch, non-temporal loads) on the
+// vector loads, several accumulators, with and without software prefetch, non-temporal loads, several
+// streams per thread in lock step, and the decode kernel's own way of reading: read/read_streams.h) on the
 // buffer itself and keeps the one with the highest median; the benchmarks name it ("read_method"). A
 // kernel ratio above 1 therefore means a broken yardstick, and numoe-bench experts fails on one.
 // NUMOE_ISA=generic|avx2 leaves out the wider loops (the same switch that keeps the kernels off them).
@@ -54,7 +55,9 @@ struct ReadSpan {
 const std::vector<ReadMethod>& AvailableReadMethods();
 
 // One timed pass of `method` over every span in turn: each of the pool's threads reads a contiguous
-// 1/size() share of the span (one RunOnAll per span). Returns seconds; folds the loops' results into *sink.
+// 1/size() share of the span (one RunOnAll per span), or, for a method with piece_bytes, the threads claim
+// the span's pieces in turn (one RunOnAvailable per span). Returns seconds; adds the loops' results (and the
+// unaligned bytes at the ends, one by one) into *sink.
 double ReadPass(ThreadPool& pool, const ReadMethod& method, const std::vector<ReadSpan>& spans, uint64_t* sink);
 double SpanBytes(const std::vector<ReadSpan>& spans);
 
@@ -66,6 +69,7 @@ struct ReadChoice {
   const ReadMethod* best = nullptr;  // highest median
   double best_gbps = 0;              // its median
   std::vector<Timing> timings;       // every method, in AvailableReadMethods() order
+  double seconds = 0;                // ChooseReadMethod's own time (every pass, the faulting one included)
   std::string Summary() const;       // "avx512-x4 30.1, avx512-x4-nt 29.8, ... GB/s"
 };
 

@@ -5,9 +5,25 @@
 #include <cstring>
 
 #include "bench/read/read_methods.h"
+#include "bench/read/read_streams.h"
 
 namespace numoe::bench {
 namespace {
+
+uint64_t Fold128(__m128i a) {  // the fold every loop returns (read_methods.h)
+  uint64_t v[2];
+  std::memcpy(v, &a, 16);
+  return v[0] + v[1];
+}
+
+struct V128 {  // read_streams.h's vector type
+  using T = __m128i;
+  static constexpr int kBytes = 16;
+  static T Zero() { return _mm_setzero_si128(); }
+  static T Load(const uint8_t* p) { return _mm_load_si128(reinterpret_cast<const __m128i*>(p)); }
+  static T Xor(T a, T b) { return _mm_xor_si128(a, b); }
+  static uint64_t Fold(T a) { return Fold128(a); }
+};
 
 // Four 128-bit loads per line, 4 lines per iteration, 16 xor accumulators.
 uint64_t ReadSse2(const uint8_t* p, size_t bytes) {
@@ -20,9 +36,7 @@ uint64_t ReadSse2(const uint8_t* p, size_t bytes) {
     }
   }
   for (int j = 1; j < 16; ++j) acc[0] = _mm_xor_si128(acc[0], acc[j]);
-  uint64_t v[2];
-  std::memcpy(v, &acc[0], 16);
-  return v[0] + v[1];
+  return Fold128(acc[0]);
 }
 
 // The loop numoe-bench used until it was found to read 20-35% below what the threads can:
@@ -40,7 +54,13 @@ uint64_t ReadU64x8Prefetch(const uint8_t* p, size_t bytes) {
   return s;
 }
 
-constexpr ReadMethod kMethods[] = {{"sse2-x4", ReadSse2}};
+constexpr ReadMethod kMethods[] = {
+    {"sse2-x4", ReadSse2},
+    {"sse2-s4-pf2k", read_streams::ReadStreams<V128, 4, 2048>},
+    // Claimed pieces, as the AVX-512 table (read_methods_avx512.cc has why).
+    {"sse2-s4-pf2k-272k", read_streams::ReadTileGroups<V128, 4, 2048, kKernelTileBytes>, kKernelPieceBytes},
+    {"sse2-x4-272k", ReadSse2, kKernelPieceBytes},
+};
 constexpr ReadMethod kOld = {"u64x8-pf2k", ReadU64x8Prefetch};
 
 }  // namespace

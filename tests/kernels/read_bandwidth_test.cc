@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -51,6 +53,88 @@ TEST(ReadBandwidth, EveryLoopReadsEveryByte) {
       buf.get()[at] ^= 0x10;
     }
   }
+}
+
+// What every loop but the old one returns (read_methods.h), in scalar code: the two 64-bit halves, summed,
+// of the xor of all 16-byte words.
+uint64_t ScalarFold(const uint8_t* p, size_t bytes) {
+  uint64_t lo = 0, hi = 0;
+  for (size_t i = 0; i + 16 <= bytes; i += 16) {
+    uint64_t v[2];
+    std::memcpy(v, p + i, 16);
+    lo ^= v[0];
+    hi ^= v[1];
+  }
+  return lo + hi;
+}
+
+bool IsOldLoop(const ReadMethod& m) { return std::string_view(m.name) == OldYardstickReadMethod().name; }
+
+std::unique_ptr<uint8_t, FreeDeleter> RandomBuffer(size_t bytes, uint64_t seed) {
+  auto buf = Buffer(bytes, 0);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i + 8 <= bytes; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(buf.get() + i, &v, 8);
+  }
+  return buf;
+}
+
+// Every loop (single- or multi-stream, any ISA, in pieces of tile groups or not) returns the scalar fold of
+// the bytes it is given, for lengths that do and do not fill whole stream groups: a loop that skipped or
+// double-read a line, or split its streams wrongly, would differ.
+TEST(ReadBandwidth, EveryLoopReturnsTheScalarFold) {
+  const size_t most = 2 * kKernelPieceBytes + 7 * kReadBlock;
+  auto buf = RandomBuffer(most, 7);
+  int multi_stream = 0;
+  for (const ReadMethod& m : AvailableReadMethods()) {
+    if (IsOldLoop(m)) continue;
+    SCOPED_TRACE(m.name);
+    multi_stream += std::string_view(m.name).find("-s") != std::string_view::npos;
+    for (size_t bytes : {size_t{0}, kReadBlock, 2 * kReadBlock, 7 * kReadBlock, 69 * kReadBlock, 4 * kKernelTileBytes,
+                         4 * kKernelTileBytes + 3 * kReadBlock, kKernelPieceBytes, most}) {
+      SCOPED_TRACE(bytes);
+      EXPECT_EQ(m.read(buf.get(), bytes), ScalarFold(buf.get(), bytes));
+    }
+  }
+  EXPECT_GE(multi_stream, 1) << "the multi-stream loop (the kernel's four tile streams) is missing";
+}
+
+// A pass of a method that claims pieces (piece_bytes > 0) reads each piece once, whichever thread claims
+// it, and the unaligned ends byte by byte: its checksum is the sum of the pieces' folds and those bytes, on
+// a span of several pieces with a partial last one; and a changed byte at a piece or tile-group boundary
+// changes it.
+TEST(ReadBandwidth, ClaimedPiecesCoverTheSpan) {
+  ThreadPool pool(3);
+  const size_t offset = 13;
+  const size_t bytes = 2 * kKernelPieceBytes + 4 * kKernelTileBytes + 5 * kReadBlock + 100;
+  auto buf = RandomBuffer(bytes + offset, 11);
+  const uint8_t* span = buf.get() + offset;
+  const std::vector<ReadSpan> spans = {{span, bytes}};
+  const size_t head = 64 - offset, body = bytes - head, aligned = body / kReadBlock * kReadBlock;
+  int claimed = 0;
+  for (const ReadMethod& m : AvailableReadMethods()) {
+    if (m.piece_bytes == 0) continue;
+    SCOPED_TRACE(m.name);
+    ++claimed;
+    ASSERT_EQ(m.piece_bytes % kReadBlock, 0u);
+    uint64_t expected = 0;
+    for (size_t i = 0; i < head; ++i) expected += span[i];
+    for (size_t at = 0; at < aligned; at += m.piece_bytes) {
+      expected += ScalarFold(span + head + at, std::min(m.piece_bytes, aligned - at));
+    }
+    for (size_t i = head + aligned; i < bytes; ++i) expected += span[i];
+    const uint64_t base = Checksum(pool, m, spans);
+    EXPECT_EQ(base, expected);
+    for (size_t at : {head - 1, head + m.piece_bytes - 1, head + m.piece_bytes, head + 4 * kKernelTileBytes - 64,
+                      head + 4 * kKernelTileBytes, head + 2 * m.piece_bytes + 64, bytes - 101, bytes - 1}) {
+      SCOPED_TRACE(at);
+      buf.get()[offset + at] ^= 0x10;
+      EXPECT_NE(base, Checksum(pool, m, spans));
+      buf.get()[offset + at] ^= 0x10;
+    }
+  }
+  EXPECT_GE(claimed, 1) << "no method reads like the kernel";
 }
 
 // The independent reference: glibc's memchr for a byte the buffer lacks, which glibc implements with the

@@ -46,7 +46,8 @@ struct ChoiceTable<DrafterExperts> {
 };
 
 // numoe-gpu --merge-lanes (gpu_service/merged_step.h): whether decode steps of several workers that wait for
-// the model at the same time run as one merged pass. kAuto: where that was measured to pay (MergeEnabled).
+// the model at the same time run as one merged pass. kAuto: where that was measured to pay (gpu::MergeEnabled:
+// nowhere yet).
 enum class MergeLanes { kAuto, kOff, kOn };
 template <>
 struct ChoiceTable<MergeLanes> {

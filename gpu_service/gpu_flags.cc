@@ -73,8 +73,8 @@ void AddMergeLanesFlag(ArgParser& p, const std::string& what, MergeLanes* out) {
   p.AddEnum("merge-lanes",
             what + "merged passes: decode steps of several workers that wait for the model at the same time run as "
                    "one batched step (dense weights read once for all their rows), each worker computing its own "
-                   "rows' experts at once. on / off; auto = on with --backend cuda, off on the cpu backend (where it "
-                   "was measured not to pay)",
+                   "rows' experts at once. on / off; auto = off on both backends, where it was measured slower than "
+                   "separate lanes (README \"Merged passes\")",
             out);
 }
 

@@ -6,7 +6,9 @@
 namespace numoe::gpu {
 
 bool MergeEnabled(MergeLanes m, bool cuda_backend) {
-  if (m == MergeLanes::kAuto) return cuda_backend;
+  // auto: off on both backends, as measured (README "Merged passes"): in one pass the workers wait for the
+  // model's layers and the model for the slowest worker's experts, where separate lanes overlap the two.
+  (void)cuda_backend;
   return m == MergeLanes::kOn;
 }
 

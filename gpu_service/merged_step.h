@@ -32,8 +32,10 @@
 namespace numoe::gpu {
 
 // --merge-lanes (common/choices.h MergeLanes): off = every session steps alone (lanes); on = sessions
-// waiting at the same time merge; auto = where measured to pay (README "Merged passes"): the backend
-// reads its dense weights once per pass (the CUDA backend), not on the CPU backend.
+// waiting at the same time merge; auto = where measured to pay (README "Merged passes"). Measured so far:
+// slower on both backends (CPU tiny-v4 4 sim workers at 4 streams 74 vs 80 tok/s; H200 6-layer V4-Flash
+// width, 4 sim 100 GB/s workers: 455 vs 602 tok/s at 8 streams, 652 vs 791 at 16), so auto is off for both:
+// a merged pass serialises the GPU's layers and the workers' experts that separate lanes overlap.
 bool MergeEnabled(MergeLanes m, bool cuda_backend);
 
 // One session's part of a merged step: its expert channel and the sequences its items step.

@@ -73,6 +73,8 @@
 #include "common/tokenizer/tokenizer.h"
 #include "deploy/placement.h"
 #include "nlohmann/json.hpp"
+#include "gpu_service/gpu_flags.h"
+#include "numoe/v1/gpu.grpc.pb.h"
 #include "numoe/v1/worker.grpc.pb.h"
 #include "worker/service/worker_flags.h"
 
@@ -324,6 +326,7 @@ int RunDecodeBench(int argc, char** argv) {
   bool json_schema = false;
   ServeBenchFlags common;
   SpecChoice spec = SpecChoice::kAuto;
+  MergeLanes merge_lanes = MergeLanes::kAuto;
   ArgParser p(argv[0],
               "End-to-end decode tokens/s through `numoe serve` (REST, streaming, prefill excluded) for one stream\n"
               "and each concurrency, next to the bound of this machine: streaming-read bandwidth on the worker's\n"
@@ -339,6 +342,7 @@ int RunDecodeBench(int argc, char** argv) {
   p.AddInt("lanes", "N", "numoe serve --lanes (--backend cuda; -1 = its default)", &lanes, -1, 64);
   p.AddInt("micro-batches", "N", "numoe serve --micro-batches: micro-batches per worker (0 = the worker's default)",
            &micro_batches, 0, worker::kMaxMicroBatches);
+  gpu::AddMergeLanesFlag(p, "numoe serve --merge-lanes: ", &merge_lanes);
   p.AddEnum("spec", "numoe serve --spec (auto: the checkpoint's drafter; none: one token per sequence per step)", &spec);
   p.AddInt("read-mib", "M", "read-bandwidth buffer in MiB (default: max(8 x LLC, 1 GiB))", &read_mib, 0, 1 << 20);
   p.AddInt("read-passes", "N", "timed read passes before and after serving", &passes, 1, 1000);
@@ -414,6 +418,20 @@ int RunDecodeBench(int argc, char** argv) {
   ServeSpec serve_spec{.model = model, .backend = backend, .spec = std::string(ChoiceName(spec)), .log_dir = log_dir,
                        .workers = workers, .threads = threads, .lanes = lanes, .sim_expert_gbps = sim_gbps};
   if (micro_batches > 0) serve_spec.extra = {"--micro-batches", std::to_string(micro_batches)};
+  auto gpu_port = FreePort();
+  if (!gpu_port.ok()) return fail(gpu_port.status());
+  serve_spec.extra.insert(serve_spec.extra.end(), {"--gpu-port", std::to_string(*gpu_port), "--merge-lanes",
+                                                   std::string(ChoiceName(merge_lanes))});
+  auto gpu_stub = v1::GpuService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", *gpu_port), grpc::InsecureChannelCredentials()));
+  // numoe-gpu's merged-pass counters (GpuStats merged_steps / merged_passes) now.
+  auto merged_now = [&]() -> std::pair<uint64_t, uint64_t> {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GpuStats s;
+    if (!gpu_stub->Stats(&ctx, v1::GpuStatsRequest(), &s).ok()) return {0, 0};
+    return {s.merged_steps(), s.merged_passes()};
+  };
   auto endpoints = ServeCommand(serve_spec);
   if (!endpoints.ok()) return fail(endpoints.status());
   const int* port = &endpoints->port;
@@ -439,7 +457,9 @@ int RunDecodeBench(int argc, char** argv) {
   std::vector<RoundResult> rounds;
   std::vector<double> constrained_tok_s;
   std::vector<std::vector<int32_t>> constrained_ids;
+  std::vector<std::pair<uint64_t, uint64_t>> merged;  // per round: merged steps, merged passes
   for (size_t i = 0; i < levels->size(); ++i) {
+    const auto merged_before = merged_now();
     auto r = RunRound(*port, static_cast<int>((*levels)[i]), prompt_len, max_tokens, cfg.vocab_size, i + 1,
                       common.request_timeout);
     if (!r.ok()) return fail(Status(r.status().code(), absl::StrCat("concurrency ", (*levels)[i], ": ", r.status().message())));
@@ -452,6 +472,8 @@ int RunDecodeBench(int argc, char** argv) {
       busy_text.push_back(Fmt(busy, 2));
     }
     rounds.push_back(*r);
+    const auto merged_after = merged_now();
+    merged.push_back({merged_after.first - merged_before.first, merged_after.second - merged_before.second});
     say(absl::StrCat("  concurrency ", r->concurrency, ": ", Fmt(r->decode_tok_s, 3), " tok/s aggregate decode (",
                      Fmt(r->per_stream_tok_s, 3), " per stream), first token after ", Fmt(r->mean_ttft_s, 2),
                      " s on average, window ", Fmt(r->window_s, 1), " s; expert-busy per worker ",
@@ -503,6 +525,15 @@ int RunDecodeBench(int argc, char** argv) {
   say(absl::StrCat("bound: ", sim ? absl::StrCat(read_gbps) : Fmt(read_gbps, 2), " GB/s / ",
                    Fmt(fp.routed_bytes_per_token / 1e6, 3), " MB routed-expert bytes per token = ", Fmt(bound, 2),
                    " tok/s"));
+  {
+    std::vector<std::string> per;
+    json j_steps = json::array(), j_passes = json::array();
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      per.push_back(absl::StrCat("concurrency ", rounds[i].concurrency, ": ", merged[i].first, " worker steps in ",
+                                 merged[i].second, " passes"));
+    }
+    say(absl::StrCat("merged: --merge-lanes ", ChoiceName(merge_lanes), "; ", absl::StrJoin(per, ", ")));
+  }
   say("");
   say("concurrency  prompt_len  output_len  ttft_s    decode_tok_s  bound_tok_s  ratio   expert_busy (min)");
   json j_conc = json::array(), j_tok = json::array(), j_ratio = json::array(), j_out = json::array(),
@@ -540,11 +571,17 @@ int RunDecodeBench(int argc, char** argv) {
                     {"workers", workers},
                     {"micro_batches", micro_batches > 0 ? micro_batches : worker::WorkerAppConfig{}.micro_batches},
                     {"threads", wc->threads}};
-  std::string constrained;
+  json j_msteps = json::array(), j_mpasses = json::array();
+  for (const auto& [steps, passes_merged] : merged) {
+    j_msteps.push_back(steps);
+    j_mpasses.push_back(passes_merged);
+  }
+  std::string constrained = absl::StrCat(", \"merge_lanes\": \"", ChoiceName(merge_lanes), "\", \"merged_steps\": ",
+                                         j_msteps.dump(), ", \"merged_passes\": ", j_mpasses.dump());
   if (json_schema) {
     json ratio = json::array();
     for (size_t i = 0; i < rounds.size(); ++i) ratio.push_back(constrained_tok_s[i] / rounds[i].decode_tok_s);
-    constrained = absl::StrCat(", \"constrained_tok_s\": ", json(constrained_tok_s).dump(),
+    constrained += absl::StrCat(", \"constrained_tok_s\": ", json(constrained_tok_s).dump(),
                                ", \"constrained_ratio\": ", ratio.dump(), ", \"mask_us_per_step\": ",
                                json(masks.warm_us).dump(), ", \"mask_cold_us_per_step\": ", json(masks.cold_us).dump());
   }

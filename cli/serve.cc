@@ -59,6 +59,7 @@ struct ServeConfig {
   std::string model_dir;
   int64_t workers = 0;  // 0 = the planner's choice
   bool no_router = false;
+  int64_t gpu_port = 0;  // numoe-gpu's gRPC port (0 = a free one)
   deploy::SupervisorOptions supervisor;
 };
 
@@ -164,7 +165,7 @@ int Serve(ServeConfig c) {
   if (slots->empty()) return fail(absl::ResourceExhaustedError("the plan has no workers"));
 
   // Ports are chosen once, so a restarted child comes back where the others expect it.
-  auto gpu_port = FreePort();
+  auto gpu_port = c.gpu_port > 0 ? StatusOr<int>(static_cast<int>(c.gpu_port)) : FreePort();
   if (!gpu_port.ok()) return fail(gpu_port.status());
   o.gpu_port = *gpu_port;
   for (size_t i = 0; i < slots->size(); ++i) {
@@ -230,6 +231,8 @@ int RunServe(int argc, char** argv) {
   p.AddInt("workers", "N", "numoe-workers to start (0 = the planner's: one per NUMA node that holds a copy)",
            &c.workers, 0, 1024);
   deploy::AddLaunchFlags(p, &c.launch);
+  p.AddInt("gpu-port", "N", "numoe-gpu's gRPC port on 127.0.0.1 (GpuService Stats; 0 = a free port)", &c.gpu_port, 0,
+           65535);
   p.AddFlag("no-router", "start numoe-gpu and the workers only (the ready line lists the workers)", &c.no_router);
   p.AddString("log-dir", "DIR", "write each child's log to DIR/<name>.log (default: this terminal's stderr)",
               &c.supervisor.log_dir);

@@ -45,6 +45,16 @@ struct ChoiceTable<DrafterExperts> {
                                                         {DrafterExperts::kGpu, "gpu"}};
 };
 
+// numoe-gpu --merge-lanes (gpu_service/merged_step.h): whether decode steps of several workers that wait for
+// the model at the same time run as one merged pass. kAuto: where that was measured to pay (gpu::MergeEnabled:
+// nowhere yet).
+enum class MergeLanes { kAuto, kOff, kOn };
+template <>
+struct ChoiceTable<MergeLanes> {
+  static constexpr Choice<MergeLanes> kChoices[] = {
+      {MergeLanes::kAuto, "auto"}, {MergeLanes::kOff, "off"}, {MergeLanes::kOn, "on"}};
+};
+
 // --spec: which drafter speculative decoding uses. kAuto: the checkpoint's model drafter when the backend
 // runs it, else none (model/spec_policy.h decides). The others name a SpecMethod (common/config.h).
 enum class SpecChoice { kAuto, kNone, kDspark, kMtp, kNgram };

@@ -54,6 +54,7 @@ void AddLaunchFlags(ArgParser& p, LaunchOptions* o) {
            "numoe-gpu --pass-rows: rows per device pass (--backend cuda; 0 = its default): GPU prefill pays one "
            "upload of every layer per pass",
            &o->pass_rows, 0, 65536);
+  gpu::AddMergeLanesFlag(p, "numoe-gpu --merge-lanes: ", &o->merge_lanes);
   p.AddInt("max-seqs", "N", "numoe-worker --max-seqs (0 = its default)", &o->max_seqs, 0, 4096);
   // 16384: the most numoe-gpu accepts per worker step (GpuServerOptions::max_step_tokens).
   p.AddInt("max-step-tokens", "N", "numoe-worker --max-step-tokens (0 = its default)", &o->max_step_tokens, 0,
@@ -135,6 +136,7 @@ StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchOptions& o, std::span<const Work
   if (o.prefix_checkpoint_tokens >= 0) g.prefix_checkpoint_tokens = o.prefix_checkpoint_tokens;
   g.gpu_prefill_threshold = o.gpu_prefill_threshold;
   if (o.pass_rows > 0) g.pass_rows = o.pass_rows;
+  g.merge_lanes = o.merge_lanes;
   // numoe-gpu's per-worker sequence bound must admit the workers' --max-seqs.
   g.max_sequences = std::max(g.max_sequences, o.max_seqs);
 

@@ -56,6 +56,7 @@ struct LaunchOptions {
   int64_t prefix_checkpoint_tokens = -1;
   int64_t gpu_prefill_threshold = -1;   // numoe-gpu --gpu-prefill-threshold (-1 = calibrate, its default; 0 = never)
   int64_t pass_rows = 0;                // numoe-gpu --pass-rows (--backend cuda); 0 = its default
+  MergeLanes merge_lanes = MergeLanes::kAuto;  // numoe-gpu --merge-lanes
   std::string api_key_file;             // numoe-router --api-key-file ("" = none)
   std::string tls_cert, tls_key;        // numoe-router --tls-cert / --tls-key ("" = no TLS)
 };
@@ -64,6 +65,7 @@ struct LaunchOptions {
 // --max-step-tokens, --prefill-chunk, --threads-per-worker, --no-numa-bind, --sim-expert-gbps, --micro-batches, --host, --port,
 // --grpc-port, --affinity-prefix-tokens, --api-key-file, --tls-cert and --tls-key (the router's) and numoe-gpu's
 // --no-prefix-cache, --prefix-cache-gb, --prefix-cache-host-gb, --prefix-checkpoint-tokens, --gpu-prefill-threshold, --pass-rows,
+// --merge-lanes,
 // bound to `o`: the flags `numoe serve` and `numoe plan` share.
 void AddLaunchFlags(ArgParser& p, LaunchOptions* o);
 

@@ -115,6 +115,9 @@ int RunGpuApp(const GpuAppConfig& flags) {
   opts.fork = caps.fork;
   opts.drafter_experts_on_gpu = config.drafter_experts == DrafterExperts::kGpu && (*model)->drafter() == SpecMethod::kDspark;
   opts.prefix_cache = !config.no_prefix_cache;
+  opts.merge = MergeEnabled(config.merge_lanes, config.backend == Backend::kCuda);
+  NLOG(INFO) << "numoe-gpu: merged passes " << (opts.merge ? "on" : "off") << " (--merge-lanes "
+             << ChoiceName(config.merge_lanes) << ")";
   opts.prefix.budget_bytes = static_cast<int64_t>(config.prefix_cache_gb * double(int64_t{1} << 30));
   opts.prefix.checkpoint_tokens = config.prefix_checkpoint_tokens;
   opts.prefix.host_budget_bytes = static_cast<int64_t>(config.prefix_cache_host_gb * double(int64_t{1} << 30));
@@ -176,7 +179,8 @@ int RunGpuApp(const GpuAppConfig& flags) {
   const ModelHost& h = server.host();
   NLOG(INFO) << "numoe-gpu: served " << h.steps.load() << " steps, " << h.tokens.load() << " rows; speculative: "
              << h.spec_steps.load() << " verify steps, " << h.spec_drafted.load() << " drafts, "
-             << h.spec_accepted.load() << " accepted";
+             << h.spec_accepted.load() << " accepted; merged: " << h.merged_steps.load() << " steps in "
+             << h.merged_passes.load() << " passes";
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

@@ -49,6 +49,7 @@ struct GpuAppConfig {
   // GPU prefill uploads every layer once per pass, so bigger passes cost less PCIe per prompt token, for
   // activation scratch that grows with the rows (logged by the backend's description).
   int64_t pass_rows = 2048;
+  MergeLanes merge_lanes = MergeLanes::kAuto;  // --merge-lanes (gpu_service/merged_step.h)
 
   bool operator==(const GpuAppConfig&) const = default;
 };

@@ -66,6 +66,16 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c) {
            "layer's experts once per pass, so bigger passes pay less PCIe per prompt token, for activation scratch "
            "that grows with N (the backend logs its memory)",
            &c->pass_rows, 1, 65536);
+  AddMergeLanesFlag(p, "", &c->merge_lanes);
+}
+
+void AddMergeLanesFlag(ArgParser& p, const std::string& what, MergeLanes* out) {
+  p.AddEnum("merge-lanes",
+            what + "merged passes: decode steps of several workers that wait for the model at the same time run as "
+                   "one batched step (dense weights read once for all their rows), each worker computing its own "
+                   "rows' experts at once. on / off; auto = off on both backends, where it was measured slower than "
+                   "separate lanes (README \"Merged passes\")",
+            out);
 }
 
 Status ResolveGpus(GpuAppConfig* c, int cuda_devices) {

@@ -17,6 +17,10 @@ void AddGpuFlags(ArgParser& p, GpuAppConfig* c);
 // The flags of the fields of `c` that differ from a default GpuAppConfig (the binary name not included).
 std::vector<std::string> GpuArgv(const GpuAppConfig& c);
 
+// --merge-lanes, defined once for numoe-gpu, `numoe serve` / `numoe plan` (deploy/launch.h) and numoe-bench:
+// `what` prefixes the help ("" for numoe-gpu itself).
+void AddMergeLanesFlag(ArgParser& p, const std::string& what, MergeLanes* out);
+
 // Settles tp and gpus, the same way for numoe-gpu and for the launchers that start it: --gpus LIST gives
 // tp its size (a --tp other than 1 must agree); both need --backend cuda (past auto) when they ask for more
 // than the default GPU; ids are distinct, and below `cuda_devices` when that is known (>= 0). Errors name

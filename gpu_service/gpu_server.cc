@@ -16,6 +16,7 @@ GpuServer::GpuServer(ModelBackend* model, const ModelConfig& config, const GpuSe
   host_.model = model;
   host_.interleaved_steps = model->capabilities().interleaved_steps;
   host_.lanes = model->capabilities().lanes;
+  host_.merge = options_.merge;
   if (options_.prefix_cache && model->capabilities().fork) {
     prefix_cache_ = std::make_unique<PrefixCache>(model, options_.prefix);
     host_.prefix_cache = prefix_cache_.get();
@@ -172,6 +173,9 @@ v1::GpuStats GpuServer::Stats() const {
   s.set_tokens(host_.tokens.load());
   s.set_layer_hops(host_.hops.count());
   s.set_overlapped_steps(host_.overlapped_steps.load());
+  s.set_merged_steps(host_.merged_steps.load());
+  s.set_merged_passes(host_.merged_passes.load());
+  s.set_merge_lanes(host_.merge);
   s.set_layer_hop_p50_us(host_.hops.Percentile(50));
   s.set_layer_hop_p99_us(host_.hops.Percentile(99));
   if (prefix_cache_ != nullptr) {

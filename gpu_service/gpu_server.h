@@ -51,6 +51,8 @@ struct GpuServerOptions {
   // The prefix cache every worker's sequences share (model/prefix_cache.h); off: --no-prefix-cache.
   bool prefix_cache = true;
   PrefixCacheOptions prefix;
+  // Merged passes (gpu_service/merged_step.h): --merge-lanes settled for the backend (MergeEnabled).
+  bool merge = false;
 };
 
 class GpuServer {

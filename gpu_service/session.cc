@@ -5,7 +5,9 @@
 #include <cstring>
 #include <set>
 
+#include "common/clock.h"
 #include "common/log.h"
+#include "gpu_service/merged_step.h"
 
 namespace numoe::gpu {
 
@@ -136,6 +138,7 @@ void WorkerSession::Stop() {
   channel_->Interrupt();  // wakes the serving thread wherever it waits (idle or mid-step)
   channel_->Close();      // the worker's pending Receive fails: its step ends with UNAVAILABLE
   if (thread_.joinable()) thread_.join();
+  host_->merge_queue.Forget(this);
   ReleaseAll();
   DetachExpertArena();
 }
@@ -387,6 +390,7 @@ Status WorkerSession::HandleStep() {
     return bad(absl::StrCat("num_tokens + model_drafts over the entries is ", rows, ", more than max_rows ", g.max_rows));
   }
 
+  if (host_->merge && !info_.background) return MergedStep(n, rows);
   // A prefill lane's step takes the model after the decode steps waiting for it (FifoMutex::lock_background).
   if (info_.background) {
     host_->forward_mu.lock_background();
@@ -399,40 +403,11 @@ Status WorkerSession::HandleStep() {
     std::atomic<int64_t>* n;
     ~InProgress() { n->fetch_sub(1); }
   } in_progress{&host_->steps_in_progress};
-  // Claim the step's sequences (opening the new ones) for its whole run; the guard gives them back.
-  samplers_.resize(static_cast<size_t>(n));
-  states_.resize(static_cast<size_t>(n));
-  struct Claims {
-    SequenceTable* table;
-    std::vector<Seq*> held;
-    ~Claims() {
-      std::lock_guard<std::mutex> tk(table->mu);
-      for (Seq* s : held) s->stepping = nullptr;
-    }
-  } claims{table_.get(), {}};
-  {
-    std::lock_guard<std::mutex> tk(table_->mu);
-    auto& seqs = table_->seqs;
-    for (int64_t i = 0; i < n; ++i) {
-      const shm::StepEntry& e = entries_[i];
-      const std::string at = absl::StrCat("entries[", i, "] (sequence ", e.seq, ")");
-      auto it = seqs.find(e.seq);
-      if ((e.flags & shm::kEntryOpen) != 0) {
-        if (it != seqs.end()) return bad(absl::StrCat(at, ": opened twice"));
-        ASSIGN_OR_RETURN(CachedSequence state, OpenCachedSequence(*host_->model, host_->prefix_cache));
-        it = seqs.emplace(e.seq, Seq{std::move(state), Sampler(open_params_[i], open_grammars_[i])}).first;
-      } else if (it == seqs.end()) {
-        return bad(absl::StrCat(at, ": unknown sequence (not opened, or already released)"));
-      } else if (it->second.stepping != nullptr) {
-        return bad(absl::StrCat(at, ": the sequence is in another lane's step"));
-      }
-      it->second.stepping = this;
-      claims.held.push_back(&it->second);
-      states_[i] = &it->second.state;
-      samplers_[i] = &it->second.sampler;
-    }
-    table_->size.store(static_cast<int64_t>(seqs.size()));
-  }
+  struct Unclaim {
+    WorkerSession* s;
+    ~Unclaim() { s->UnclaimAll(); }
+  } unclaim{this};
+  RETURN_IF_ERROR(ClaimLocked());
   // The model drafter's MoE goes over the channel as the stage layers num_hidden_layers + s. While the
   // worker computes a layer's experts, other sessions may use the model (ModelHost::interleaved_steps).
   // With lanes (the CUDA backend) only a session that holds a lane of its own interleaves.
@@ -440,6 +415,137 @@ Status WorkerSession::HandleStep() {
   experts_.set_yield(interleave ? &host_->forward_mu : nullptr);
   RETURN_IF_ERROR(RunCachedStep(*host_->model, experts_, host_->prefix_cache, g.max_rows, items_, states_, samplers_,
                                 &scratch_, &out_, &cached_));
+  WriteOutputs(n, rows);
+  return absl::OkStatus();
+}
+
+Status WorkerSession::ClaimLocked() {
+  const int64_t n = static_cast<int64_t>(entries_.size());
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("StepRequest: ", what)); };
+  // Claim the step's sequences (opening the new ones) for its whole run; UnclaimAll gives them back.
+  samplers_.resize(static_cast<size_t>(n));
+  states_.resize(static_cast<size_t>(n));
+  std::lock_guard<std::mutex> tk(table_->mu);
+  auto& seqs = table_->seqs;
+  for (int64_t i = 0; i < n; ++i) {
+    const shm::StepEntry& e = entries_[i];
+    const std::string at = absl::StrCat("entries[", i, "] (sequence ", e.seq, ")");
+    auto it = seqs.find(e.seq);
+    if ((e.flags & shm::kEntryOpen) != 0) {
+      if (it != seqs.end()) return bad(absl::StrCat(at, ": opened twice"));
+      ASSIGN_OR_RETURN(CachedSequence state, OpenCachedSequence(*host_->model, host_->prefix_cache));
+      it = seqs.emplace(e.seq, Seq{std::move(state), Sampler(open_params_[i], open_grammars_[i])}).first;
+    } else if (it == seqs.end()) {
+      return bad(absl::StrCat(at, ": unknown sequence (not opened, or already released)"));
+    } else if (it->second.stepping != nullptr) {
+      return bad(absl::StrCat(at, ": the sequence is in another lane's step"));
+    }
+    it->second.stepping = this;
+    claimed_.push_back(&it->second);
+    states_[i] = &it->second.state;
+    samplers_[i] = &it->second.sampler;
+  }
+  table_->size.store(static_cast<int64_t>(seqs.size()));
+  return absl::OkStatus();
+}
+
+void WorkerSession::UnclaimAll() {
+  std::lock_guard<std::mutex> tk(table_->mu);
+  for (Seq* s : claimed_) s->stepping = nullptr;
+  claimed_.clear();
+}
+
+Status WorkerSession::MergedStep(int64_t n, int64_t rows) {
+  PendingStep me{.session = this};
+  host_->merge_queue.Post(&me);
+  host_->merge_queue.AwaitPeers(&me);
+  host_->forward_mu.lock();
+  std::vector<PendingStep*> group = host_->merge_queue.Take(&me, host_->merge_max_parts);
+  if (group.empty()) {  // another session's merged pass holds this step: it fills out_ and cached_
+    host_->forward_mu.unlock();
+    host_->merge_queue.Wait(&me);
+    RETURN_IF_ERROR(me.status);
+    WriteOutputs(n, rows);
+    return absl::OkStatus();
+  }
+  std::lock_guard<FifoMutex> lk(host_->forward_mu, std::adopt_lock);
+  if (host_->steps_in_progress.fetch_add(1) > 0) host_->overlapped_steps.fetch_add(1);
+  struct InProgress {
+    std::atomic<int64_t>* n;
+    ~InProgress() { n->fetch_sub(1); }
+  } in_progress{&host_->steps_in_progress};
+  // Claim each part's sequences; a part whose claims fail answers with that error alone.
+  std::vector<WorkerSession*> sessions;
+  std::vector<PendingStep*> pending;
+  for (PendingStep* p : group) {
+    auto* s = static_cast<WorkerSession*>(p->session);
+    if (Status st = s->ClaimLocked(); !st.ok()) {
+      s->UnclaimAll();
+      if (p != &me) host_->merge_queue.Finish(p, st);
+      if (p == &me) me.status = st;
+      continue;
+    }
+    sessions.push_back(s);
+    pending.push_back(p);
+  }
+  Status own = me.status;
+  if (!sessions.empty()) {
+    // One step over every part's items, part after part.
+    std::vector<StepItem> items;
+    std::vector<CachedSequence*> states;
+    std::vector<Sampler*> samplers;
+    std::vector<size_t> begin;
+    std::vector<MergePart> parts;
+    int64_t max_rows = 0;
+    for (WorkerSession* s : sessions) {
+      begin.push_back(items.size());
+      items.insert(items.end(), s->items_.begin(), s->items_.end());
+      states.insert(states.end(), s->states_.begin(), s->states_.end());
+      samplers.insert(samplers.end(), s->samplers_.begin(), s->samplers_.end());
+      const int64_t mr = s->channel_->geometry().max_rows;
+      max_rows = max_rows == 0 ? mr : std::min(max_rows, mr);
+    }
+    begin.push_back(items.size());
+    for (size_t k = 0; k < sessions.size(); ++k) {
+      parts.push_back(MergePart{.experts = &sessions[k]->experts_,
+                                .states = std::span<CachedSequence* const>(states.data() + begin[k],
+                                                                           begin[k + 1] - begin[k])});
+    }
+    const bool interleave = host_->interleaved_steps && (host_->lanes == 0 || lane_ > 0);
+    MergedExperts experts(&parts, interleave ? &host_->forward_mu : nullptr, lane_);
+    const int64_t t0 = SteadyNanos();
+    Status st = RunCachedStep(*host_->model, experts, host_->prefix_cache, max_rows, items, states, samplers,
+                              &scratch_, &merged_out_, &merged_cached_);
+    host_->merge_queue.RecordStep(static_cast<double>(SteadyNanos() - t0) * 1e-9);
+    if (sessions.size() > 1) {
+      host_->merged_steps.fetch_add(static_cast<uint64_t>(sessions.size()));
+      host_->merged_passes.fetch_add(1);
+    }
+    merged_out_.cached = merged_cached_;
+    for (size_t k = 0; k < sessions.size(); ++k) {
+      WorkerSession* s = sessions[k];
+      Status part = st.ok() ? parts[k].status : st;
+      if (part.ok()) {
+        SliceStepOutput(merged_out_, items, begin[k], begin[k + 1], &s->out_);
+        s->cached_ = s->out_.cached;
+      }
+      s->UnclaimAll();
+      if (pending[k] == &me) {
+        own = part;
+      } else {
+        host_->merge_queue.Finish(pending[k], part);
+      }
+    }
+  }
+  RETURN_IF_ERROR(own);
+  WriteOutputs(n, rows);
+  return absl::OkStatus();
+}
+
+void WorkerSession::WriteOutputs(int64_t n, int64_t rows) {
+  shm::MsgHeader& out = channel_->outgoing();
+  const int64_t vocab = host_->model->vocab_size();
+  const shm::Geometry& g = channel_->geometry();
   ReportCache(&out);
 
   int64_t drafted_total = 0, accepted_total = 0, spec_steps = 0;
@@ -480,7 +586,6 @@ Status WorkerSession::HandleStep() {
     host_->spec_drafted.fetch_add(static_cast<uint64_t>(drafted_total));
     host_->spec_accepted.fetch_add(static_cast<uint64_t>(accepted_total));
   }
-  return absl::OkStatus();
 }
 
 }  // namespace numoe::gpu

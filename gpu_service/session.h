@@ -31,6 +31,7 @@
 #include "gpu_service/expert_arena.h"
 #include "gpu_service/fifo_mutex.h"
 #include "gpu_service/latency.h"
+#include "gpu_service/merged_step.h"
 #include "gpu_service/shm_experts.h"
 
 namespace numoe::gpu {
@@ -69,6 +70,14 @@ struct ModelHost {
   std::atomic<uint64_t> spec_steps{0};
   std::atomic<uint64_t> spec_drafted{0};
   std::atomic<uint64_t> spec_accepted{0};
+  // Merged passes (--merge-lanes, gpu_service/merged_step.h): decode sessions whose steps wait for the
+  // model at the same time run them as one step. merged_steps counts the session steps that ran in a pass
+  // with others, merged_passes those passes.
+  bool merge = false;
+  size_t merge_max_parts = 64;
+  MergeQueue merge_queue;
+  std::atomic<uint64_t> merged_steps{0};
+  std::atomic<uint64_t> merged_passes{0};
 };
 
 // The sequences (model state + sampler) behind one or more sessions of one worker, by the worker's keys. A
@@ -146,6 +155,15 @@ class WorkerSession {
   void AttachExpertArena();
   void DetachExpertArena();
   Status HandleStep();
+  // The step's sequences claimed (opened where new) into states_ / samplers_ (the caller holds forward_mu);
+  // UnclaimAll gives them back.
+  Status ClaimLocked();
+  void UnclaimAll();
+  // The validated step through the merge queue: run with the others waiting (this session's step first)
+  // or by the session whose pass took it.
+  Status MergedStep(int64_t n, int64_t rows);
+  // out_ / cached_ into the channel's StepResult, and the step counters.
+  void WriteOutputs(int64_t n, int64_t rows);
   void ReleaseAll();
   // The prefix cache's figures into a StepResult header.
   void ReportCache(shm::MsgHeader* out) const;
@@ -182,6 +200,9 @@ class WorkerSession {
   std::vector<int32_t> cached_;
   StepScratch scratch_;
   StepOutput out_;
+  std::vector<Seq*> claimed_;  // ClaimLocked
+  StepOutput merged_out_;      // a merged pass this session ran
+  std::vector<int32_t> merged_cached_;
 };
 
 int64_t SteadyMillis();

@@ -8,6 +8,15 @@
 namespace numoe::gpu {
 
 Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
+  RETURN_IF_ERROR(Post(r));
+  if (r.rows == 0) return absl::OkStatus();
+  if (yield_ != nullptr) yield_->unlock();
+  Status st = Collect(r);
+  if (yield_ != nullptr) Relock();
+  return st;
+}
+
+Status ShmExpertBackend::Post(const MoeRequest& r) {
   RETURN_IF_ERROR(broken_);
   const shm::Geometry& g = ch_->geometry();
   if (r.rows < 0 || r.rows > g.max_rows || r.top_k < 1 || r.top_k > g.top_k) {
@@ -25,12 +34,17 @@ Status ShmExpertBackend::RunRouted(const MoeRequest& r) {
   m.layer = r.layer;
   m.rows = r.rows;
   m.top_k = r.top_k;
-  const int64_t t0 = SteadyNanos();
+  posted_ns_ = SteadyNanos();
   if (Status st = ch_->Send(shm::MsgType::kMoeRequest); !st.ok()) return broken_ = st;
-  if (yield_ != nullptr) yield_->unlock();
+  return absl::OkStatus();
+}
+
+Status ShmExpertBackend::Collect(const MoeRequest& r) {
+  RETURN_IF_ERROR(broken_);
+  if (r.rows == 0) return absl::OkStatus();
+  const size_t D = ch_->geometry().hidden, rows = static_cast<size_t>(r.rows);
   auto type = ch_->Receive(-1);
-  const int64_t rtt = SteadyNanos() - t0;
-  if (yield_ != nullptr) Relock();
+  const int64_t rtt = SteadyNanos() - posted_ns_;
   if (!type.ok()) return broken_ = type.status();
   const shm::MsgHeader& in = ch_->incoming();
   if (*type == shm::MsgType::kError) {

@@ -16,8 +16,16 @@ class ShmExpertBackend final : public ExpertBackend {
   // Not owned; `channel` is the gpu side.
   ShmExpertBackend(shm::Channel* channel, LatencyRecorder* hops, int lane = 0, bool background = false)
       : ch_(channel), hops_(hops), lane_(lane), background_(background) {}
+  // Post + Collect, giving up the model (set_yield) while the worker computes.
   Status RunRouted(const MoeRequest& request) override;
+  // The two halves of RunRouted, so that a merged pass (gpu_service/merged_step.h) posts every worker's
+  // rows before it waits for any: Post copies the rows into the channel and rings the worker; Collect waits
+  // for its answer and copies the expert sum into request.out. Neither touches the yield mutex. Collect
+  // after an OK Post with the same request (rows 0: both are no-ops).
+  Status Post(const MoeRequest& request);
+  Status Collect(const MoeRequest& request);
   int lane() const override { return lane_; }
+  int64_t hidden() const { return ch_->geometry().hidden; }
   // GPU prefill: the worker's experts as numoe-gpu mapped them (not owned; null = none), for the model backend.
   const HostExperts* host_experts() const override { return host_experts_; }
   void set_host_experts(const HostExperts* experts) { host_experts_ = experts; }
@@ -53,6 +61,7 @@ class ShmExpertBackend final : public ExpertBackend {
   FifoMutex* yield_ = nullptr;
   int lane_ = 0;
   bool background_ = false;
+  int64_t posted_ns_ = 0;  // when the last Post rang the worker
   const HostExperts* host_experts_ = nullptr;
 };
 

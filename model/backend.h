@@ -29,6 +29,10 @@ struct MoeRequest {
   const int32_t* expert_ids = nullptr;
   const float* expert_weights = nullptr;
   float* out = nullptr;
+  // [rows]: the model sequence (SequenceId) each row belongs to, so that a caller that merged several
+  // clients' sequences into one step can split the rows by client (numoe-gpu's merged passes). Null when
+  // the backend does not say.
+  const int64_t* seqs = nullptr;
 };
 
 // GPU prefill: a worker's packed routed experts of every main layer in host memory (common/packed_layout.h:

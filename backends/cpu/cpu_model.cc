@@ -857,8 +857,8 @@ Status CpuModel::Attention(int64_t layer, const Rows& rows, const float* x, floa
 
 // ---- MoE ---------------------------------------------------------------------------------------------
 
-Status CpuModel::Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32_t* tokens, const float* y,
-                     float* out, ExpertBackend* experts) {
+Status CpuModel::Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32_t* tokens, const int64_t* seqs,
+                     const float* y, float* out, ExpertBackend* experts) {
   const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
   const int64_t I = cfg_.moe_intermediate_size;
   std::vector<float> logits(static_cast<size_t>(n * E));
@@ -903,6 +903,7 @@ Status CpuModel::Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32
   req.expert_ids = ids.data();
   req.expert_weights = wts.data();
   req.out = out;
+  req.seqs = seqs;
   RETURN_IF_ERROR(experts->RunRouted(req));
 
   // Shared expert: SwiGLU with the same clamps as the routed experts.
@@ -941,6 +942,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
     for (size_t i = 0; i < st.tokens.size(); ++i) {
       rows.pos.push_back(state->position + static_cast<int64_t>(i));
       rows.token.push_back(st.tokens[i]);
+      rows.seq.push_back(st.seq);
     }
     rows.n = s.end;
     rows.seqs.push_back(s);
@@ -999,7 +1001,7 @@ Status CpuModel::Forward(std::span<const SequenceStep> steps, ExpertBackend* exp
 
     HyperPre(L.hc_ffn, X.data(), n, u.data(), post.data(), comb.data());
     for (int64_t r = 0; r < n; ++r) RmsNorm(&u[r * D], L.ffn_norm.data(), D, eps, &xn[r * D]);
-    RETURN_IF_ERROR(Moe(L.ffn, l, n, rows.token.data(), xn.data(), y.data(), experts));
+    RETURN_IF_ERROR(Moe(L.ffn, l, n, rows.token.data(), rows.seq.data(), xn.data(), y.data(), experts));
     HyperPost(y.data(), post.data(), comb.data(), n, X.data());
     if (hidden_hook_) hidden_hook_(l, X);
   }

@@ -183,8 +183,9 @@ class CpuModel final : public ModelBackend {
                       float* q, float* kv) const;
   void OutputProjection(const AttentionW& a, const float* o, int64_t n, float* out) const;
   // Gate, routing, routed experts (via `experts`, as layer `expert_layer`) and the shared expert.
-  Status Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32_t* tokens, const float* y, float* out,
-             ExpertBackend* experts);
+  // `seqs` [n]: each row's SequenceId (MoeRequest::seqs).
+  Status Moe(const FfnW& f, int64_t expert_layer, int64_t n, const int32_t* tokens, const int64_t* seqs,
+             const float* y, float* out, ExpertBackend* experts);
 
   ModelConfig cfg_;
   std::unique_ptr<ModelW> w_;

@@ -44,6 +44,7 @@ struct CpuModel::Rows {
   std::vector<Seq> seqs;
   std::vector<int64_t> pos;
   std::vector<int32_t> token;
+  std::vector<int64_t> seq;  // [n]: each row's SequenceId (MoeRequest::seqs)
   int64_t n = 0;
 };
 

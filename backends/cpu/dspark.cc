@@ -50,6 +50,7 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
   };
   std::vector<Block> blocks;
   std::vector<int32_t> ids;
+  std::vector<int64_t> row_seqs;  // [rows]: MoeRequest::seqs
   std::vector<int64_t> pos;
   for (const DraftRequest& q : requests) {
     auto it = seqs_.find(q.seq);
@@ -60,6 +61,7 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
             it->second->position - 1};
     for (int64_t i = 0; i < q.depth; ++i) {
       ids.push_back(i == 0 ? q.next_token : dspark_->noise_token);
+      row_seqs.push_back(q.seq);
       pos.push_back(b.last + 1 + i);
     }
     blocks.push_back(b);
@@ -96,7 +98,8 @@ Status CpuModel::DraftDspark(std::span<const DraftRequest> requests, ExpertBacke
     HyperPost(y.data(), post.data(), comb.data(), n, X.data());
     HyperPre(L.hc_ffn, X.data(), n, u.data(), post.data(), comb.data());
     for (int64_t r = 0; r < n; ++r) RmsNorm(&u[r * D], L.ffn_norm.data(), D, eps, &xn[r * D]);
-    RETURN_IF_ERROR(Moe(L.ffn, cfg_.num_hidden_layers + static_cast<int64_t>(s), n, ids.data(), xn.data(), y.data(),
+    RETURN_IF_ERROR(Moe(L.ffn, cfg_.num_hidden_layers + static_cast<int64_t>(s), n, ids.data(), row_seqs.data(),
+                        xn.data(), y.data(),
                         experts));
     HyperPost(y.data(), post.data(), comb.data(), n, X.data());
   }

@@ -120,6 +120,7 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   struct Chain {
     SeqState* state;
+    int64_t seq;               // its SequenceId (MoeRequest::seqs)
     int64_t first;             // position of the first draft row (= the sequence's position)
     int64_t depth;
     int32_t token;             // this pass's input token
@@ -136,7 +137,7 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
     if (st->position < 1 || st->mtp_x.empty()) {
       return absl::FailedPreconditionError("Draft: the sequence has consumed no token");
     }
-    Chain c{st, st->position, q.depth, q.next_token, {}, {}};
+    Chain c{st, q.seq, st->position, q.depth, q.next_token, {}, {}};
     c.hidden.assign(st->mtp_x.end() - kd, st->mtp_x.end());  // X of the last consumed position
     c.kv.resize(static_cast<size_t>(q.depth * hd));
     chains.push_back(std::move(c));
@@ -152,6 +153,7 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
   const float* inv = inv_freq_main_.data();
   std::vector<size_t> act;
   std::vector<int32_t> tok;
+  std::vector<int64_t> row_seqs;  // [m]: MoeRequest::seqs
   std::vector<int64_t> pos;
   std::vector<float> hid, X, u, xn, y, post, comb, qa, q, kv, o, h, logits, scratch;
   std::vector<const float*> keys;
@@ -159,12 +161,14 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
     // One pass of the block over every chain still drafting: row i of each.
     act.clear();
     tok.clear();
+    row_seqs.clear();
     pos.clear();
     hid.clear();
     for (size_t c = 0; c < chains.size(); ++c) {
       if (chains[c].depth <= i) continue;
       act.push_back(c);
       tok.push_back(chains[c].token);
+      row_seqs.push_back(chains[c].seq);
       pos.push_back(chains[c].first + i);
       hid.insert(hid.end(), chains[c].hidden.begin(), chains[c].hidden.end());
     }
@@ -199,7 +203,7 @@ Status CpuModel::DraftMtp(std::span<const DraftRequest> requests, ExpertBackend*
     HyperPost(y.data(), post.data(), comb.data(), m, X.data());
     HyperPre(L.hc_ffn, X.data(), m, u.data(), post.data(), comb.data());
     for (int64_t r = 0; r < m; ++r) RmsNorm(&u[r * D], L.ffn_norm.data(), D, eps, &xn[r * D]);
-    RETURN_IF_ERROR(Moe(L.ffn, cfg_.num_hidden_layers, m, tok.data(), xn.data(), y.data(), experts));
+    RETURN_IF_ERROR(Moe(L.ffn, cfg_.num_hidden_layers, m, tok.data(), row_seqs.data(), xn.data(), y.data(), experts));
     HyperPost(y.data(), post.data(), comb.data(), m, X.data());
     for (int64_t r = 0; r < m; ++r) {
       CollapseStreams(mtp_->hc_head, &X[r * kd], &h[r * D]);

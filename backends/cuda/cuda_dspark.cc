@@ -65,6 +65,7 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
   const StepMeta rows = StepMeta::At(meta, NR);
   std::vector<int64_t> begin(requests.size());
   int64_t n = 0, max_depth = 0;
+  std::vector<int64_t> row_seqs;  // MoeRequest::seqs
   std::set<SequenceId> seen;
   for (size_t i = 0; i < requests.size(); ++i) {
     const DraftRequest& q = requests[i];
@@ -92,6 +93,7 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
       rows.spec_map[n + t] = -1;
     }
     rows.SetSeq(static_cast<int64_t>(i), it->second.slot, n, n + q.depth, p0);
+    row_seqs.insert(row_seqs.end(), static_cast<size_t>(q.depth), q.seq);
     n += q.depth;
     max_depth = std::max(max_depth, q.depth);
   }
@@ -109,6 +111,7 @@ Status CudaModel::RunDraft(std::span<const DraftRequest> requests, ExpertBackend
                                              cudaMemcpyHostToDevice, r.stream));
   Embed(r.embed, StepMeta::At(s.meta, rows_cap_).token, n, static_cast<int>(hc_), s.X, r.stream);
   MoeRequest req;
+  req.seqs = row_seqs.data();
   req.rows = n;
   req.top_k = c.num_experts_per_tok;
   req.x = y_h_.as<float>();

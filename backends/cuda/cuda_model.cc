@@ -621,6 +621,7 @@ Status CudaModel::RunSteps(std::span<const SequenceStep> steps, ExpertBackend* e
       const int64_t take = std::min(cap, len - cursor[i]);
       PassSeq ps;
       ps.seq = seqs[i];
+      ps.id = steps[i].seq;
       ps.step = i;
       ps.tokens = steps[i].tokens.data() + cursor[i];
       ps.count = take;
@@ -744,7 +745,11 @@ Status CudaModel::RunPass(const std::vector<PassSeq>& pass, ExpertBackend* exper
   }
 
   Rank& r0 = *ranks_[0];
+  std::vector<int64_t> row_seqs;  // MoeRequest::seqs
+  row_seqs.reserve(static_cast<size_t>(d.n));
+  for (const PassSeq& ps : pass) row_seqs.insert(row_seqs.end(), static_cast<size_t>(ps.count), ps.id);
   MoeRequest req;
+  req.seqs = row_seqs.data();
   req.rows = d.n;
   req.top_k = c.num_experts_per_tok;
   req.x = y_h_.as<float>();

@@ -250,6 +250,7 @@ class CudaModel final : public CudaBackend {
   // One sequence's share of a device pass.
   struct PassSeq {
     Seq* seq;
+    int64_t id;         // its SequenceId (MoeRequest::seqs)
     size_t step;        // index into the caller's steps
     const int32_t* tokens;
     int64_t count;

@@ -94,9 +94,9 @@ class Runtime : public ::testing::Test {
     ASSERT_EQ(goldens_.size(), 4u);
     // Heartbeats every 100 ms, but a lease of 3 s: on a loaded 2-core CI box a healthy worker's heartbeat can
     // be late by more than the default 4 x 100 ms.
-    gpu_ = std::make_unique<Child>(Child::Start({BinPath("numoe-gpu"), "--model", TinyDir(), "--port", "0",
-                                                 "--heartbeat-ms", "100", "--lease-ms", "3000"},
-                                                {.log = tmp_ / "gpu.log", .notify = true}));
+    std::vector<std::string> args = {BinPath("numoe-gpu"), "--model", TinyDir(), "--port", "0",
+                                     "--heartbeat-ms", "100", "--lease-ms", "3000", "--merge-lanes", merge_lanes_};
+    gpu_ = std::make_unique<Child>(Child::Start(args, {.log = tmp_ / "gpu.log", .notify = true}));
     gpu_addr_ = gpu_->WaitReady();
     ASSERT_FALSE(gpu_addr_.empty()) << gpu_->Log();
     gpu_stub_ = v1::GpuService::NewStub(grpc::CreateChannel(gpu_addr_, grpc::InsecureChannelCredentials()));
@@ -118,6 +118,10 @@ class Runtime : public ::testing::Test {
     return i;
   }
 
+  // The killed-worker scenario (KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens), for both step paths.
+  void KillOneWorkerMidStep();
+
+  std::string merge_lanes_ = "off";  // numoe-gpu --merge-lanes (RuntimeMerged: on)
   Goldens goldens_;
   TempDir tmp_{"numoe-runtime-it"};  // the logs; declared first, so the children stop before it goes
   std::unique_ptr<Child> gpu_;
@@ -297,7 +301,9 @@ TEST_F(Runtime, CancelQueueFullAndBadInput) {
 // A worker killed with SIGKILL in the middle of its steps: numoe-gpu frees its sequences and channels (it
 // runs two micro-batches: two sessions), and the other workers, whose steps interleave with its steps, keep
 // emitting exactly their goldens throughout.
-TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) {
+TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) { KillOneWorkerMidStep(); }
+
+void Runtime::KillOneWorkerMidStep() {
   for (int i = 0; i < 3; ++i) {
     StartWorker(i == 0 ? std::vector<std::string>{"--micro-batches", "2"} : std::vector<std::string>{});
     ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
@@ -385,6 +391,49 @@ TEST_F(Runtime, KilledWorkerIsFreedInGpuWhileTheOthersKeepTheirGoldens) {
   StreamResult r = Generate(*stubs_[k], GreedyRequest(goldens_[2]));
   ASSERT_OK(r.status) << r.status.error_message();
   EXPECT_EQ(r.tokens, goldens_[2].greedy);
+}
+
+// numoe-gpu --merge-lanes on: decode steps of workers that wait for the model together run as one merged
+// pass (gpu_service/merged_step.h), each worker computing its own rows' experts. The CPU backend is batch
+// invariant, so every stream still emits exactly its goldens.
+class RuntimeMerged : public Runtime {
+ protected:
+  RuntimeMerged() { merge_lanes_ = "on"; }
+};
+
+// Four workers at once, two drafting with the DSpark stages and two without: streams on every worker, their
+// steps merged (GpuStats merged_passes > 0), every stream its goldens bit for bit.
+TEST_F(RuntimeMerged, FourWorkersAtOnceMatchGoldensWithSpeculationOnAndOff) {
+  constexpr int kWorkers = 4;
+  for (int i = 0; i < kWorkers; ++i) {
+    StartWorker({"--spec", i % 2 == 0 ? "auto" : "none"});
+    ASSERT_FALSE(addrs_[i].empty()) << workers_[i]->Log();
+  }
+  for (int round = 0; round < 2; ++round) {
+    std::vector<StreamResult> results(goldens_.size() * kWorkers);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < results.size(); ++k) {
+      threads.emplace_back([&, k] { results[k] = Generate(*stubs_[k % kWorkers], GreedyRequest(goldens_[k / kWorkers])); });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t k = 0; k < results.size(); ++k) {
+      const GoldenPrompt& g = goldens_[k / kWorkers];
+      ASSERT_OK(results[k].status) << g.name << ": " << results[k].status.error_message();
+      EXPECT_EQ(results[k].tokens, g.greedy) << g.name << " on worker " << k % kWorkers << " round " << round;
+    }
+  }
+  const v1::GpuStats gs = GpuStats(*gpu_stub_);
+  EXPECT_TRUE(gs.merge_lanes());
+  EXPECT_GT(gs.merged_passes(), 0u) << "no two workers' steps ran as one pass";
+  EXPECT_GE(gs.merged_steps(), 2 * gs.merged_passes());
+  EXPECT_TRUE(Eventually([&] { return GpuStats(*gpu_stub_).sequences() == 0; })) << GpuStats(*gpu_stub_).DebugString();
+}
+
+// One worker killed with SIGKILL mid-step while its steps merge with the others': it is dropped from the
+// pass alone, the others keep their goldens (the scenario of Runtime.KilledWorker...).
+TEST_F(RuntimeMerged, KilledWorkerIsDroppedFromThePassWhileTheOthersKeepTheirGoldens) {
+  KillOneWorkerMidStep();
+  EXPECT_GT(GpuStats(*gpu_stub_).merged_passes(), 0u);
 }
 
 // A worker that hangs (SIGSTOP: alive, but silent) loses its lease: numoe-gpu frees its sequences, even

@@ -171,6 +171,7 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   o.launch.lanes = 2;
   o.launch.gpu_prefill_threshold = 0;  // GPU prefill off reaches numoe-gpu's command line
   o.launch.pass_rows = 8192;
+  o.launch.merge_lanes = MergeLanes::kOff;
   o.launch.sim_expert_gbps = 0.0026;  // not exact in binary: every digit must survive the unit file
   o.launch.micro_batches = 2;
   o.launch.prefill_lane_tokens = 8192;
@@ -192,6 +193,7 @@ TEST(EmitSystemd, EveryExecStartParsesWithTheDaemonsOwnFlags) {
   EXPECT_EQ(g.lanes, 2);
   EXPECT_EQ(g.gpu_prefill_threshold, 0);
   EXPECT_EQ(g.pass_rows, 8192);
+  EXPECT_EQ(g.merge_lanes, MergeLanes::kOff);  // --merge-lanes through the launch files
   EXPECT_GE(g.max_sequences, 300);  // admits the workers' --max-seqs
   std::vector<std::string> addrs;
   for (const WorkerPlacement& p : plan.workers) {

@@ -162,6 +162,7 @@ TEST(GpuFlags, RoundTripsEveryField) {
   c.prefix_checkpoint_tokens = 512;
   c.gpu_prefill_threshold = 1536;
   c.pass_rows = 8192;
+  c.merge_lanes = MergeLanes::kOn;
   ExpectRoundTrip(c, gpu::GpuArgv(c), gpu::AddGpuFlags);
 }
 

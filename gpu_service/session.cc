@@ -10,6 +10,24 @@
 #include "gpu_service/merged_step.h"
 
 namespace numoe::gpu {
+namespace {
+
+// A step holding the model, counted while it lives: ModelHost::steps_in_progress, and overlapped_steps when
+// another step was already in progress.
+class StepInProgress {
+ public:
+  explicit StepInProgress(ModelHost* host) : n_(&host->steps_in_progress) {
+    if (n_->fetch_add(1) > 0) host->overlapped_steps.fetch_add(1);
+  }
+  ~StepInProgress() { n_->fetch_sub(1); }
+  StepInProgress(const StepInProgress&) = delete;
+  StepInProgress& operator=(const StepInProgress&) = delete;
+
+ private:
+  std::atomic<int64_t>* n_;
+};
+
+}  // namespace
 
 int64_t SteadyMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -398,11 +416,7 @@ Status WorkerSession::HandleStep() {
     host_->forward_mu.lock();
   }
   std::lock_guard<FifoMutex> lk(host_->forward_mu, std::adopt_lock);
-  if (host_->steps_in_progress.fetch_add(1) > 0) host_->overlapped_steps.fetch_add(1);
-  struct InProgress {
-    std::atomic<int64_t>* n;
-    ~InProgress() { n->fetch_sub(1); }
-  } in_progress{&host_->steps_in_progress};
+  const StepInProgress in_progress(host_);
   struct Unclaim {
     WorkerSession* s;
     ~Unclaim() { s->UnclaimAll(); }
@@ -469,11 +483,7 @@ Status WorkerSession::MergedStep(int64_t n, int64_t rows) {
     return absl::OkStatus();
   }
   std::lock_guard<FifoMutex> lk(host_->forward_mu, std::adopt_lock);
-  if (host_->steps_in_progress.fetch_add(1) > 0) host_->overlapped_steps.fetch_add(1);
-  struct InProgress {
-    std::atomic<int64_t>* n;
-    ~InProgress() { n->fetch_sub(1); }
-  } in_progress{&host_->steps_in_progress};
+  const StepInProgress in_progress(host_);
   // Claim each part's sequences; a part whose claims fail answers with that error alone.
   std::vector<WorkerSession*> sessions;
   std::vector<PendingStep*> pending;

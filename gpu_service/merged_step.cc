@@ -147,8 +147,9 @@ void MergeQueue::AwaitPeers(PendingStep* p) {
   cv_.wait_until(lk, now + step, [&] {
     if (p->taken) return true;
     const auto active_since = std::chrono::steady_clock::now() - 4 * step;
-    for (const auto& [session, at] : last_post_) {
-      if (at < active_since) continue;
+    for (const auto& entry : last_post_) {
+      if (entry.second < active_since) continue;
+      const auto* session = entry.first;  // (not a structured binding: clang does not capture those in C++20)
       const bool posted = std::any_of(posted_.begin(), posted_.end(), [&](PendingStep* q) { return q->session == session; });
       if (!posted) return false;
     }

@@ -491,8 +491,11 @@ Status WorkerSession::MergedStep(int64_t n, int64_t rows) {
     auto* s = static_cast<WorkerSession*>(p->session);
     if (Status st = s->ClaimLocked(); !st.ok()) {
       s->UnclaimAll();
-      if (p != &me) host_->merge_queue.Finish(p, st);
-      if (p == &me) me.status = st;
+      if (p == &me) {
+        me.status = st;
+      } else {
+        host_->merge_queue.Finish(p, st);
+      }
       continue;
     }
     sessions.push_back(s);

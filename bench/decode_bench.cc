@@ -66,6 +66,7 @@
 #include "bench/serve_harness.h"
 #include "common/args.h"
 #include "common/checkpoint.h"
+#include "common/free_port.h"
 #include "common/numa.h"
 #include "common/thread_pool.h"
 #include "common/topology.h"
@@ -418,7 +419,7 @@ int RunDecodeBench(int argc, char** argv) {
   ServeSpec serve_spec{.model = model, .backend = backend, .spec = std::string(ChoiceName(spec)), .log_dir = log_dir,
                        .workers = workers, .threads = threads, .lanes = lanes, .sim_expert_gbps = sim_gbps};
   if (micro_batches > 0) serve_spec.extra = {"--micro-batches", std::to_string(micro_batches)};
-  auto gpu_port = FreePort();
+  auto gpu_port = ReserveLocalPort();
   if (!gpu_port.ok()) return fail(gpu_port.status());
   serve_spec.extra.insert(serve_spec.extra.end(), {"--gpu-port", std::to_string(*gpu_port), "--merge-lanes",
                                                    std::string(ChoiceName(merge_lanes))});

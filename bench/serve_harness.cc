@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/free_port.h"
 #include "common/hash.h"
 #include "deploy/placement.h"
 #include "nlohmann/json.hpp"
@@ -256,20 +257,6 @@ StatusOr<WorkerPlacement> Worker0Placement(int64_t workers, int64_t threads) {
   return placed.front();
 }
 
-StatusOr<int> FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  if (!ok) return absl::InternalError("no free loopback port");
-  return static_cast<int>(ntohs(a.sin_port));
-}
-
 std::string TailOf(const std::string& path, size_t bytes) {
   std::ifstream f(path, std::ios::binary);
   std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -387,8 +374,8 @@ std::string Fmt(double v, int digits) {
 
 StatusOr<ServeEndpoints> ServeCommand(const ServeSpec& s) {
   ServeEndpoints e;
-  ASSIGN_OR_RETURN(e.port, FreePort());
-  ASSIGN_OR_RETURN(e.grpc_port, FreePort());
+  ASSIGN_OR_RETURN(e.port, ReserveLocalPort());
+  ASSIGN_OR_RETURN(e.grpc_port, ReserveLocalPort());
   e.argv = {BinDir() + "/numoe", "serve", "--model", s.model, "--workers", std::to_string(s.workers),
             "--backend", s.backend, "--port", std::to_string(e.port), "--grpc-port", std::to_string(e.grpc_port),
             "--spec", s.spec};

@@ -98,7 +98,6 @@ std::vector<int32_t> RandomPrompt(int64_t len, uint64_t stream, int64_t vocab);
 // rule of deploy/placement.h): where the benchmarks measure read bandwidth and peak FLOP/s before serving.
 StatusOr<WorkerPlacement> Worker0Placement(int64_t workers, int64_t threads);
 
-StatusOr<int> FreePort();
 std::string TailOf(const std::string& path, size_t bytes);  // the last `bytes` of a file
 std::string BinDir();  // the directory of this executable (numoe is next to numoe-bench)
 

@@ -22,10 +22,7 @@
 // No orphans: children are in serve's process group and have PR_SET_PDEATHSIG(SIGTERM), so even a
 // SIGKILLed serve takes them down. A child that fails before it was ever ready (bad model, port in use)
 // stops serve with its exit status: restarting a misconfiguration forever would hide it.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +36,7 @@
 #include "cli/commands.h"
 #include "common/args.h"
 #include "common/choices.h"
+#include "common/free_port.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/topology.h"
@@ -62,25 +60,6 @@ struct ServeConfig {
   int64_t gpu_port = 0;  // numoe-gpu's gRPC port (0 = a free one)
   deploy::SupervisorOptions supervisor;
 };
-
-// A free TCP port on 127.0.0.1 (bound, read, released). Ports are chosen once, so a restarted worker
-// comes back where the router expects it.
-StatusOr<int> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return absl::InternalError("cannot find a free loopback port");
-  }
-  close(fd);
-  return static_cast<int>(ntohs(a.sin_port));
-}
 
 std::string BinDir() {
   std::error_code ec;
@@ -165,11 +144,11 @@ int Serve(ServeConfig c) {
   if (slots->empty()) return fail(absl::ResourceExhaustedError("the plan has no workers"));
 
   // Ports are chosen once, so a restarted child comes back where the others expect it.
-  auto gpu_port = c.gpu_port > 0 ? StatusOr<int>(static_cast<int>(c.gpu_port)) : FreePort();
+  auto gpu_port = c.gpu_port > 0 ? StatusOr<int>(static_cast<int>(c.gpu_port)) : ReserveLocalPort();
   if (!gpu_port.ok()) return fail(gpu_port.status());
   o.gpu_port = *gpu_port;
   for (size_t i = 0; i < slots->size(); ++i) {
-    auto port = FreePort();
+    auto port = ReserveLocalPort();
     if (!port.ok()) return fail(port.status());
     o.worker_ports.push_back(*port);
   }

@@ -162,6 +162,9 @@ int RunGpuApp(const GpuAppConfig& flags) {
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string addr = absl::StrCat(config.host, ":", config.port);
+  // gRPC shares a port with SO_REUSEPORT by default: a second daemon on a taken port would start and take half
+  // its connections. Off, so it fails to listen instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();

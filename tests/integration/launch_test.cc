@@ -35,28 +35,6 @@ using namespace std::chrono_literals;
 
 const std::string kBin = NUMOE_BIN_DIR;
 
-bool PortFree(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
-// The first of `n` consecutive ports that were free a moment ago (worker i listens on base + i).
-int ConsecutiveFreePorts(int n) {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    const int base = FreePort();
-    bool all = base + n <= 65536;
-    for (int i = 1; i < n && all; ++i) all = PortFree(base + i);
-    if (all) return base;
-  }
-  return 0;
-}
-
 // The words of `unit`'s ExecStart= line.
 std::vector<std::string> ExecStartOf(const std::string& unit_path) {
   const std::string unit = ReadFile(unit_path);

@@ -156,6 +156,7 @@ int main(int argc, char** argv) {
   FakeWorker service(o, std::move(*tok));
   grpc::ServerBuilder builder;
   int bound = 0;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails, as the real daemons do
   builder.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(), &bound);
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();

@@ -9,22 +9,24 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 
+#include "common/free_port.h"
+
 namespace numoe::test {
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+int FreePort() { return ConsecutiveFreePorts(1); }
+
+int ConsecutiveFreePorts(int n) {
+  StatusOr<int> port = ReserveLocalPorts(n);
+  if (!port.ok()) {
+    std::fprintf(stderr, "FreePort: %s\n", std::string(port.status().message()).c_str());
+    std::abort();
+  }
+  return *port;
 }
 
 namespace {

@@ -9,8 +9,11 @@
 
 namespace numoe::test {
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A free port no other test or daemon on this machine was handed recently (common/free_port.h); aborts if
+// there is none.
 int FreePort();
+// The first of `n` such consecutive ports (daemon i listens on first + i).
+int ConsecutiveFreePorts(int n);
 
 struct HttpResponse {
   int status = 0;  // 0 = connection failed

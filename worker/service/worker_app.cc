@@ -251,6 +251,9 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string addr = absl::StrCat(c.host, ":", c.port);
+  // gRPC shares a port with SO_REUSEPORT by default: a second daemon on a taken port would start and take half
+  // its connections. Off, so it fails to listen instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -490,5 +490,27 @@ TEST_F(Runtime, GpuGoneMakesTheWorkerExit) {
   }
 }
 
+// A daemon started on a port that another one serves fails to listen and exits 1, saying so; it must not
+// start and share the port (gRPC's default SO_REUSEPORT would let it take half the connections).
+TEST_F(Runtime, DaemonsOnATakenPortExitInsteadOfSharingIt) {
+  const std::string port = gpu_addr_.substr(gpu_addr_.rfind(':') + 1);
+  Child second = Child::Start({BinPath("numoe-gpu"), "--model", TinyDir(), "--port", port},
+                              {.log = tmp_ / "gpu2.log", .notify = true});
+  EXPECT_TRUE(second.WaitReady().empty()) << second.Log();
+  int status = second.Wait(std::chrono::seconds(60));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << second.Log();
+  EXPECT_NE(second.Log().find("cannot listen on"), std::string::npos) << second.Log();
+
+  StartWorker();
+  ASSERT_FALSE(addrs_[0].empty()) << workers_[0]->Log();
+  const uint32_t sessions = GpuStats(*gpu_stub_).workers();  // the first worker's (its prefill lane is one more)
+  StartWorker({"--port", addrs_[0].substr(addrs_[0].rfind(':') + 1)});
+  EXPECT_TRUE(addrs_[1].empty()) << workers_[1]->Log();
+  status = workers_[1]->Wait(std::chrono::seconds(60));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << workers_[1]->Log();
+  EXPECT_NE(workers_[1]->Log().find("cannot listen on"), std::string::npos) << workers_[1]->Log();
+  EXPECT_EQ(GpuStats(*gpu_stub_).workers(), sessions);  // the refused worker released its sessions on the way out
+}
+
 }  // namespace
 }  // namespace numoe::test

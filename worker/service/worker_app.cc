@@ -258,6 +258,7 @@ int RunWorkerApp(const WorkerAppConfig& c) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
+    release_all();  // numoe-gpu frees our sessions now, not when their leases run out
     return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", addr, " (port in use?)")));
   }
   const std::string bound = absl::StrCat(c.host, ":", port);

@@ -465,11 +465,13 @@ int RunExpertsBench(int argc, char** argv) {
         o.prefill_next_prefetch = v;
       } else if (key == "prefill-even-runs" && v <= 1) {
         o.prefill_even_runs = v;
+      } else if (key == "wide-passes" && v <= 1) {
+        o.wide_passes = v;
       } else {
         return fail(absl::InvalidArgumentError(absl::StrCat("--compare-set: unknown key or bad value in '", kv,
                                                             "' (keys: prefetch, page-lines, streams, gate-up-chunk, "
                                                             "down-chunk, vbmi 0|1, prefill-min-rows, read-ahead 0-3, prefetch-l1 0|1, prefill-prepare 0|1, "
-                                                            "prefill-next-prefetch 0|1, prefill-even-runs 0|1)")));
+                                                            "prefill-next-prefetch 0|1, prefill-even-runs 0|1, wide-passes 0|1)")));
       }
     }
     variants.push_back({std::string(spec), std::make_unique<MoeCompute>(&pool, isa, o), {}, {}});

@@ -353,8 +353,8 @@ TEST_P(ExpertKernelTest, TileKernelSingleGemvBound) {
   }
 }
 
-// The int8 kernels read up to four tiles at once (int8_tiles.h StreamsFor) and, with VBMI, decode with
-// byte permutes: neither may change a bit of the result. Every tile count 1..9 (all remainders of the
+// The int8 kernels read up to four tiles at once (int8_tiles.h StreamsFor), on AVX2 take both 8-row halves of
+// a tile in one pass (WidePasses) and, with VBMI, decode with byte permutes: none may change a bit of the result. Every tile count 1..9 (all remainders of the
 // stream counts) and row count 1..13 (group sizes and their remainders), one call against tile by tile.
 TEST_P(ExpertKernelTest, Int8StreamsAndDecodeSameBits) {
   const IsaCase& c = GetParam();
@@ -406,6 +406,12 @@ TEST_P(ExpertKernelTest, Int8StreamsAndDecodeSameBits) {
       ops.tiles(ar);
       EXPECT_TRUE(ra.next == ra.last && ra.p == range.end) << "read ahead up to " << (ra.p - range.begin) << " of "
                                                            << (range.end - range.begin) << " bytes";
+      // One pass per 8-row half (AVX2 without wide passes) gives the same bits as both halves in one pass.
+      std::vector<float> narrow(m * ldo, std::nanf(""));
+      experts::TileArgs an = args;
+      an.out = narrow.data();
+      an.wide_passes = false;
+      ops.tiles(an);
       for (int64_t t = 0; t < tiles; ++t) {
         experts::TileArgs a1 = args;
         a1.tiles = layer->expert_data(0) + t * tile_bytes;
@@ -418,6 +424,7 @@ TEST_P(ExpertKernelTest, Int8StreamsAndDecodeSameBits) {
           const float a = all[i * ldo + col], e = each[i * ldo + col];
           ASSERT_EQ(std::memcmp(&a, &e, 4), 0) << "row " << i << " column " << col << ": " << a << " vs " << e;
           ASSERT_EQ(std::memcmp(&a, &ahead_out[i * ldo + col], 4), 0) << "read-ahead: row " << i << " column " << col;
+          ASSERT_EQ(std::memcmp(&a, &narrow[i * ldo + col], 4), 0) << "one pass per half: row " << i << " column " << col;
         }
       }
     }

@@ -65,6 +65,9 @@ struct TileArgs {
   // The int8 prefill path splits the call's tiles into runs as even as possible (false: full runs and a
   // shorter last one). MoeComputeOptions::prefill_even_runs; the results are the same either way.
   bool even_runs = true;
+  // The int8 streaming kernel takes both halves of a tile in one pass where a register holds half of one
+  // (AVX2; MoeComputeOptions::wide_passes); the results are the same either way.
+  bool wide_passes = true;
 };
 
 struct KernelOps {

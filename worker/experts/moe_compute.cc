@@ -357,6 +357,7 @@ Status MoeCompute::Run(const ExpertLayer& layer, float swiglu_limit, const MoeBa
       args.tiles_read_ahead = current_read_ahead;
       args.prefetch_l1 = options_.prefetch_l1 > 0;
       args.even_runs = options_.prefill_even_runs > 0;
+      args.wide_passes = options_.wide_passes > 0;
     };
     // 1. Gate and up, tile pair by tile pair, then SwiGLU into h. The first thread to reach an expert
     //    prepares its activations (the others wait for that); the last one to finish an expert's units

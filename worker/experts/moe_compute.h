@@ -165,6 +165,11 @@ struct MoeComputeOptions {
   int64_t prefill_prepare = 1;
   int64_t prefill_next_prefetch = 1;
   int64_t prefill_even_runs = 1;
+  // 1: where a vector register holds half of a 16-row tile (AVX2), the int8 streaming kernel computes both
+  // halves in one pass over the tile, each 64-byte line loaded once while it arrives and each activation
+  // broadcast feeding both halves (TileArgs::wide_passes; the results are the same bit for bit). 0: one pass
+  // per half, the second reading the whole tile again from L2.
+  int64_t wide_passes = 1;
 };
 
 class MoeCompute {

@@ -165,13 +165,16 @@ inline void NextReadAhead(ReadAhead& ra) {
   }
 }
 
-// One pass (S::kLanes rows of 16-row tiles) for one group of NG rows, over the whole K, of KT tiles at once
-// (tile k at tile0 + k * tile_stride, its outputs at column 16 k of `out`). Each tile is its own sequential
-// stream, read in lock step with the others. One tile alone is two dependent vpdpbusd chains per row
-// (each level's block sum), latency-bound; KT tiles are 2 KT independent chains (the measurements are at
-// MoeComputeOptions::max_streams). Per tile the arithmetic and its order are those of one tile alone, so
-// the result does not depend on KT.
-template <class S, int NG, int kLevels, int KT>
+// One pass (P x S::kLanes rows of 16-row tiles) for one group of NG rows, over the whole K, of KT tiles at
+// once (tile k at tile0 + k * tile_stride, its outputs at column 16 k of `out`). Each tile is its own
+// sequential stream, read in lock step with the others. One tile alone is two dependent vpdpbusd chains per
+// row (each level's block sum), latency-bound; KT tiles are 2 KT independent chains (the measurements are at
+// MoeComputeOptions::max_streams). Where a register holds fewer than 16 rows (AVX2: 8), P = 2 takes both
+// halves of every 64-byte line in the same pass, so each line is loaded once, while it arrives, instead of
+// once per half (the second half's pass reading the whole tile again from L2), and the activation broadcasts
+// feed both halves (MoeComputeOptions::wide_passes). Per tile and half the arithmetic and its order are those
+// of one tile and half alone, so the result depends on neither KT nor P.
+template <class S, int NG, int kLevels, int KT, int P = 1>
 inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t supers, int pass,
                           const GroupActs<kLevels>& ga, float* out, int64_t ldo, int64_t prefetch_bytes,
                           int64_t page_lines, const uint8_t* prefetch_end, ReadAhead* ra, bool prefetch,
@@ -179,14 +182,18 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
   using VI = typename S::VI;
   using VF = typename S::VF;
   const VI lut = S::WeightLut();
-  VF acc[KT][NG];
+  VF acc[KT][NG][P];
 #pragma GCC unroll 4
   for (int k = 0; k < KT; ++k) {
 #pragma GCC unroll 16
-    for (int i = 0; i < NG; ++i) acc[k][i] = S::ZeroF();
+    for (int i = 0; i < NG; ++i) {
+#pragma GCC unroll 2
+      for (int h = 0; h < P; ++h) acc[k][i][h] = S::ZeroF();
+    }
   }
-  const int chunk_off = 4 * S::kLanes * pass;
-  const int scale_off = S::kLanes * pass;
+  // Half h of this pass is the pass-th group of P x kLanes rows, its h-th kLanes rows.
+  const int chunk_off = 4 * S::kLanes * P * pass;
+  const int scale_off = S::kLanes * P * pass;
   // Read-ahead: one line of the next call's bytes per line of tiles read here (16 chunks and the scale
   // line per super-block and tile), [rp, re) being the range at hand.
   const uint8_t* rp = nullptr;
@@ -233,13 +240,16 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b) {
       const int64_t kb = 4 * s + b;
-      VI bacc[KT][NG], bacc2[KT][kLevels == 2 ? NG : 1];
+      VI bacc[KT][NG][P], bacc2[KT][kLevels == 2 ? NG : 1][P];
 #pragma GCC unroll 4
       for (int k = 0; k < KT; ++k) {
 #pragma GCC unroll 16
         for (int i = 0; i < NG; ++i) {
-          bacc[k][i] = S::SetI(kLevels == 2 ? 0 : ga.corr[kb * NG + i]);
-          if constexpr (kLevels == 2) bacc2[k][i] = S::SetI(ga.corr[kb * NG + i]);
+#pragma GCC unroll 2
+          for (int h = 0; h < P; ++h) {
+            bacc[k][i][h] = S::SetI(kLevels == 2 ? 0 : ga.corr[kb * NG + i]);
+            if constexpr (kLevels == 2) bacc2[k][i][h] = S::SetI(ga.corr[kb * NG + i]);
+          }
         }
       }
 #pragma GCC unroll 4
@@ -254,28 +264,34 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
             TouchLine(rp, ra_mode);
             rp += 64;
           }
-          const VI v = S::LoadChunk(p + k * tile_stride + 256 * b + 64 * g + chunk_off);
-          VI lo, hi;
-          S::Decode(lut, v, lo, hi);
+#pragma GCC unroll 2
+          for (int h = 0; h < P; ++h) {
+            const VI v = S::LoadChunk(p + k * tile_stride + 256 * b + 64 * g + chunk_off + 4 * S::kLanes * h);
+            VI lo, hi;
+            S::Decode(lut, v, lo, hi);
 #pragma GCC unroll 16
-          for (int i = 0; i < NG; ++i) {
-            bacc[k][i] = S::Dot(bacc[k][i], lo, ga.q[qlo + i]);
-            bacc[k][i] = S::Dot(bacc[k][i], hi, ga.q[qhi + i]);
-            if constexpr (kLevels == 2) {
-              bacc2[k][i] = S::Dot(bacc2[k][i], lo, ga.l[qlo + i]);
-              bacc2[k][i] = S::Dot(bacc2[k][i], hi, ga.l[qhi + i]);
+            for (int i = 0; i < NG; ++i) {
+              bacc[k][i][h] = S::Dot(bacc[k][i][h], lo, ga.q[qlo + i]);
+              bacc[k][i][h] = S::Dot(bacc[k][i][h], hi, ga.q[qhi + i]);
+              if constexpr (kLevels == 2) {
+                bacc2[k][i][h] = S::Dot(bacc2[k][i][h], lo, ga.l[qlo + i]);
+                bacc2[k][i][h] = S::Dot(bacc2[k][i][h], hi, ga.l[qhi + i]);
+              }
             }
           }
         }
       }
 #pragma GCC unroll 4
       for (int k = 0; k < KT; ++k) {
-        const VF sv = S::Scales(p + k * tile_stride + kSuperNibbleBytes + 16 * b + scale_off);
+#pragma GCC unroll 2
+        for (int h = 0; h < P; ++h) {
+          const VF sv = S::Scales(p + k * tile_stride + kSuperNibbleBytes + 16 * b + scale_off + S::kLanes * h);
 #pragma GCC unroll 16
-        for (int i = 0; i < NG; ++i) {
-          VI total = bacc[k][i];
-          if constexpr (kLevels == 2) total = S::ShiftAdd8(bacc[k][i], bacc2[k][i]);
-          acc[k][i] = S::ScaleAdd(total, S::Mul(sv, S::SetF(ga.xs[kb * NG + i])), acc[k][i]);
+          for (int i = 0; i < NG; ++i) {
+            VI total = bacc[k][i][h];
+            if constexpr (kLevels == 2) total = S::ShiftAdd8(bacc[k][i][h], bacc2[k][i][h]);
+            acc[k][i][h] = S::ScaleAdd(total, S::Mul(sv, S::SetF(ga.xs[kb * NG + i])), acc[k][i][h]);
+          }
         }
       }
     }
@@ -284,36 +300,49 @@ inline void TilePassGroup(const uint8_t* tile0, int64_t tile_stride, int64_t sup
 #pragma GCC unroll 4
   for (int k = 0; k < KT; ++k) {
 #pragma GCC unroll 16
-    for (int i = 0; i < NG; ++i) S::StoreF(out + i * ldo + 16 * k + S::kLanes * pass, acc[k][i]);
+    for (int i = 0; i < NG; ++i) {
+#pragma GCC unroll 2
+      for (int h = 0; h < P; ++h) S::StoreF(out + i * ldo + 16 * k + S::kLanes * (P * pass + h), acc[k][i][h]);
+    }
   }
 }
 
-// Tiles read at once for a group of NG rows: as many as the vector registers hold (accumulators per tile:
-// NG fp32 plus NG per level, and two decoded weight registers), 1, 2 or 4.
-template <class S, int NG, int kLevels>
+// Tiles read at once for a group of NG rows and P halves per pass: as many as the vector registers hold
+// (accumulators per tile: P x NG fp32 plus P x NG per level, and two decoded weight registers), 1, 2 or 4.
+template <class S, int NG, int kLevels, int P = 1>
 constexpr int StreamsFor() {
-  constexpr int per_tile = NG * (kLevels + 1) + 2;
+  constexpr int per_tile = P * NG * (kLevels + 1) + 2;
   return 4 * per_tile <= S::kAccRegs ? 4 : (2 * per_tile <= S::kAccRegs ? 2 : 1);
 }
 
-template <class S, int NG, int kLevels, int KT>
+// Halves per pass (TilePassGroup's P): 2 where a register holds half a tile and one tile's accumulators for
+// both halves fit the registers, else 1.
+template <class S, int NG, int kLevels>
+constexpr int WidePasses() {
+  return S::kLanes * 2 == kTileRows && 2 * NG * (kLevels + 1) + 2 <= S::kAccRegs ? 2 : 1;
+}
+
+template <class S, int NG, int kLevels, int KT, int P>
 void RunGroup(const TileArgs& a, int64_t g0, const uint8_t* tile, float* out_tile) {
   const int64_t kp = a.supers * kSuperCols;
   const GroupActs<kLevels> ga(const_cast<uint8_t*>(a.acts) + GroupBytes<kLevels>(g0, kp), NG, kp);
-  for (int pass = 0; pass < kTileRows / S::kLanes; ++pass) {
-    TilePassGroup<S, NG, kLevels, KT>(tile, a.tile_stride, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo,
-                                      a.prefetch_bytes, a.prefetch_page_lines, a.tiles + a.num_tiles * a.tile_stride,
-                                      a.read_ahead, !a.tiles_read_ahead || a.prefetch_l1, a.prefetch_l1);
+  for (int pass = 0; pass < kTileRows / (S::kLanes * P); ++pass) {
+    TilePassGroup<S, NG, kLevels, KT, P>(tile, a.tile_stride, a.supers, pass, ga, out_tile + g0 * a.ldo, a.ldo,
+                                         a.prefetch_bytes, a.prefetch_page_lines,
+                                         a.tiles + a.num_tiles * a.tile_stride, a.read_ahead,
+                                         !a.tiles_read_ahead || a.prefetch_l1, a.prefetch_l1);
   }
 }
 
 // Runs tiles [t, t + n) (n <= StreamsFor) for the group at g0 of gs rows: KT tiles at a time, KT halving
 // for the remainder.
-template <class S, int NG, int kLevels, int KT>
+template <class S, int NG, int kLevels, int KT, int P>
 void RunGroupTiles(const TileArgs& a, int64_t g0, int64_t t, int64_t n) {
   if constexpr (KT >= 1) {
-    for (; n >= KT; n -= KT, t += KT) RunGroup<S, NG, kLevels, KT>(a, g0, a.tiles + t * a.tile_stride, a.out + 16 * t);
-    if constexpr (KT > 1) RunGroupTiles<S, NG, kLevels, KT / 2>(a, g0, t, n);
+    for (; n >= KT; n -= KT, t += KT) {
+      RunGroup<S, NG, kLevels, KT, P>(a, g0, a.tiles + t * a.tile_stride, a.out + 16 * t);
+    }
+    if constexpr (KT > 1) RunGroupTiles<S, NG, kLevels, KT / 2, P>(a, g0, t, n);
   }
 }
 
@@ -322,7 +351,12 @@ void RunGroupDispatch(const TileArgs& a, int64_t g0, int gs, int64_t t, int64_t 
   if constexpr (NG == 0) {
     (void)a, (void)g0, (void)gs, (void)t, (void)n;
   } else if (gs == NG) {
-    RunGroupTiles<S, NG, kLevels, StreamsFor<S, NG, kLevels>()>(a, g0, t, n);
+    constexpr int P = WidePasses<S, NG, kLevels>();
+    if (P > 1 && a.wide_passes) {
+      RunGroupTiles<S, NG, kLevels, StreamsFor<S, NG, kLevels, P>(), P>(a, g0, t, n);
+    } else {
+      RunGroupTiles<S, NG, kLevels, StreamsFor<S, NG, kLevels>(), 1>(a, g0, t, n);
+    }
   } else {
     RunGroupDispatch<S, NG - 1, kLevels>(a, g0, gs, t, n);
   }
@@ -331,7 +365,9 @@ void RunGroupDispatch(const TileArgs& a, int64_t g0, int gs, int64_t t, int64_t 
 template <class S, int kLevels>
 void Int8Tiles(const TileArgs& a) {
   constexpr int kGroup = S::template Group<kLevels>();
-  constexpr int kMostStreams = StreamsFor<S, 1, kLevels>();  // the most of any group size
+  // The most of any group size and pass width (chunks of tiles are cut to it; a narrower group runs a chunk
+  // in pieces).
+  constexpr int kMostStreams = StreamsFor<S, 1, kLevels>();
   const int64_t streams = a.max_streams > 0 && a.max_streams < kMostStreams ? a.max_streams : kMostStreams;
   for (int64_t t = 0; t < a.num_tiles; t += streams) {
     const int64_t n = a.num_tiles - t < streams ? a.num_tiles - t : streams;

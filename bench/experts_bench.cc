@@ -225,7 +225,7 @@ int RunExpertsBench(int argc, char** argv) {
                    "also run these variants, interleaved the same way: ';'-separated, each a ','-separated list of "
                    "KEY=VALUE that changes several settings at once (keys: prefetch, page-lines, streams, "
                    "gate-up-chunk, down-chunk, vbmi, prefill-min-rows, read-ahead, prefetch-l1, prefill-prepare, "
-                   "prefill-next-prefetch, prefill-even-runs), e.g. "
+                   "prefill-next-prefetch, prefill-even-runs, wide-passes), e.g. "
                    "'streams=1,page-lines=0,prefetch=2048;gate-up-chunk=8'",
                    &compare_set);
   parser.AddFlag("compare-huge-pages",

@@ -6,7 +6,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -50,8 +49,9 @@ class Registry {
  public:
   Registry() {
     const char* tmp = std::getenv("TMPDIR");
-    path_ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/numoe-ports-", ::getuid());
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    const std::string path =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/numoe-ports-", ::getuid());
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
       ::close(fd_);
       fd_ = -1;
@@ -88,7 +88,6 @@ class Registry {
   void Give(int port) { given_[port] = static_cast<long>(std::time(nullptr)); }
 
  private:
-  std::string path_;
   int fd_ = -1;
   std::map<int, long> given_;
 };

@@ -2,10 +2,7 @@
 // --no-numa-bind, fixed free ports, --bin-dir this build), then every unit's ExecStart= line run as a
 // child process exactly as written (no systemd), and greedy completions through the router equal the
 // fixture's goldens. SIGTERM stops every process cleanly and leaves nothing behind.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
